@@ -1,0 +1,33 @@
+// Options shared by every attention entry point, and the per-algorithm knobs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+namespace attn {
+
+struct AttentionOptions {
+  // Multiplies q . k. Default 1 / sqrt(head_dim). Must be finite.
+  std::optional<double> softmax_scale;
+  // Causal mask aligned to the bottom-right corner (flash-attn >= 2.1): with seqlen_q != seqlen_k,
+  // query i sees keys j <= i + seqlen_k - seqlen_q. A query that sees no key gets out = 0, lse = -inf.
+  bool causal = false;
+  // Threads for this call; 0 = all available (OpenMP's default). Results do not depend on it.
+  int num_threads = 0;
+};
+
+// Tile sizes for the tiled algorithm; unset = chosen from the cache sizes (see src/tiled/tile_plan.hpp).
+// Any value from 1 to the whole sequence is valid and gives the same result up to rounding.
+struct TileOptions {
+  std::optional<std::int64_t> q_tile;  // queries per tile (B_r)
+  std::optional<std::int64_t> k_tile;  // keys per tile (B_c)
+};
+
+// Split-K: the keys each query row sees are cut into `num_splits` contiguous slices of near-equal size,
+// each reduced to a partial state, and the partials merged in slice order. num_splits may exceed the
+// number of keys; empty slices contribute the neutral state.
+struct SplitKOptions {
+  std::int64_t num_splits = 1;
+};
+
+}  // namespace attn

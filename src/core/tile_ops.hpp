@@ -1,0 +1,63 @@
+// The small pieces the portable kernels share: packing strided rows of any dtype into contiguous
+// accumulator-typed tiles, the masked score tile, and storing a finished row.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include <omp.h>
+
+#include "attn/online_softmax.hpp"
+#include "core/element.hpp"
+#include "core/problem.hpp"
+
+namespace attn::detail {
+
+// dst[r * d + c] = t[b, s0 + r, h, c] for r in [0, rows).
+template <class T, class A>
+inline void pack_rows(A* dst, const TensorView& t, std::int64_t b, std::int64_t s0, std::int64_t rows,
+                      std::int64_t h, std::int64_t d) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* src = row_ptr<const T>(t, b, s0 + r, h);
+    const std::int64_t cs = t.strides[3];
+    A* out = dst + r * d;
+    for (std::int64_t c = 0; c < d; ++c) out[c] = load<A>(src[c * cs]);
+  }
+}
+
+// scores[c] = scale * q . k_c for keys c in [0, n) of a packed tile, or -inf where key j0 + c is not
+// visible (c >= visible - j0).
+template <class A>
+inline void score_row(A* scores, const A* q, const A* k_tile, std::int64_t n, std::int64_t d, A scale,
+                      std::int64_t j0, std::int64_t visible) {
+  for (std::int64_t c = 0; c < n; ++c) {
+    if (j0 + c >= visible) {
+      scores[c] = -std::numeric_limits<A>::infinity();
+      continue;
+    }
+    const A* kc = k_tile + c * d;
+    A dot = 0;
+    for (std::int64_t x = 0; x < d; ++x) dot += q[x] * kc[x];
+    scores[c] = dot * scale;
+  }
+}
+
+// Finalises one row's state into out[b, i, h, :] (converted to T) and lse[b, h, i] when requested.
+// `tmp` holds d accumulator values.
+template <class T, class A>
+inline void store_row(const Problem& p, RowState<A> s, A* tmp, std::int64_t b, std::int64_t i,
+                      std::int64_t h) {
+  const A lse = finalize(s, tmp);
+  T* dst = row_ptr<T>(p.out, b, i, h);
+  const std::int64_t cs = p.out.strides[3];
+  for (std::int64_t c = 0; c < p.head_dim; ++c) dst[c * cs] = store<T>(tmp[c]);
+  if (p.lse) {
+    A* l = static_cast<A*>(p.lse->data) + b * p.lse->strides[0] + h * p.lse->strides[1] + i * p.lse->strides[2];
+    *l = lse;
+  }
+}
+
+// Threads for one call: the caller's request, or OpenMP's default (all cores).
+inline int resolve_threads(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
+
+}  // namespace attn::detail

@@ -1,0 +1,163 @@
+// Argument validation shared by every entry point. The rules, each with the message it produces:
+//   <arg>: data pointer is null                       (a non-empty view with no data)
+//   <arg>: rank must be R                             (4 for q/k/v/out, 3 for lse)
+//   <arg>: <dim> must be >= 1                         (seqlen of k and v may be 0: every row is masked)
+//   <arg>: stride[i] must be >= 0
+//   <arg>: sizes overflow                             (element count or byte extent beyond int64)
+//   <arg>: dtype must match q's                       (lse: f64 for f64 inputs, else f32)
+//   <arg>: <dim> must equal <other>'s                 (shape relations)
+//   heads must be a multiple of kv_heads
+//   <arg>: strides make elements alias                (outputs only)
+//   <arg>: overlaps <input>                           (outputs must not overlap any input or each other)
+//   softmax_scale must be finite; num_threads must be >= 0
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "core/problem.hpp"
+
+namespace attn::detail {
+
+void fail(std::string_view who, std::string_view arg, const std::string& rule) {
+  throw std::invalid_argument(std::string(who) + ": " + std::string(arg) + ": " + rule);
+}
+
+namespace {
+
+constexpr const char* kDimNames4[] = {"batch", "seqlen", "heads", "head_dim"};
+constexpr const char* kDimNamesLse[] = {"batch", "heads", "seqlen_q"};
+
+struct Span {  // byte range [lo, hi) a view may touch
+  std::uintptr_t lo = 0, hi = 0;
+  bool empty() const { return lo == hi; }
+};
+
+// Checks one view on its own and returns its byte span.
+Span check_view(std::string_view who, std::string_view arg, const TensorView& t, int rank,
+                bool allow_empty_seqlen) {
+  if (t.rank != rank) fail(who, arg, "rank must be " + std::to_string(rank) + ", got " + std::to_string(t.rank));
+  const char* const* names = rank == 4 ? kDimNames4 : kDimNamesLse;
+  bool empty = false;
+  std::int64_t numel = 1, max_offset = 0;
+  for (int i = 0; i < rank; ++i) {
+    const bool may_be_zero = allow_empty_seqlen && i == 1;
+    if (t.shape[i] < (may_be_zero ? 0 : 1))
+      fail(who, arg, std::string(names[i]) + " must be >= " + (may_be_zero ? "0" : "1") + ", got " +
+                         std::to_string(t.shape[i]));
+    if (t.strides[i] < 0)
+      fail(who, arg, "stride[" + std::to_string(i) + "] must be >= 0, got " + std::to_string(t.strides[i]));
+    if (t.shape[i] == 0) empty = true;
+    std::int64_t term = 0;
+    if (__builtin_mul_overflow(numel, t.shape[i], &numel) ||
+        __builtin_mul_overflow(t.shape[i] > 0 ? t.shape[i] - 1 : 0, t.strides[i], &term) ||
+        __builtin_add_overflow(max_offset, term, &max_offset))
+      fail(who, arg, "sizes overflow (shape x strides exceeds 2^63 elements)");
+  }
+  std::int64_t bytes = 0;
+  if (__builtin_mul_overflow(max_offset + 1, static_cast<std::int64_t>(dtype_size(t.dtype)), &bytes))
+    fail(who, arg, "sizes overflow (extent exceeds 2^63 bytes)");
+  if (empty) return {};
+  if (t.data == nullptr) fail(who, arg, "data pointer is null");
+  const auto lo = reinterpret_cast<std::uintptr_t>(t.data);
+  if (lo + static_cast<std::uintptr_t>(bytes) < lo) fail(who, arg, "sizes overflow (extent wraps the address space)");
+  return {lo, lo + static_cast<std::uintptr_t>(bytes)};
+}
+
+// An output's strides must give every element its own address: sorted by stride, each stride must
+// step over the whole extent of the smaller ones (a sufficient rule that accepts every dense or
+// padded layout).
+void check_no_self_alias(std::string_view who, std::string_view arg, const TensorView& t) {
+  int order[TensorView::kMaxRank];
+  int n = 0;
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] > 1) order[n++] = i;
+  for (int a = 1; a < n; ++a)  // insertion sort of at most 4 dims by stride
+    for (int b = a; b > 0 && t.strides[order[b]] < t.strides[order[b - 1]]; --b) std::swap(order[b], order[b - 1]);
+  std::int64_t reach = 0;  // largest offset covered by the dims so far
+  for (int j = 0; j < n; ++j) {
+    const int i = order[j];
+    if (t.strides[i] <= reach)
+      fail(who, arg, "strides make elements alias (stride[" + std::to_string(i) + "] = " +
+                         std::to_string(t.strides[i]) + "); outputs need distinct addresses");
+    reach += (t.shape[i] - 1) * t.strides[i];
+  }
+}
+
+bool overlaps(Span a, Span b) { return !a.empty() && !b.empty() && a.lo < b.hi && b.lo < a.hi; }
+
+void require_equal(std::string_view who, std::string_view arg, const char* dim, std::int64_t got,
+                   std::string_view other, std::int64_t want) {
+  if (got != want)
+    fail(who, arg, std::string(dim) + " must equal " + std::string(other) + "'s (" + std::to_string(want) +
+                       "), got " + std::to_string(got));
+}
+
+}  // namespace
+
+Problem validate(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView* out_or_null, const AttentionOptions& opts, const TensorView* lse) {
+  const Span sq = check_view(who, "q", q, 4, false);
+  const Span sk = check_view(who, "k", k, 4, true);
+  const Span sv = check_view(who, "v", v, 4, true);
+  // Read-only callers validate as if writing a dense output that overlaps nothing.
+  const TensorView out = out_or_null ? *out_or_null : TensorView::contiguous<double>(nullptr, q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+  const Span so = out_or_null ? check_view(who, "out", out, 4, false) : Span{};
+  const Span sl = lse ? check_view(who, "lse", *lse, 3, false) : Span{};
+
+  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"k", &k}, {"v", &v}, {"out", out_or_null}})
+    if (t && t->dtype != q.dtype)
+      fail(who, name, "dtype must match q's (" + std::string(dtype_name(q.dtype)) + "), got " +
+                          std::string(dtype_name(t->dtype)));
+  const DType lse_dtype = q.dtype == DType::f64 ? DType::f64 : DType::f32;
+  if (lse && lse->dtype != lse_dtype)
+    fail(who, "lse", "dtype must be " + std::string(dtype_name(lse_dtype)) + " for " +
+                         std::string(dtype_name(q.dtype)) + " inputs, got " + std::string(dtype_name(lse->dtype)));
+
+  require_equal(who, "k", "batch", k.shape[0], "q", q.shape[0]);
+  require_equal(who, "k", "head_dim", k.shape[3], "q", q.shape[3]);
+  for (int i = 0; i < 4; ++i) require_equal(who, "v", kDimNames4[i], v.shape[i], "k", k.shape[i]);
+  if (out_or_null)
+    for (int i = 0; i < 4; ++i) require_equal(who, "out", kDimNames4[i], out.shape[i], "q", q.shape[i]);
+  if (q.shape[2] % k.shape[2] != 0)
+    fail(who, "q", "heads (" + std::to_string(q.shape[2]) + ") must be a multiple of k's kv_heads (" +
+                       std::to_string(k.shape[2]) + ")");
+  if (lse) {
+    require_equal(who, "lse", "batch", lse->shape[0], "q", q.shape[0]);
+    require_equal(who, "lse", "heads", lse->shape[1], "q", q.shape[2]);
+    require_equal(who, "lse", "seqlen_q", lse->shape[2], "q", q.shape[1]);
+  }
+
+  if (out_or_null) check_no_self_alias(who, "out", out);
+  if (lse) check_no_self_alias(who, "lse", *lse);
+  for (auto [name, s] : {std::pair<const char*, Span>{"q", sq}, {"k", sk}, {"v", sv}}) {
+    if (overlaps(so, s)) fail(who, "out", std::string("overlaps input ") + name);
+    if (overlaps(sl, s)) fail(who, "lse", std::string("overlaps input ") + name);
+  }
+  if (overlaps(so, sl)) fail(who, "lse", "overlaps out");
+
+  const double scale = opts.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape[3])));
+  if (!std::isfinite(scale)) fail(who, "softmax_scale", "must be finite, got " + std::to_string(scale));
+  if (opts.num_threads < 0)
+    fail(who, "num_threads", "must be >= 0 (0 = all cores), got " + std::to_string(opts.num_threads));
+
+  Problem p{};
+  p.batch = q.shape[0];
+  p.seqlen_q = q.shape[1];
+  p.seqlen_k = k.shape[1];
+  p.heads = q.shape[2];
+  p.kv_heads = k.shape[2];
+  p.head_dim = q.shape[3];
+  p.dtype = q.dtype;
+  p.scale = scale;
+  p.causal = opts.causal;
+  p.num_threads = opts.num_threads;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  return p;
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,72 @@
+// Algorithm 0, the textbook method, kept deliberately plain: it is the oracle.
+//   S = q k^T * scale        (seqlen_q x seqlen_k, materialised)
+//   P = softmax(S) row-wise  (each row: subtract its max, exponentiate, divide by the sum)
+//   out = P v
+// Masked entries of S are -inf; a row with no visible key gets out = 0 and lse = -inf.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "core/tile_ops.hpp"
+
+namespace attn {
+namespace {
+
+template <class T>
+void run(const detail::Problem& p) {
+  using A = detail::Acc<T>;
+  const std::int64_t sq = p.seqlen_q, sk = p.seqlen_k, d = p.head_dim;
+  const std::int64_t tasks = p.batch * p.heads;
+  // Scratch is allocated before anything is written, so a bad_alloc leaves out untouched.
+  const int threads = detail::resolve_threads(p.num_threads);
+  std::vector<std::vector<A>> scratch(static_cast<std::size_t>(threads));
+  for (auto& s : scratch) s.resize(static_cast<std::size_t>(sq * sk + (sq + 2 * sk + 1) * d));
+
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+  for (std::int64_t task = 0; task < tasks; ++task) {
+    const std::int64_t b = task / p.heads, h = task % p.heads, hk = p.kv_head_of(h);
+    A* S = scratch[static_cast<std::size_t>(omp_get_thread_num())].data();
+    A* Q = S + sq * sk;
+    A* K = Q + sq * d;
+    A* V = K + sk * d;
+    A* row = V + sk * d;
+    detail::pack_rows<T>(Q, p.q, b, 0, sq, h, d);
+    detail::pack_rows<T>(K, p.k, b, 0, sk, hk, d);
+    detail::pack_rows<T>(V, p.v, b, 0, sk, hk, d);
+    for (std::int64_t i = 0; i < sq; ++i) {
+      A* s = S + i * sk;
+      detail::score_row(s, Q + i * d, K, sk, d, static_cast<A>(p.scale), 0, p.visible_keys(i));
+      // Softmax of the row, the textbook way.
+      A m = -std::numeric_limits<A>::infinity();
+      for (std::int64_t j = 0; j < sk; ++j) m = s[j] > m ? s[j] : m;
+      A sum = 0;
+      if (m != -std::numeric_limits<A>::infinity()) {
+        for (std::int64_t j = 0; j < sk; ++j) sum += (s[j] = std::exp(s[j] - m));
+        for (std::int64_t j = 0; j < sk; ++j) s[j] /= sum;
+      }
+      // out = P v
+      for (std::int64_t c = 0; c < d; ++c) row[c] = 0;
+      if (sum > 0)
+        for (std::int64_t j = 0; j < sk; ++j)
+          for (std::int64_t c = 0; c < d; ++c) row[c] += s[j] * V[j * d + c];
+      T* dst = detail::row_ptr<T>(p.out, b, i, h);
+      for (std::int64_t c = 0; c < d; ++c) dst[c * p.out.strides[3]] = detail::store<T>(row[c]);
+      if (p.lse) {
+        A* l = static_cast<A*>(p.lse->data) + b * p.lse->strides[0] + h * p.lse->strides[1] +
+               i * p.lse->strides[2];
+        *l = sum > 0 ? m + std::log(sum) : -std::numeric_limits<A>::infinity();
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void attention_reference(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const AttentionOptions& opts, const TensorView* lse) {
+  const detail::Problem p = detail::validate("attn::attention_reference", q, k, v, &out, opts, lse);
+  detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p); });
+}
+
+}  // namespace attn

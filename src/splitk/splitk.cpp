@@ -1,0 +1,155 @@
+// Split-K (Flash-Decoding), portable C++.
+//
+// Query row i sees keys [0, n_i). They are cut into W slices of near-equal size,
+//   slice w = [w * floor(n/W) + min(w, n mod W), ... next slice's start)
+// so slice boundaries depend only on n and W (never on the thread count). Each slice is folded into its
+// own partial state (m, l, o) and the partials are merged in slice order, 0 then 1 then 2..., by the
+// shared merge. With W > n some slices are empty: their state is the neutral element, and merging the
+// neutral element is a bitwise no-op (factor exp(0) = 1 on one side, 0 on the other), so they are not
+// stored at all -- the result is the one the W-slice definition gives, bit for bit.
+//
+// Parallel work: (row, slice) pairs. Partials are computed in groups that bound their memory and are
+// merged into each row's running state in slice order, so the result is identical for any thread count.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "core/tile_ops.hpp"
+
+namespace attn {
+namespace {
+
+constexpr std::int64_t kChunk = 64;  // keys scored at a time inside one slice
+
+std::int64_t slice_begin(std::int64_t n, std::int64_t W, std::int64_t w) {
+  return w * (n / W) + std::min(w, n % W);
+}
+
+// Folds keys [lo, hi) of row (b, i, h) into `s`. Scratch: q (d), k and v chunks (2 kChunk d), scores.
+template <class T, class A>
+void fold_slice(const detail::Problem& p, RowState<A> s, std::int64_t b, std::int64_t i, std::int64_t h,
+                std::int64_t lo, std::int64_t hi, A* scratch) {
+  const std::int64_t d = p.head_dim, hk = p.kv_head_of(h);
+  A* q = scratch;
+  A* K = q + d;
+  A* V = K + kChunk * d;
+  A* S = V + kChunk * d;
+  detail::pack_rows<T>(q, p.q, b, i, 1, h, d);
+  for (std::int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+    const std::int64_t n = std::min(kChunk, hi - j0);
+    detail::pack_rows<T>(K, p.k, b, j0, n, hk, d);
+    detail::pack_rows<T>(V, p.v, b, j0, n, hk, d);
+    detail::score_row(S, q, K, n, d, static_cast<A>(p.scale), j0, hi);
+    fold(s, S, n, V, d);
+  }
+}
+
+std::int64_t slice_scratch(std::int64_t d) { return d + 2 * kChunk * d + kChunk; }
+
+template <class T>
+void run(const detail::Problem& p, std::int64_t W) {
+  using A = detail::Acc<T>;
+  const std::int64_t d = p.head_dim, state = d + 2;
+  const std::int64_t rows = p.batch * p.seqlen_q * p.heads;
+  // At most min(W, seqlen_k) slices of a row are non-empty.
+  const std::int64_t slots = std::max<std::int64_t>(1, std::min(W, p.seqlen_k));
+  // Partials in flight: a group of G slices for each of R rows, bounded to ~2^21 accumulator values.
+  constexpr std::int64_t kBudget = std::int64_t(1) << 21;
+  const std::int64_t G = std::clamp<std::int64_t>(kBudget / state, 1, slots);
+  const std::int64_t R = std::clamp<std::int64_t>(kBudget / (G * state), 1, rows);
+  const int threads = detail::resolve_threads(p.num_threads);
+
+  std::vector<A> partial(static_cast<std::size_t>(R * G * state));
+  std::vector<A> running(static_cast<std::size_t>(R * state));
+  std::vector<std::vector<A>> scratch(static_cast<std::size_t>(threads));
+  for (auto& s : scratch) s.resize(static_cast<std::size_t>(slice_scratch(d) + d));
+  auto view = [d](A* base) { return RowState<A>{base, base + 1, base + 2, d}; };
+  auto coords = [&](std::int64_t row, std::int64_t& b, std::int64_t& i, std::int64_t& h) {
+    h = row % p.heads;
+    i = (row / p.heads) % p.seqlen_q;
+    b = row / (p.heads * p.seqlen_q);
+  };
+
+  for (std::int64_t r0 = 0; r0 < rows; r0 += R) {
+    const std::int64_t nr = std::min(R, rows - r0);
+    for (std::int64_t r = 0; r < nr; ++r) reset(view(running.data() + r * state));
+    for (std::int64_t g0 = 0; g0 < slots; g0 += G) {
+      const std::int64_t ng = std::min(G, slots - g0);
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+      for (std::int64_t t = 0; t < nr * ng; ++t) {
+        const std::int64_t r = t / ng, w = g0 + t % ng;
+        std::int64_t b, i, h;
+        coords(r0 + r, b, i, h);
+        const std::int64_t n = p.visible_keys(i);
+        RowState<A> s = view(partial.data() + t * state);
+        reset(s);
+        // Slice w is non-empty iff w < min(W, n): with W <= n all are; with W > n each holds one key
+        // or none, and slice_begin puts the single keys first.
+        if (w < std::min(W, n))
+          fold_slice<T>(p, s, b, i, h, slice_begin(n, W, w), slice_begin(n, W, w + 1),
+                        scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+      }
+#pragma omp parallel for num_threads(threads)
+      for (std::int64_t r = 0; r < nr; ++r)
+        for (std::int64_t w = 0; w < ng; ++w)
+          merge(view(running.data() + r * state), view(partial.data() + (r * ng + w) * state));
+    }
+    for (std::int64_t r = 0; r < nr; ++r) {
+      std::int64_t b, i, h;
+      coords(r0 + r, b, i, h);
+        detail::store_row<T>(p, view(running.data() + r * state), scratch[0].data(), b, i, h);
+    }
+  }
+}
+
+void check_splits(const char* who, const SplitKOptions& split) {
+  if (split.num_splits < 1)
+    detail::fail(who, "split.num_splits", "must be >= 1, got " + std::to_string(split.num_splits));
+}
+
+}  // namespace
+
+KeyRange splitk_slice(std::int64_t keys, std::int64_t num_splits, std::int64_t w) {
+  return {slice_begin(keys, num_splits, w), slice_begin(keys, num_splits, w + 1)};
+}
+
+void attention_splitk(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const AttentionOptions& opts, const SplitKOptions& split,
+                      const TensorView* lse) {
+  const char* who = "attn::attention_splitk";
+  const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
+  check_splits(who, split);
+  detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p, split.num_splits); });
+}
+
+std::vector<PartialState<double>> splitk_partials(const TensorView& q, const TensorView& k,
+                                                  const TensorView& v, const AttentionOptions& opts,
+                                                  const SplitKOptions& split, std::int64_t b,
+                                                  std::int64_t i, std::int64_t h) {
+  const char* who = "attn::splitk_partials";
+  const detail::Problem p = detail::validate(who, q, k, v, nullptr, opts, nullptr);
+  check_splits(who, split);
+  constexpr std::int64_t kMaxReturned = 1 << 20;
+  if (split.num_splits > kMaxReturned)
+    detail::fail(who, "split.num_splits", "must be <= 2^20 when the partials are returned, got " +
+                                              std::to_string(split.num_splits));
+  if (b < 0 || b >= p.batch) detail::fail(who, "b", "must be in [0, batch), got " + std::to_string(b));
+  if (i < 0 || i >= p.seqlen_q) detail::fail(who, "i", "must be in [0, seqlen_q), got " + std::to_string(i));
+  if (h < 0 || h >= p.heads) detail::fail(who, "h", "must be in [0, heads), got " + std::to_string(h));
+  const std::int64_t W = split.num_splits, n = p.visible_keys(i);
+  std::vector<double> scratch(static_cast<std::size_t>(slice_scratch(p.head_dim)));
+  std::vector<PartialState<double>> parts;
+  parts.reserve(static_cast<std::size_t>(W));
+  for (std::int64_t w = 0; w < W; ++w) {
+    parts.emplace_back(p.head_dim);
+    if (w < std::min(W, n))
+      detail::dispatch_dtype(p.dtype, [&]<class T>() {
+        fold_slice<T>(p, parts.back().view(), b, i, h, slice_begin(n, W, w), slice_begin(n, W, w + 1),
+                      scratch.data());
+      });
+  }
+  return parts;
+}
+
+}  // namespace attn

@@ -1,0 +1,15 @@
+# Runs CMD with ARGS and checks its exit code is EXPECT_RC and that stderr is one line containing
+# EXPECT_STDERR.
+execute_process(COMMAND ${CMD} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL EXPECT_RC)
+  message(FATAL_ERROR "exit code ${rc}, expected ${EXPECT_RC}; stderr: ${err}")
+endif()
+string(FIND "${err}" "${EXPECT_STDERR}" pos)
+if(pos EQUAL -1)
+  message(FATAL_ERROR "stderr does not mention '${EXPECT_STDERR}': ${err}")
+endif()
+string(STRIP "${err}" stripped)
+string(FIND "${stripped}" "\n" nl)
+if(NOT nl EQUAL -1)
+  message(FATAL_ERROR "stderr has more than one line: ${err}")
+endif()

@@ -1,0 +1,210 @@
+// Masks, GQA/MQA, strides, odd sizes and reduced precision, for every algorithm.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "support.hpp"
+
+namespace attn {
+namespace {
+
+using test::max_abs_diff;
+using test::random_tensor;
+using test::Tensor;
+
+enum class Algo { reference, tiled, splitk };
+const char* name(Algo a) { return a == Algo::reference ? "reference" : a == Algo::tiled ? "tiled" : "splitk"; }
+
+void run(Algo a, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+         const AttentionOptions& o, const TensorView* lse = nullptr, std::int64_t tile = 7, std::int64_t splits = 5) {
+  switch (a) {
+    case Algo::reference: return attention_reference(q, k, v, out, o, lse);
+    case Algo::tiled: {
+      TileOptions t;
+      t.q_tile = tile;
+      t.k_tile = tile + 2;
+      return attention_tiled(q, k, v, out, o, t, lse);
+    }
+    case Algo::splitk: {
+      SplitKOptions s;
+      s.num_splits = splits;
+      return attention_splitk(q, k, v, out, o, s, lse);
+    }
+  }
+}
+
+// An independent, deliberately naive statement of the semantics: per (b, h, i), loop over keys j with
+// the bottom-right causal rule j <= i + sk - sq and the GQA rule kv head = h / (H / Hk).
+std::vector<double> naive(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v, bool causal,
+                          std::vector<double>* lse = nullptr) {
+  std::vector<double> out(q.data.size(), 0.0);
+  if (lse) lse->assign(static_cast<std::size_t>(q.b * q.h * q.s), -INFINITY);
+  const std::int64_t group = q.h / k.h;
+  for (std::int64_t b = 0; b < q.b; ++b)
+    for (std::int64_t h = 0; h < q.h; ++h)
+      for (std::int64_t i = 0; i < q.s; ++i) {
+        std::vector<double> w;
+        std::vector<std::int64_t> js;
+        for (std::int64_t j = 0; j < k.s; ++j) {
+          if (causal && j > i + k.s - q.s) continue;
+          double dot = 0;
+          for (std::int64_t c = 0; c < q.d; ++c)
+            dot += q.data[((b * q.s + i) * q.h + h) * q.d + c] * k.data[((b * k.s + j) * k.h + h / group) * k.d + c];
+          w.push_back(dot / std::sqrt(double(q.d)));
+          js.push_back(j);
+        }
+        if (w.empty()) continue;
+        double m = *std::max_element(w.begin(), w.end()), sum = 0;
+        for (double& x : w) sum += (x = std::exp(x - m));
+        for (std::size_t t = 0; t < w.size(); ++t)
+          for (std::int64_t c = 0; c < q.d; ++c)
+            out[((b * q.s + i) * q.h + h) * q.d + c] +=
+                w[t] / sum * v.data[((b * k.s + js[t]) * k.h + h / group) * k.d + c];
+        if (lse) (*lse)[(b * q.h + h) * q.s + i] = m + std::log(sum);
+      }
+  return out;
+}
+
+struct Shape {
+  std::int64_t b, sq, sk, h, hk, d;
+  bool causal;
+};
+
+class Semantics : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(Semantics, EveryAlgorithmMatchesTheNaiveDefinition) {
+  const Shape s = GetParam();
+  auto q = random_tensor<double>(s.b, s.sq, s.h, s.d, 100), k = random_tensor<double>(s.b, s.sk, s.hk, s.d, 101),
+       v = random_tensor<double>(s.b, s.sk, s.hk, s.d, 102);
+  std::vector<double> want_lse;
+  const auto want = naive(q, k, v, s.causal, &want_lse);
+  AttentionOptions o;
+  o.causal = s.causal;
+  for (Algo a : {Algo::reference, Algo::tiled, Algo::splitk}) {
+    std::vector<double> out(q.data.size(), 42.0), lse(want_lse.size(), 42.0);
+    TensorView lv = TensorView::contiguous(lse.data(), s.b, s.h, s.sq);
+    run(a, q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), s.b, s.sq, s.h, s.d), o, &lv);
+    EXPECT_LE(max_abs_diff(out, want), 1e-12) << name(a);
+    EXPECT_LE(test::lse_diff(lse, want_lse), 1e-12) << name(a);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Semantics,
+    ::testing::Values(Shape{1, 5, 9, 2, 2, 4, true},      // seqlen_q < seqlen_k: bottom-right causal
+                      Shape{1, 9, 5, 2, 2, 4, true},      // seqlen_q > seqlen_k: the first rows see nothing
+                      Shape{2, 7, 7, 4, 4, 3, true},      // square causal
+                      Shape{2, 6, 11, 8, 2, 5, false},    // GQA, 4 query heads per kv head
+                      Shape{1, 6, 11, 6, 1, 5, true},     // MQA
+                      Shape{1, 1, 1, 1, 1, 1, false},     // size 1 everywhere
+                      Shape{1, 7, 113, 3, 1, 7, true},    // odd sizes
+                      Shape{1, 113, 7, 2, 2, 113, false},
+                      Shape{1, 3, 1023, 2, 1, 16, true},
+                      Shape{1, 1, 0, 2, 1, 8, false}));   // no keys: out = 0, lse = -inf
+
+TEST(Semantics, RowsWithNoVisibleKeyGetZeroAndMinusInfinity) {
+  // seqlen_q = 6 > seqlen_k = 3: query i sees keys j <= i - 3, so rows 0..2 see nothing.
+  auto q = random_tensor<double>(1, 6, 1, 4, 1), k = random_tensor<double>(1, 3, 1, 4, 2),
+       v = random_tensor<double>(1, 3, 1, 4, 3);
+  AttentionOptions o;
+  o.causal = true;
+  for (Algo a : {Algo::reference, Algo::tiled, Algo::splitk}) {
+    std::vector<double> out(24, 5.0), lse(6, 5.0);
+    TensorView lv = TensorView::contiguous(lse.data(), 1, 1, 6);
+    run(a, q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), 1, 6, 1, 4), o, &lv);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(lse[i], -INFINITY) << name(a);
+      for (int c = 0; c < 4; ++c) EXPECT_EQ(out[i * 4 + c], 0.0) << name(a);
+    }
+    for (int i = 3; i < 6; ++i) EXPECT_TRUE(std::isfinite(lse[i])) << name(a);
+  }
+}
+
+TEST(Strides, NonContiguousInputsAndOutputsGiveTheSameResult) {
+  // q, k, v stored head-major [b, h, s, d] with padded rows, out with padding between heads: passed
+  // through strides, no copies.
+  const std::int64_t B = 2, S = 19, H = 4, HK = 2, D = 6, PAD = 3;
+  auto q = random_tensor<double>(B, S, H, D, 1), k = random_tensor<double>(B, S, HK, D, 2),
+       v = random_tensor<double>(B, S, HK, D, 3);
+  auto head_major = [&](const Tensor<double>& t, std::vector<double>& buf) {
+    const std::int64_t row = t.d + PAD;
+    buf.assign(static_cast<std::size_t>(t.b * t.h * t.s * row), NAN);
+    for (std::int64_t b = 0; b < t.b; ++b)
+      for (std::int64_t s = 0; s < t.s; ++s)
+        for (std::int64_t h = 0; h < t.h; ++h)
+          for (std::int64_t c = 0; c < t.d; ++c)
+            buf[((b * t.h + h) * t.s + s) * row + c] = t.data[((b * t.s + s) * t.h + h) * t.d + c];
+    return TensorView::strided(buf.data(), {t.b, t.s, t.h, t.d}, {t.h * t.s * row, row, t.s * row, 1});
+  };
+  std::vector<double> qb, kb, vb;
+  const TensorView qs = head_major(q, qb), ks = head_major(k, kb), vs = head_major(v, vb);
+  AttentionOptions o;
+  o.causal = true;
+  std::vector<double> want(q.data.size());
+  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), B, S, H, D), o);
+  for (Algo a : {Algo::reference, Algo::tiled, Algo::splitk}) {
+    // out: [b, s, h, d] with 2 spare elements after each head's row and every element 2 apart.
+    std::vector<double> ob(static_cast<std::size_t>(B * S * H * (2 * D + 2)), -7.0);
+    TensorView out = TensorView::strided(ob.data(), {B, S, H, D}, {S * H * (2 * D + 2), H * (2 * D + 2), 2 * D + 2, 2});
+    run(a, qs, ks, vs, out, o);
+    double err = 0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t c = 0; c < D; ++c) {
+            const double got = ob[b * out.strides[0] + s * out.strides[1] + h * out.strides[2] + c * 2];
+            err = std::max(err, std::abs(got - want[((b * S + s) * H + h) * D + c]));
+            EXPECT_EQ(ob[b * out.strides[0] + s * out.strides[1] + h * out.strides[2] + c * 2 + 1], -7.0)
+                << "wrote a gap";
+          }
+    EXPECT_LE(err, 1e-12) << name(a);
+  }
+}
+
+// flash-attn's accuracy rule: at reduced precision the error against the f64 oracle is at most twice
+// the error of the textbook method computed at the same precision (plus a tiny absolute slack for the
+// case where the textbook error happens to be ~0).
+template <class T>
+void check_precision(double slack) {
+  const std::int64_t B = 1, SQ = 130, SK = 257, H = 4, HK = 2, D = 64;
+  auto q = random_tensor<T>(B, SQ, H, D, 31, 2.0), k = random_tensor<T>(B, SK, HK, D, 32, 2.0),
+       v = random_tensor<T>(B, SK, HK, D, 33);
+  auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
+  for (bool causal : {false, true}) {
+    AttentionOptions o;
+    o.causal = causal;
+    std::vector<double> oracle(q.data.size());
+    attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), B, SQ, H, D), o);
+    std::vector<T> textbook(q.data.size());
+    attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), B, SQ, H, D), o);
+    const double base = max_abs_diff(textbook, oracle);
+    for (Algo a : {Algo::tiled, Algo::splitk}) {
+      std::vector<T> out(q.data.size());
+      run(a, q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), B, SQ, H, D), o, nullptr, 32, 7);
+      EXPECT_LE(max_abs_diff(out, oracle), 2 * base + slack) << name(a) << " causal " << causal << " base " << base;
+    }
+  }
+}
+
+TEST(Precision, F32WithinTwiceTheTextbookError) { check_precision<float>(1e-7); }
+TEST(Precision, Bf16WithinTwiceTheTextbookError) { check_precision<bf16_t>(1e-3); }
+TEST(Precision, F16WithinTwiceTheTextbookError) { check_precision<f16_t>(1e-4); }
+
+TEST(Scale, CustomSoftmaxScaleIsApplied) {
+  auto q = random_tensor<double>(1, 4, 1, 8, 1), k = random_tensor<double>(1, 6, 1, 8, 2),
+       v = random_tensor<double>(1, 6, 1, 8, 3);
+  // scale 2/sqrt(8) on q equals the default scale on 2q.
+  auto q2 = q;
+  for (auto& x : q2.data) x *= 2;
+  std::vector<double> want(32), out(32);
+  attention_reference(q2.view(), k.view(), v.view(), TensorView::contiguous(want.data(), 1, 4, 1, 8));
+  AttentionOptions o;
+  o.softmax_scale = 2 / std::sqrt(8.0);
+  for (Algo a : {Algo::reference, Algo::tiled, Algo::splitk}) {
+    run(a, q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), 1, 4, 1, 8), o);
+    EXPECT_LE(max_abs_diff(out, want), 1e-14) << name(a);
+  }
+}
+
+}  // namespace
+}  // namespace attn
