@@ -33,10 +33,12 @@ void run(Algo a, const TensorView& q, const TensorView& k, const TensorView& v, 
   }
 }
 
-// An independent, deliberately naive statement of the semantics: per (b, h, i), loop over keys j with
-// the bottom-right causal rule j <= i + sk - sq and the GQA rule kv head = h / (H / Hk).
-std::vector<double> naive(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v, bool causal,
-                          std::vector<double>* lse = nullptr) {
+// An independent, deliberately naive statement of the semantics (flash-attn's): per (b, h, i), loop
+// over keys j; query i sits at key position i + sk - sq (bottom-right alignment); causal keeps
+// j <= that position, a window (left, right) keeps [pos - left, pos + right]; the score is
+// qk * scale, soft-capped, minus slope * |pos - j|; kv head = h / (H / Hk).
+std::vector<double> naive(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v,
+                          const AttentionOptions& o, std::vector<double>* lse = nullptr) {
   std::vector<double> out(q.data.size(), 0.0);
   if (lse) lse->assign(static_cast<std::size_t>(q.b * q.h * q.s), -INFINITY);
   const std::int64_t group = q.h / k.h;
@@ -46,11 +48,17 @@ std::vector<double> naive(const Tensor<double>& q, const Tensor<double>& k, cons
         std::vector<double> w;
         std::vector<std::int64_t> js;
         for (std::int64_t j = 0; j < k.s; ++j) {
-          if (causal && j > i + k.s - q.s) continue;
+          const std::int64_t pos = i + k.s - q.s;
+          if (o.causal && j > pos) continue;
+          if (o.window_left >= 0 && j < pos - o.window_left) continue;
+          if (o.window_right >= 0 && j > pos + o.window_right) continue;
           double dot = 0;
           for (std::int64_t c = 0; c < q.d; ++c)
             dot += q.data[((b * q.s + i) * q.h + h) * q.d + c] * k.data[((b * k.s + j) * k.h + h / group) * k.d + c];
-          w.push_back(dot / std::sqrt(double(q.d)));
+          double score = dot * o.softmax_scale.value_or(1 / std::sqrt(double(q.d)));
+          if (o.softcap > 0) score = o.softcap * std::tanh(score / o.softcap);
+          if (o.alibi_slopes) score -= o.alibi_slopes[b * o.alibi_batch_stride + h] * std::abs(double(pos - j));
+          w.push_back(score);
           js.push_back(j);
         }
         if (w.empty()) continue;
@@ -68,6 +76,9 @@ std::vector<double> naive(const Tensor<double>& q, const Tensor<double>& k, cons
 struct Shape {
   std::int64_t b, sq, sk, h, hk, d;
   bool causal;
+  std::int64_t left = -1, right = -1;
+  double softcap = 0;
+  bool alibi = false;
 };
 
 class Semantics : public ::testing::TestWithParam<Shape> {};
@@ -76,10 +87,19 @@ TEST_P(Semantics, EveryAlgorithmMatchesTheNaiveDefinition) {
   const Shape s = GetParam();
   auto q = random_tensor<double>(s.b, s.sq, s.h, s.d, 100), k = random_tensor<double>(s.b, s.sk, s.hk, s.d, 101),
        v = random_tensor<double>(s.b, s.sk, s.hk, s.d, 102);
-  std::vector<double> want_lse;
-  const auto want = naive(q, k, v, s.causal, &want_lse);
   AttentionOptions o;
   o.causal = s.causal;
+  o.window_left = s.left;
+  o.window_right = s.right;
+  o.softcap = s.softcap;
+  std::vector<float> slopes;
+  for (std::int64_t x = 0; x < s.b * s.h; ++x) slopes.push_back(0.25f / float(1 + x));
+  if (s.alibi) {
+    o.alibi_slopes = slopes.data();
+    o.alibi_batch_stride = s.h;
+  }
+  std::vector<double> want_lse;
+  const auto want = naive(q, k, v, o, &want_lse);
   for (Algo a : {Algo::reference, Algo::tiled, Algo::splitk}) {
     std::vector<double> out(q.data.size(), 42.0), lse(want_lse.size(), 42.0);
     TensorView lv = TensorView::contiguous(lse.data(), s.b, s.h, s.sq);
@@ -100,7 +120,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{1, 7, 113, 3, 1, 7, true},    // odd sizes
                       Shape{1, 113, 7, 2, 2, 113, false},
                       Shape{1, 3, 1023, 2, 1, 16, true},
-                      Shape{1, 1, 0, 2, 1, 8, false}));   // no keys: out = 0, lse = -inf
+                      Shape{1, 1, 0, 2, 1, 8, false},     // no keys: out = 0, lse = -inf
+                      Shape{2, 20, 20, 2, 1, 8, false, 3, 2},        // sliding window (3, 2)
+                      Shape{1, 12, 30, 2, 2, 8, true, 5},            // causal + left window
+                      Shape{1, 30, 12, 2, 2, 8, false, 0, 0},        // window (0, 0): one key per row at most
+                      Shape{1, 9, 17, 2, 1, 8, false, -1, -1, 2.0},  // softcap
+                      Shape{2, 9, 17, 4, 2, 8, true, -1, -1, 0, true},   // ALiBi per batch and head
+                      Shape{1, 16, 16, 2, 2, 8, false, 4, -1, 5.0, true}));  // all together
 
 TEST(Semantics, RowsWithNoVisibleKeyGetZeroAndMinusInfinity) {
   // seqlen_q = 6 > seqlen_k = 3: query i sees keys j <= i - 3, so rows 0..2 see nothing.

@@ -12,6 +12,18 @@ struct AttentionOptions {
   // Causal mask aligned to the bottom-right corner (flash-attn >= 2.1): with seqlen_q != seqlen_k,
   // query i sees keys j <= i + seqlen_k - seqlen_q. A query that sees no key gets out = 0, lse = -inf.
   bool causal = false;
+  // Sliding window (flash-attn's window_size): query i sees keys j with
+  //   i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right,
+  // -1 meaning unbounded on that side. causal is window_right = 0 (and overrides a larger one).
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
+  // Soft-capping of the scaled scores (Gemma 2, Grok): s = softcap * tanh(s / softcap); 0 = off.
+  double softcap = 0;
+  // ALiBi: adds -slope * |i + seqlen_k - seqlen_q - j| to the (scaled, capped) score of query i and key
+  // j. slope of (batch b, head h) = alibi_slopes[b * alibi_batch_stride + h], f32; stride 0 shares one
+  // set of slopes across the batch. nullptr = off.
+  const float* alibi_slopes = nullptr;
+  std::int64_t alibi_batch_stride = 0;
   // Threads for this call; 0 = all available (OpenMP's default). Results do not depend on it.
   int num_threads = 0;
 };

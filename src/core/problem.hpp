@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -17,6 +18,10 @@ struct Problem {
   DType dtype;
   double scale;
   bool causal;
+  std::int64_t window_left, window_right;  // -1 = unbounded; causal folded into window_right = 0
+  double softcap;                          // 0 = off
+  const float* alibi_slopes;               // nullptr = off
+  std::int64_t alibi_batch_stride;
   int num_threads;
   TensorView q, k, v, out;
   const TensorView* lse;  // nullptr when not requested
@@ -24,11 +29,31 @@ struct Problem {
   std::int64_t group() const { return heads / kv_heads; }  // query heads per kv head
   std::int64_t kv_head_of(std::int64_t h) const { return h / group(); }
 
-  // Keys [0, visible_keys(i)) are seen by query i. Causal is aligned to the bottom-right corner:
-  // query i sees key j iff j <= i + seqlen_k - seqlen_q. Returns 0 for a fully masked row.
-  std::int64_t visible_keys(std::int64_t i) const {
-    if (!causal) return seqlen_k;
-    return std::clamp<std::int64_t>(i + seqlen_k - seqlen_q + 1, 0, seqlen_k);
+  // Query i sees exactly the keys [first_key(i), end_key(i)); both are non-decreasing in i. Masks are
+  // aligned to the bottom-right corner (flash-attn >= 2.1): query i sits at key position
+  // i + seqlen_k - seqlen_q. A fully masked row has first_key(i) >= end_key(i).
+  std::int64_t diagonal(std::int64_t i) const { return i + seqlen_k - seqlen_q; }
+  std::int64_t first_key(std::int64_t i) const {
+    return window_left < 0 ? 0 : std::clamp<std::int64_t>(diagonal(i) - window_left, 0, seqlen_k);
+  }
+  std::int64_t end_key(std::int64_t i) const {
+    return window_right < 0 ? seqlen_k : std::clamp<std::int64_t>(diagonal(i) + window_right + 1, 0, seqlen_k);
+  }
+  std::int64_t visible_count(std::int64_t i) const { return std::max<std::int64_t>(0, end_key(i) - first_key(i)); }
+
+  float alibi_slope(std::int64_t b, std::int64_t h) const {
+    return alibi_slopes ? alibi_slopes[b * alibi_batch_stride + h] : 0.0f;
+  }
+  // The score of a visible key from its raw dot product q . k: scaled, soft-capped, ALiBi-biased.
+  template <class A>
+  A score(A dot, std::int64_t i, std::int64_t j, A slope) const {
+    A s = dot * static_cast<A>(scale);
+    if (softcap > 0) s = static_cast<A>(softcap) * std::tanh(s / static_cast<A>(softcap));
+    if (slope != A(0)) {
+      const std::int64_t dist = diagonal(i) - j;
+      s -= slope * static_cast<A>(dist < 0 ? -dist : dist);
+    }
+    return s;
   }
 };
 

@@ -25,20 +25,22 @@ inline void pack_rows(A* dst, const TensorView& t, std::int64_t b, std::int64_t 
   }
 }
 
-// scores[c] = scale * q . k_c for keys c in [0, n) of a packed tile, or -inf where key j0 + c is not
-// visible (c >= visible - j0).
+// scores[c] = the score of query i against key j0 + c of a packed tile (scaled, soft-capped, ALiBi),
+// or -inf where that key is outside [first_key(i), end_key(i)).
 template <class A>
-inline void score_row(A* scores, const A* q, const A* k_tile, std::int64_t n, std::int64_t d, A scale,
-                      std::int64_t j0, std::int64_t visible) {
+inline void score_row(const Problem& p, A* scores, const A* q, const A* k_tile, std::int64_t n, std::int64_t j0,
+                      std::int64_t i, A slope) {
+  const std::int64_t lo = p.first_key(i), hi = p.end_key(i), d = p.head_dim;
   for (std::int64_t c = 0; c < n; ++c) {
-    if (j0 + c >= visible) {
+    const std::int64_t j = j0 + c;
+    if (j < lo || j >= hi) {
       scores[c] = -std::numeric_limits<A>::infinity();
       continue;
     }
     const A* kc = k_tile + c * d;
     A dot = 0;
     for (std::int64_t x = 0; x < d; ++x) dot += q[x] * kc[x];
-    scores[c] = dot * scale;
+    scores[c] = p.score(dot, i, j, slope);
   }
 }
 

@@ -141,6 +141,13 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   if (opts.num_threads < 0)
     fail(who, "num_threads", "must be >= 0 (0 = all cores), got " + std::to_string(opts.num_threads));
 
+  if (opts.window_left < -1) fail(who, "window_left", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_left));
+  if (opts.window_right < -1) fail(who, "window_right", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_right));
+  if (!(opts.softcap >= 0) || !std::isfinite(opts.softcap))
+    fail(who, "softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(opts.softcap));
+  if (opts.alibi_slopes && opts.alibi_batch_stride < 0)
+    fail(who, "alibi_batch_stride", "must be >= 0, got " + std::to_string(opts.alibi_batch_stride));
+
   Problem p{};
   p.batch = q.shape[0];
   p.seqlen_q = q.shape[1];
@@ -151,6 +158,11 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   p.dtype = q.dtype;
   p.scale = scale;
   p.causal = opts.causal;
+  p.window_left = opts.window_left;
+  p.window_right = opts.causal ? 0 : opts.window_right;
+  p.softcap = opts.softcap;
+  p.alibi_slopes = opts.alibi_slopes;
+  p.alibi_batch_stride = opts.alibi_batch_stride;
   p.num_threads = opts.num_threads;
   p.q = q;
   p.k = k;

@@ -36,7 +36,7 @@ void run(const detail::Problem& p) {
     detail::pack_rows<T>(V, p.v, b, 0, sk, hk, d);
     for (std::int64_t i = 0; i < sq; ++i) {
       A* s = S + i * sk;
-      detail::score_row(s, Q + i * d, K, sk, d, static_cast<A>(p.scale), 0, p.visible_keys(i));
+      detail::score_row(p, s, Q + i * d, K, sk, 0, i, static_cast<A>(p.alibi_slope(b, h)));
       // Softmax of the row, the textbook way.
       A m = -std::numeric_limits<A>::infinity();
       for (std::int64_t j = 0; j < sk; ++j) m = s[j] > m ? s[j] : m;

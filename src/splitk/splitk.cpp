@@ -1,6 +1,6 @@
 // Split-K (Flash-Decoding), portable C++.
 //
-// Query row i sees keys [0, n_i). They are cut into W slices of near-equal size,
+// Query row i sees keys [first_key(i), end_key(i)), n_i of them. They are cut into W slices of near-equal size,
 //   slice w = [w * floor(n/W) + min(w, n mod W), ... next slice's start)
 // so slice boundaries depend only on n and W (never on the thread count). Each slice is folded into its
 // own partial state (m, l, o) and the partials are merged in slice order, 0 then 1 then 2..., by the
@@ -40,7 +40,7 @@ void fold_slice(const detail::Problem& p, RowState<A> s, std::int64_t b, std::in
     const std::int64_t n = std::min(kChunk, hi - j0);
     detail::pack_rows<T>(K, p.k, b, j0, n, hk, d);
     detail::pack_rows<T>(V, p.v, b, j0, n, hk, d);
-    detail::score_row(S, q, K, n, d, static_cast<A>(p.scale), j0, hi);
+    detail::score_row(p, S, q, K, n, j0, i, static_cast<A>(p.alibi_slope(b, h)));
     fold(s, S, n, V, d);
   }
 }
@@ -81,13 +81,13 @@ void run(const detail::Problem& p, std::int64_t W) {
         const std::int64_t r = t / ng, w = g0 + t % ng;
         std::int64_t b, i, h;
         coords(r0 + r, b, i, h);
-        const std::int64_t n = p.visible_keys(i);
+        const std::int64_t n = p.visible_count(i), first = p.first_key(i);
         RowState<A> s = view(partial.data() + t * state);
         reset(s);
         // Slice w is non-empty iff w < min(W, n): with W <= n all are; with W > n each holds one key
         // or none, and slice_begin puts the single keys first.
         if (w < std::min(W, n))
-          fold_slice<T>(p, s, b, i, h, slice_begin(n, W, w), slice_begin(n, W, w + 1),
+          fold_slice<T>(p, s, b, i, h, first + slice_begin(n, W, w), first + slice_begin(n, W, w + 1),
                         scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
       }
 #pragma omp parallel for num_threads(threads)
@@ -137,7 +137,7 @@ std::vector<PartialState<double>> splitk_partials(const TensorView& q, const Ten
   if (b < 0 || b >= p.batch) detail::fail(who, "b", "must be in [0, batch), got " + std::to_string(b));
   if (i < 0 || i >= p.seqlen_q) detail::fail(who, "i", "must be in [0, seqlen_q), got " + std::to_string(i));
   if (h < 0 || h >= p.heads) detail::fail(who, "h", "must be in [0, heads), got " + std::to_string(h));
-  const std::int64_t W = split.num_splits, n = p.visible_keys(i);
+  const std::int64_t W = split.num_splits, n = p.visible_count(i), first = p.first_key(i);
   std::vector<double> scratch(static_cast<std::size_t>(slice_scratch(p.head_dim)));
   std::vector<PartialState<double>> parts;
   parts.reserve(static_cast<std::size_t>(W));
@@ -145,7 +145,7 @@ std::vector<PartialState<double>> splitk_partials(const TensorView& q, const Ten
     parts.emplace_back(p.head_dim);
     if (w < std::min(W, n))
       detail::dispatch_dtype(p.dtype, [&]<class T>() {
-        fold_slice<T>(p, parts.back().view(), b, i, h, slice_begin(n, W, w), slice_begin(n, W, w + 1),
+        fold_slice<T>(p, parts.back().view(), b, i, h, first + slice_begin(n, W, w), first + slice_begin(n, W, w + 1),
                       scratch.data());
       });
   }

@@ -61,14 +61,16 @@ void run(const detail::Problem& p, TilePlan plan) {
     A* tmp = V + bc * d;
     detail::pack_rows<T>(Q, p.q, b, i0, rows, h, d);
     for (std::int64_t r = 0; r < rows; ++r) reset(RowState<A>{M + r, L + r, O + r * d, d});
-    const std::int64_t keys = p.visible_keys(i0 + rows - 1);  // the tile's last row sees the most
-    for (std::int64_t j0 = 0; j0 < keys; j0 += bc) {
-      const std::int64_t n = std::min(bc, keys - j0);
+    // Key tiles outside every row's window are skipped: rows' windows only move right as i grows.
+    const std::int64_t k_begin = p.first_key(i0), k_end = p.end_key(i0 + rows - 1);
+    const A slope = static_cast<A>(p.alibi_slope(b, h));
+    for (std::int64_t j0 = k_begin; j0 < k_end; j0 += bc) {
+      const std::int64_t n = std::min(bc, k_end - j0);
       detail::pack_rows<T>(K, p.k, b, j0, n, hk, d);
       detail::pack_rows<T>(V, p.v, b, j0, n, hk, d);
       for (std::int64_t r = 0; r < rows; ++r) {
         A* s = S + r * bc;
-        detail::score_row(s, Q + r * d, K, n, d, static_cast<A>(p.scale), j0, p.visible_keys(i0 + r));
+        detail::score_row(p, s, Q + r * d, K, n, j0, i0 + r, slope);
         fold(RowState<A>{M + r, L + r, O + r * d, d}, s, n, V, d);
       }
     }
