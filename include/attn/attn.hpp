@@ -1,0 +1,8 @@
+// attn: exact, IO-aware attention kernels. Include this for the whole public API.
+#pragma once
+
+#include "attn/attention.hpp"
+#include "attn/io_model.hpp"
+#include "attn/online_softmax.hpp"
+#include "attn/options.hpp"
+#include "attn/tensor.hpp"

@@ -1,0 +1,14 @@
+// The machine's ceilings, measured in the same run as the benchmarks that are compared with them.
+#pragma once
+
+namespace attn::cli {
+
+// Peak f32 fused-multiply-add throughput with `threads` threads, in GFLOP/s (2 flops per FMA lane),
+// from independent FMA chains in registers on the widest vector unit available (probe_fma.cpp).
+double fma_peak_gflops(int threads);
+
+// Sustained read bandwidth from memory with `threads` threads, in GB/s (10^9 bytes/s), streaming
+// a buffer much larger than the last-level cache (probe_bandwidth.cpp).
+double read_bandwidth_gbps(int threads);
+
+}  // namespace attn::cli
