@@ -23,7 +23,7 @@ Split split_number(std::string_view text, std::string_view flag, std::string_vie
   if (ec != std::errc() || ptr == s.data() || !std::isfinite(value))
     throw UsageError(std::string(flag) + ": '" + std::string(text) + "' is not a number (expected " +
                      std::string(expect) + ")");
-  std::string unit(ptr, s.data() + s.size());
+  std::string unit(ptr, static_cast<std::size_t>(s.data() + s.size() - ptr));
   for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return {value, unit};
 }
