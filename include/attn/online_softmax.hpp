@@ -14,6 +14,10 @@
 // Both use one rescale rule, `rescale_factor`, whose only subtlety is the neutral element: when
 // m_old = -inf nothing was accumulated, and exp(-inf - (-inf)) would be NaN, so the factor is 0.
 // Nothing else in attn writes these formulas; tiled, split-K and the counted IO simulation call them.
+//
+// Non-finite scores: a NaN score (from a NaN in q or in a visible key) poisons the state -- m, l and
+// o become NaN and stay NaN through later folds and merges -- so the row's output and lse are NaN
+// whatever the tiling or the split, as in the textbook method. A score of -inf counts as masked.
 #pragma once
 
 #include <cmath>
@@ -52,13 +56,31 @@ ATTN_HOST_DEVICE inline void reset(RowState<Acc> s) {
   for (std::int64_t c = 0; c < s.dim; ++c) s.o[c] = Acc(0);
 }
 
+// Marks the state as having seen a NaN score; absorbing under fold and merge.
+template <class Acc>
+ATTN_HOST_DEVICE inline void poison(RowState<Acc> s) {
+  const Acc nan = std::numeric_limits<Acc>::quiet_NaN();
+  *s.m = nan;
+  *s.l = nan;
+  for (std::int64_t c = 0; c < s.dim; ++c) s.o[c] = nan;
+}
+
+template <class Acc>
+ATTN_HOST_DEVICE inline bool is_poisoned(const RowState<Acc>& s) {
+  return *s.m != *s.m;
+}
+
 // Folds keys 0..n-1 of a tile into `s`: scores[i] is already scaled and masked (-inf = masked out),
 // value row i is v[i * v_stride .. + dim). A tile whose scores are all -inf leaves `s` unchanged.
 template <class Acc>
 ATTN_HOST_DEVICE inline void fold(RowState<Acc> s, const Acc* scores, std::int64_t n, const Acc* v,
                                   std::int64_t v_stride) {
+  if (is_poisoned(s)) return;
   Acc m_tile = -std::numeric_limits<Acc>::infinity();
-  for (std::int64_t i = 0; i < n; ++i) m_tile = scores[i] > m_tile ? scores[i] : m_tile;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (scores[i] != scores[i]) return poison(s);
+    m_tile = scores[i] > m_tile ? scores[i] : m_tile;
+  }
   if (m_tile == -std::numeric_limits<Acc>::infinity()) return;
   const Acc m_new = m_tile > *s.m ? m_tile : *s.m;
   const Acc alpha = rescale_factor(*s.m, m_new);
@@ -79,6 +101,8 @@ ATTN_HOST_DEVICE inline void fold(RowState<Acc> s, const Acc* scores, std::int64
 // a <- a (+) b, for states of disjoint key sets.
 template <class Acc>
 ATTN_HOST_DEVICE inline void merge(RowState<Acc> a, const RowState<Acc>& b) {
+  if (is_poisoned(a)) return;
+  if (is_poisoned(b)) return poison(a);
   const Acc m = *a.m > *b.m ? *a.m : *b.m;
   if (m == -std::numeric_limits<Acc>::infinity()) return;  // both neutral
   const Acc fa = rescale_factor(*a.m, m);
@@ -89,7 +113,8 @@ ATTN_HOST_DEVICE inline void merge(RowState<Acc> a, const RowState<Acc>& b) {
 }
 
 // The attention output o / l and the row's log-sum-exp m + log(l). A state that saw no unmasked key
-// (l = 0) gives out = 0 and lse = -inf, as flash-attn does for fully masked rows.
+// (l = 0) gives out = 0 and lse = -inf, as flash-attn does for fully masked rows; a poisoned state
+// gives NaN.
 template <class Acc>
 ATTN_HOST_DEVICE inline Acc finalize(const RowState<Acc>& s, Acc* out) {
   if (*s.l == Acc(0)) {

@@ -10,6 +10,7 @@
 
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
+#include "core/mask.hpp"
 
 namespace attn::detail {
 
@@ -29,31 +30,19 @@ struct Problem {
   std::int64_t group() const { return heads / kv_heads; }  // query heads per kv head
   std::int64_t kv_head_of(std::int64_t h) const { return h / group(); }
 
-  // Query i sees exactly the keys [first_key(i), end_key(i)); both are non-decreasing in i. Masks are
-  // aligned to the bottom-right corner (flash-attn >= 2.1): query i sits at key position
-  // i + seqlen_k - seqlen_q. A fully masked row has first_key(i) >= end_key(i).
-  std::int64_t diagonal(std::int64_t i) const { return i + seqlen_k - seqlen_q; }
-  std::int64_t first_key(std::int64_t i) const {
-    return window_left < 0 ? 0 : std::clamp<std::int64_t>(diagonal(i) - window_left, 0, seqlen_k);
-  }
-  std::int64_t end_key(std::int64_t i) const {
-    return window_right < 0 ? seqlen_k : std::clamp<std::int64_t>(diagonal(i) + window_right + 1, 0, seqlen_k);
-  }
-  std::int64_t visible_count(std::int64_t i) const { return std::max<std::int64_t>(0, end_key(i) - first_key(i)); }
+  // Masks and score transforms live in core/mask.hpp; Problem is one (seqlen_q, seqlen_k) pair.
+  Mask mask() const { return {seqlen_q, seqlen_k, window_left, window_right, scale, softcap}; }
+  std::int64_t diagonal(std::int64_t i) const { return mask().diagonal(i); }
+  std::int64_t first_key(std::int64_t i) const { return mask().first_key(i); }
+  std::int64_t end_key(std::int64_t i) const { return mask().end_key(i); }
+  std::int64_t visible_count(std::int64_t i) const { return mask().visible_count(i); }
 
   float alibi_slope(std::int64_t b, std::int64_t h) const {
     return alibi_slopes ? alibi_slopes[b * alibi_batch_stride + h] : 0.0f;
   }
-  // The score of a visible key from its raw dot product q . k: scaled, soft-capped, ALiBi-biased.
   template <class A>
   A score(A dot, std::int64_t i, std::int64_t j, A slope) const {
-    A s = dot * static_cast<A>(scale);
-    if (softcap > 0) s = static_cast<A>(softcap) * std::tanh(s / static_cast<A>(softcap));
-    if (slope != A(0)) {
-      const std::int64_t dist = diagonal(i) - j;
-      s -= slope * static_cast<A>(dist < 0 ? -dist : dist);
-    }
-    return s;
+    return mask().score(dot, i, j, slope);
   }
 };
 

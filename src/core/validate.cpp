@@ -1,6 +1,7 @@
 // Argument validation shared by every entry point. The rules, each with the message it produces:
 //   <arg>: data pointer is null                       (a non-empty view with no data)
 //   <arg>: rank must be R                             (4 for q/k/v/out, 3 for lse)
+//   <arg>: dtype must be f64, f32, bf16 or f16        (a DType value outside the enum)
 //   <arg>: <dim> must be >= 1                         (seqlen of k and v may be 0: every row is masked)
 //   <arg>: stride[i] must be >= 0
 //   <arg>: sizes overflow                             (element count or byte extent beyond int64)
@@ -16,6 +17,7 @@
 #include <string>
 
 #include "core/problem.hpp"
+#include "core/validate.hpp"
 
 namespace attn::detail {
 
@@ -28,15 +30,14 @@ namespace {
 constexpr const char* kDimNames4[] = {"batch", "seqlen", "heads", "head_dim"};
 constexpr const char* kDimNamesLse[] = {"batch", "heads", "seqlen_q"};
 
-struct Span {  // byte range [lo, hi) a view may touch
-  std::uintptr_t lo = 0, hi = 0;
-  bool empty() const { return lo == hi; }
-};
+}  // namespace
 
 // Checks one view on its own and returns its byte span.
 Span check_view(std::string_view who, std::string_view arg, const TensorView& t, int rank,
                 bool allow_empty_seqlen) {
   if (t.rank != rank) fail(who, arg, "rank must be " + std::to_string(rank) + ", got " + std::to_string(t.rank));
+  if (static_cast<unsigned>(t.dtype) > static_cast<unsigned>(DType::f16))
+    fail(who, arg, "dtype must be f64, f32, bf16 or f16, got code " + std::to_string(static_cast<unsigned>(t.dtype)));
   const char* const* names = rank == 4 ? kDimNames4 : kDimNamesLse;
   bool empty = false;
   std::int64_t numel = 1, max_offset = 0;
@@ -92,8 +93,6 @@ void require_equal(std::string_view who, std::string_view arg, const char* dim, 
     fail(who, arg, std::string(dim) + " must equal " + std::string(other) + "'s (" + std::to_string(want) +
                        "), got " + std::to_string(got));
 }
-
-}  // namespace
 
 Problem validate(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView* out_or_null, const AttentionOptions& opts, const TensorView* lse) {

@@ -3,6 +3,7 @@
 //   P = softmax(S) row-wise  (each row: subtract its max, exponentiate, divide by the sum)
 //   out = P v
 // Masked entries of S are -inf; a row with no visible key gets out = 0 and lse = -inf.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -37,25 +38,29 @@ void run(const detail::Problem& p) {
     for (std::int64_t i = 0; i < sq; ++i) {
       A* s = S + i * sk;
       detail::score_row(p, s, Q + i * d, K, sk, 0, i, static_cast<A>(p.alibi_slope(b, h)));
-      // Softmax of the row, the textbook way.
+      // Softmax of the row, the textbook way, over the keys the row sees (masked keys are skipped, not
+      // weighted by 0, so a NaN or Inf in a value row the row cannot see does not reach it). A NaN
+      // score makes the max NaN (the comparison keeps it) and so the whole row NaN.
+      const std::int64_t lo = p.first_key(i), hi = std::max(lo, p.end_key(i));
       A m = -std::numeric_limits<A>::infinity();
-      for (std::int64_t j = 0; j < sk; ++j) m = s[j] > m ? s[j] : m;
+      for (std::int64_t j = lo; j < hi; ++j) m = (s[j] > m || s[j] != s[j]) && m == m ? s[j] : m;
+      const bool empty = m == -std::numeric_limits<A>::infinity();
       A sum = 0;
-      if (m != -std::numeric_limits<A>::infinity()) {
-        for (std::int64_t j = 0; j < sk; ++j) sum += (s[j] = std::exp(s[j] - m));
-        for (std::int64_t j = 0; j < sk; ++j) s[j] /= sum;
+      if (!empty) {
+        for (std::int64_t j = lo; j < hi; ++j) sum += (s[j] = std::exp(s[j] - m));
+        for (std::int64_t j = lo; j < hi; ++j) s[j] /= sum;
       }
       // out = P v
       for (std::int64_t c = 0; c < d; ++c) row[c] = 0;
-      if (sum > 0)
-        for (std::int64_t j = 0; j < sk; ++j)
+      if (!empty)
+        for (std::int64_t j = lo; j < hi; ++j)
           for (std::int64_t c = 0; c < d; ++c) row[c] += s[j] * V[j * d + c];
       T* dst = detail::row_ptr<T>(p.out, b, i, h);
       for (std::int64_t c = 0; c < d; ++c) dst[c * p.out.strides[3]] = detail::store<T>(row[c]);
       if (p.lse) {
         A* l = static_cast<A*>(p.lse->data) + b * p.lse->strides[0] + h * p.lse->strides[1] +
                i * p.lse->strides[2];
-        *l = sum > 0 ? m + std::log(sum) : -std::numeric_limits<A>::infinity();
+        *l = empty ? -std::numeric_limits<A>::infinity() : m + std::log(sum);
       }
     }
   }

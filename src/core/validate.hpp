@@ -1,0 +1,29 @@
+// The view checks of validate.cpp, for entry points whose arguments are not a plain (q, k, v, out)
+// problem (decode's KV caches). Each throws std::invalid_argument naming `who` and `arg` (see the rule
+// list at the top of validate.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "attn/tensor.hpp"
+
+namespace attn::detail {
+
+struct Span {  // byte range [lo, hi) a view may touch
+  std::uintptr_t lo = 0, hi = 0;
+  bool empty() const { return lo == hi; }
+};
+
+// Checks one view on its own (rank, sizes >= 1 or, for dim 1 with allow_empty_seqlen, >= 0, strides
+// >= 0, overflow, null data) and returns its byte span. Rank 4 dims are named batch, seqlen, heads,
+// head_dim; rank 3 batch, heads, seqlen_q.
+Span check_view(std::string_view who, std::string_view arg, const TensorView& t, int rank, bool allow_empty_seqlen);
+// Outputs: every element must have its own address.
+void check_no_self_alias(std::string_view who, std::string_view arg, const TensorView& t);
+bool overlaps(Span a, Span b);
+// "<arg>: <dim> must equal <other>'s (want), got got".
+void require_equal(std::string_view who, std::string_view arg, const char* dim, std::int64_t got,
+                   std::string_view other, std::int64_t want);
+
+}  // namespace attn::detail
