@@ -1,0 +1,456 @@
+// The tiled FlashAttention-2 kernel, in Highway SIMD with runtime dispatch: one kernel, parametrised
+// by the storage type T (f64, f32, bf16, f16) and the accumulator descriptor (double for f64, float
+// for the others). Compiled once per x86/ARM target by foreach_target; the best one is picked at run
+// time. docs/prefill.md has the design and the measured numbers.
+//
+// Per task (batch b, kv head, query tile [i0, i0 + rows) of every query head sharing that kv head):
+//   pack Q^T  [d][R]        R = g * rows stacked query rows (padded to the vector width), transposed so
+//                           that queries run along the SIMD lanes
+//   for each key tile [j0, j0 + n) any row can see:
+//     pack K [n][d], V [n][dp] (dp = d rounded up to the vector width, zero columns; converts dtypes)
+//     S^T [n][R] = K Q^T   register block: RK keys (broadcast) x QV query vectors, d-loop innermost;
+//                          scale, soft-cap, ALiBi and mask applied to the block in registers, the row
+//                          maxima tracked as it is stored (S^T stays in L1/L2)
+//     per row: m_new = max(m, tile max); alpha = rescale_factor(m, m_new); P^T = exp(S^T - m_new) in
+//              place, l = l alpha + sum P (vectorised along queries: all of these are lane-wise)
+//     O [R][dp] = O alpha + P V   register block: 4 query rows (broadcast P) x CV vectors of d
+//   finalize each row (attn::finalize: l = 0 gives out 0, lse -inf) and store it converted to T.
+// Lanes run along queries in S^T, so the softmax needs no horizontal reductions, and K and V are used
+// in their natural row layout: no transposition of K per query tile.
+//
+// Kernel history (f32, d=128, batch 1, 16 heads, EPYC Zen 4 2 cores shared with other builds, so
+// load averages of 2-12; single runs of an ad-hoc driver over attention_tiled, then `attn bench prefill`):
+//   v1 this design, Highway, no unroll pragmas, B_r 64:  seq 4096, 1 thread  21.7 GFLOP/s  (accumulator
+//      arrays spilled to the stack: GCC does not unroll the register-block loops on its own)
+//   v2 + `GCC unroll` on every register-block loop:      seq 4096, 1 thread  47 GFLOP/s
+//   v3 + head-major task order, SIMD packing, next-tile prefetch into L2 (T0 prefetch thrashed L1):
+//      seq 2048, 1 thread 83 GFLOP/s (B_r 64), 90 (B_r 256): packing K/V rows a head stride apart
+//      was 16-25% of the time before the prefetch
+//   v4 B_r = 2 L1 / (d acc) (128 at d=128): numbers in docs/prefill.md (`attn bench prefill`)
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "tiled/tiled_kernel.cpp"
+#ifndef HWY_DISABLED_TARGETS
+// SSSE3 adds compile time for machines older than 2008 (EMU128 still covers them); SVE's sizeless
+// vectors cannot live in the register-block arrays below (NEON covers AArch64).
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
+#endif
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include <omp.h>
+
+#include "attn/online_softmax.hpp"
+#include "core/element.hpp"
+#include "core/tile_ops.hpp"
+#include "tiled/tiled_kernel.hpp"
+
+HWY_BEFORE_NAMESPACE();
+// Its own namespace: other Highway kernels in libattn (decode) must not share per-target names.
+namespace attn::detail::tiled_simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Register budget of the target: 32 vector registers on AVX-512 and NEON, 16 on SSE/AVX2.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_ARCH_ARM
+constexpr int kRegs = 32;
+#else
+constexpr int kRegs = 16;
+#endif
+// Scores: RK keys x QV query vectors of accumulators (24 of 32 registers, or 12 of 16), plus QV loads
+// and one broadcast. o-update: kPvRows query rows x up to kMaxCv vectors of d.
+constexpr int kRK = kRegs == 32 ? 6 : 3;
+constexpr int kQV = 4;
+constexpr int kPvRows = 4;
+constexpr int kMaxCv = kRegs == 32 ? 6 : 3;
+
+// The register blocks below are arrays of vectors: every loop over them must be unrolled, or GCC
+// keeps the accumulators in memory.
+#ifndef ATTN_UNROLL
+#define ATTN_UNROLL _Pragma("GCC unroll 32")
+#endif
+
+inline std::size_t RoundUp(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
+
+// Per-tile facts about each stacked row, relative to the tile's first key j0, in the accumulator type
+// (small integers, exact): row r sees tile keys c with lo[r] <= c < hi[r]; dist[r] = diagonal(i) - j0.
+template <class A>
+struct Rows {
+  A *m, *l, *alpha, *mtile, *lo, *hi, *dist, *slope;
+};
+
+struct Epilogue {
+  double scale, softcap;
+  bool mask, alibi;
+};
+
+// S^T[c0 + kk][r0 + v*N + lane] for kk < RK_, v < QV_: the d-long dot products, then the score
+// transform of Problem::score (scale, soft-cap, ALiBi) and the mask, in registers.
+template <int RK_, int QV_, class D, class A = hn::TFromD<D>>
+HWY_INLINE void ScoreBlock(D d, const A* HWY_RESTRICT qt, std::size_t R, const A* HWY_RESTRICT k,
+                           std::size_t dim, std::size_t c0, std::size_t r0, A* HWY_RESTRICT s,
+                           const Rows<A>& rows, const Epilogue& ep) {
+  const std::size_t N = hn::Lanes(d);
+  hn::Vec<D> acc[RK_][QV_];
+  ATTN_UNROLL
+  for (int kk = 0; kk < RK_; ++kk)
+    ATTN_UNROLL
+    for (int v = 0; v < QV_; ++v) acc[kk][v] = hn::Zero(d);
+  const A* krow = k + c0 * dim;
+  for (std::size_t x = 0; x < dim; ++x) {
+    hn::Vec<D> q[QV_];
+    ATTN_UNROLL
+    for (int v = 0; v < QV_; ++v) q[v] = hn::Load(d, qt + x * R + r0 + v * N);
+    ATTN_UNROLL
+    for (int kk = 0; kk < RK_; ++kk) {
+      const auto kb = hn::Set(d, krow[kk * dim + x]);
+      ATTN_UNROLL
+      for (int v = 0; v < QV_; ++v) acc[kk][v] = hn::MulAdd(kb, q[v], acc[kk][v]);
+    }
+  }
+  const auto scale = hn::Set(d, static_cast<A>(ep.scale));
+  const auto cap = hn::Set(d, static_cast<A>(ep.softcap));
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<A>::infinity());
+  ATTN_UNROLL
+  for (int v = 0; v < QV_; ++v) {
+    const std::size_t r = r0 + v * N;
+    auto mx = hn::Load(d, rows.mtile + r);
+    ATTN_UNROLL
+    for (int kk = 0; kk < RK_; ++kk) {
+      auto sc = hn::Mul(acc[kk][v], scale);
+      if (ep.softcap > 0) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
+      const auto c = hn::Set(d, static_cast<A>(c0 + kk));
+      if (ep.alibi) sc = hn::NegMulAdd(hn::Load(d, rows.slope + r), hn::Abs(hn::Sub(hn::Load(d, rows.dist + r), c)), sc);
+      if (ep.mask) {
+        const auto hidden = hn::Or(hn::Lt(c, hn::Load(d, rows.lo + r)), hn::Ge(c, hn::Load(d, rows.hi + r)));
+        sc = hn::IfThenElse(hidden, neg_inf, sc);
+      }
+      mx = hn::Max(mx, sc);
+      hn::Store(sc, d, s + (c0 + kk) * R + r);
+    }
+    hn::Store(mx, d, rows.mtile + r);
+  }
+}
+
+// Calls ScoreBlock with compile-time block sizes for the tails (rk <= kRK keys, qv <= kQV vectors).
+template <int RK_, int QV_, class D, class A>
+HWY_INLINE void ScoreDispatchQv(D d, int qv, const A* qt, std::size_t R, const A* k, std::size_t dim,
+                                std::size_t c0, std::size_t r0, A* s, const Rows<A>& rows, const Epilogue& ep) {
+  if constexpr (QV_ >= 1) {
+    if (qv == QV_) return ScoreBlock<RK_, QV_>(d, qt, R, k, dim, c0, r0, s, rows, ep);
+    return ScoreDispatchQv<RK_, QV_ - 1>(d, qv, qt, R, k, dim, c0, r0, s, rows, ep);
+  }
+}
+template <int RK_, class D, class A>
+HWY_INLINE void ScoreDispatch(D d, int rk, int qv, const A* qt, std::size_t R, const A* k, std::size_t dim,
+                              std::size_t c0, std::size_t r0, A* s, const Rows<A>& rows, const Epilogue& ep) {
+  if constexpr (RK_ >= 1) {
+    if (rk == RK_) return ScoreDispatchQv<RK_, kQV>(d, qv, qt, R, k, dim, c0, r0, s, rows, ep);
+    return ScoreDispatch<RK_ - 1>(d, rk, qv, qt, R, k, dim, c0, r0, s, rows, ep);
+  }
+}
+
+// O[r0 + r][x0 .. x0 + CV_ N) = O * alpha[r] + sum_c P^T[c][r0 + r] V[c][x0 ..]: the only place the
+// fold's o-update is re-expressed (as one fused multiply-add chain per register).
+//
+// Masked: the tile cuts through some row's window. Keys a row cannot see are skipped, not weighted by
+// p = 0: 0 x NaN is NaN, and a NaN or Inf in a value row must only reach the rows that see it.
+template <int CV_, bool Masked, class D, class A = hn::TFromD<D>>
+HWY_INLINE void PvBlock(D d, const A* HWY_RESTRICT p, std::size_t R, const A* HWY_RESTRICT v,
+                        std::size_t dp, std::size_t n, A* HWY_RESTRICT o, const A* HWY_RESTRICT alpha,
+                        const Rows<A>& rows, std::size_t r0, std::size_t x0) {
+  const std::size_t N = hn::Lanes(d);
+  hn::Vec<D> acc[kPvRows][CV_];
+  ATTN_UNROLL
+  for (int r = 0; r < kPvRows; ++r) {
+    const auto a = hn::Set(d, alpha[r0 + r]);
+    ATTN_UNROLL
+    for (int cv = 0; cv < CV_; ++cv) acc[r][cv] = hn::Mul(hn::Load(d, o + (r0 + r) * dp + x0 + cv * N), a);
+  }
+  for (std::size_t c = 0; c < n; ++c) {
+    hn::Vec<D> vv[CV_];
+    ATTN_UNROLL
+    for (int cv = 0; cv < CV_; ++cv) vv[cv] = hn::Load(d, v + c * dp + x0 + cv * N);
+    ATTN_UNROLL
+    for (int r = 0; r < kPvRows; ++r) {
+      if constexpr (Masked) {
+        const A key = static_cast<A>(c);
+        if (key < rows.lo[r0 + r] || key >= rows.hi[r0 + r]) continue;
+      }
+      const auto pb = hn::Set(d, p[c * R + r0 + r]);
+      ATTN_UNROLL
+      for (int cv = 0; cv < CV_; ++cv) acc[r][cv] = hn::MulAdd(pb, vv[cv], acc[r][cv]);
+    }
+  }
+  ATTN_UNROLL
+  for (int r = 0; r < kPvRows; ++r)
+    ATTN_UNROLL
+    for (int cv = 0; cv < CV_; ++cv) hn::Store(acc[r][cv], d, o + (r0 + r) * dp + x0 + cv * N);
+}
+
+template <int CV_, class D, class A>
+HWY_INLINE void PvDispatch(D d, int cv, bool masked, const A* p, std::size_t R, const A* v, std::size_t dp,
+                           std::size_t n, A* o, const A* alpha, const Rows<A>& rows, std::size_t r0, std::size_t x0) {
+  if constexpr (CV_ >= 1) {
+    if (cv == CV_) {
+      if (masked) return PvBlock<CV_, true>(d, p, R, v, dp, n, o, alpha, rows, r0, x0);
+      return PvBlock<CV_, false>(d, p, R, v, dp, n, o, alpha, rows, r0, x0);
+    }
+    return PvDispatch<CV_ - 1>(d, cv, masked, p, R, v, dp, n, o, alpha, rows, r0, x0);
+  }
+}
+
+// dst[r * ld + c] = t[b, s0 + r, h, c] as accumulator values, r < n, c < dim. Contiguous rows of
+// f32/f64 are copied, bf16/f16 rows widened with SIMD (F16C on x86); other strides go element-wise.
+template <class T, class D, class A = hn::TFromD<D>>
+HWY_INLINE void PackRows(D d, A* HWY_RESTRICT dst, std::size_t ld, const TensorView& t, std::int64_t b,
+                         std::int64_t s0, std::int64_t n, std::int64_t h, std::size_t dim) {
+  const std::size_t N = hn::Lanes(d);
+  for (std::int64_t r = 0; r < n; ++r) {
+    const T* src = row_ptr<const T>(t, b, s0 + r, h);
+    A* out = dst + static_cast<std::size_t>(r) * ld;
+    if (t.strides[3] != 1) {
+      for (std::size_t c = 0; c < dim; ++c) out[c] = load<A>(src[c * t.strides[3]]);
+    } else if constexpr (std::is_same_v<T, A>) {
+      std::size_t c = 0;
+      for (; c + N <= dim; c += N) hn::StoreU(hn::LoadU(d, src + c), d, out + c);
+      for (; c < dim; ++c) out[c] = src[c];
+    } else if constexpr (std::is_same_v<A, float> && (std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>)) {
+      using H = std::conditional_t<std::is_same_v<T, bf16_t>, hwy::bfloat16_t, hwy::float16_t>;
+      const hn::Rebind<H, D> dh;
+      std::size_t c = 0;
+      for (; c + N <= dim; c += N)
+        hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const H*>(src) + c)), d, out + c);
+      for (; c < dim; ++c) out[c] = load<A>(src[c]);
+    } else {
+      for (std::size_t c = 0; c < dim; ++c) out[c] = load<A>(src[c]);
+    }
+  }
+}
+
+template <class T>
+HWY_INLINE void PrefetchRow(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h, std::size_t dim) {
+  const char* row = reinterpret_cast<const char*>(row_ptr<const T>(t, b, s, h));
+  const std::size_t bytes = (dim - 1) * static_cast<std::size_t>(t.strides[3]) * sizeof(T) + sizeof(T);
+  for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 2);  // to L2
+}
+
+// One thread's scratch, carved from a single aligned block (sizes in accumulator elements).
+template <class A>
+struct Scratch {
+  A *qt, *o, *s, *k, *v, *tmp;
+  Rows<A> rows;
+  static std::size_t elements(std::size_t R, std::size_t bc, std::size_t dim, std::size_t dp) {
+    return dim * R + R * dp + bc * R + bc * dp + 8 * R + dp + bc * dim;
+  }
+  // Every block that is loaded as whole vectors starts at a multiple of the vector size (R and dp
+  // are multiples of the lane count); K, read only by broadcasts, goes last.
+  Scratch(A* base, std::size_t R, std::size_t bc, std::size_t dim, std::size_t dp) {
+    qt = base;
+    o = qt + dim * R;
+    s = o + R * dp;
+    v = s + bc * R;
+    A* x = v + bc * dp;
+    rows = {x, x + R, x + 2 * R, x + 3 * R, x + 4 * R, x + 5 * R, x + 6 * R, x + 7 * R};
+    tmp = x + 8 * R;
+    k = tmp + dp;
+  }
+};
+
+template <class T, class D, class A = hn::TFromD<D>>
+void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task, Scratch<A>& w) {
+  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(p.head_dim);
+  const std::size_t dp = RoundUp(dim, N);
+  const std::int64_t g = p.group(), rows_h = task.rows, i0 = task.i0, b = task.b;
+  const std::size_t real = static_cast<std::size_t>(g * rows_h);
+  const std::size_t R = RoundUp(real, std::max<std::size_t>(N, kPvRows));
+  const Rows<A>& rw = w.rows;
+  auto head_of = [&](std::size_t r) { return task.kv_head * g + static_cast<std::int64_t>(r) / rows_h; };
+  auto query_of = [&](std::size_t r) { return i0 + static_cast<std::int64_t>(r) % rows_h; };
+
+  // Q^T, zero for the padding rows; the states reset to the neutral element.
+  std::fill(w.qt, w.qt + dim * R, A(0));
+  std::fill(w.o, w.o + R * dp, A(0));
+  for (std::size_t r = 0; r < real; ++r) {
+    const T* src = row_ptr<const T>(p.q, b, query_of(r), head_of(r));
+    for (std::size_t x = 0; x < dim; ++x) w.qt[x * R + r] = load<A>(src[x * p.q.strides[3]]);
+  }
+  for (std::size_t r = 0; r < R; ++r) {
+    rw.m[r] = -std::numeric_limits<A>::infinity();
+    rw.l[r] = A(0);
+    rw.slope[r] = r < real ? static_cast<A>(p.alibi_slope(b, head_of(r))) : A(0);
+    rw.dist[r] = A(0);
+  }
+  const Epilogue base{p.scale, p.softcap, false, p.alibi_slopes != nullptr};
+
+  // Keys any row of the tile sees: first_key and end_key are non-decreasing in i.
+  const std::int64_t k_begin = p.first_key(i0), k_end = p.end_key(i0 + rows_h - 1);
+  const std::int64_t bc = plan.k_tile;
+  for (std::int64_t j0 = k_begin; j0 < k_end; j0 += bc) {
+    const std::int64_t n = std::min(bc, k_end - j0);
+    PackRows<T>(d, w.k, dim, p.k, b, j0, n, task.kv_head, dim);
+    PackRows<T>(d, w.v, dp, p.v, b, j0, n, task.kv_head, dim);
+    Epilogue ep = base;
+    for (std::size_t r = 0; r < R; ++r) {
+      A lo = 0, hi = static_cast<A>(n);
+      if (r < real) {
+        const std::int64_t i = query_of(r);
+        lo = static_cast<A>(std::clamp<std::int64_t>(p.first_key(i) - j0, 0, n));
+        hi = static_cast<A>(std::clamp<std::int64_t>(p.end_key(i) - j0, 0, n));
+        rw.dist[r] = static_cast<A>(p.diagonal(i) - j0);
+      }
+      ep.mask |= lo > A(0) || hi < static_cast<A>(n);
+      rw.lo[r] = lo;
+      rw.hi[r] = hi;
+      rw.mtile[r] = -std::numeric_limits<A>::infinity();
+    }
+
+    // S^T = K Q^T with the epilogue; the query block outer so its Q^T columns stay in L1.
+    const std::int64_t next = j0 + bc, next_n = std::min(bc, k_end - next);
+    for (std::size_t r0 = 0; r0 < R; r0 += kQV * N) {
+      const int qv = static_cast<int>(std::min<std::size_t>(kQV, (R - r0) / N));
+      for (std::int64_t c0 = 0; c0 < n; c0 += kRK) {
+        const int rk = static_cast<int>(std::min<std::int64_t>(kRK, n - c0));
+        // The next tile's K and V rows lie a head stride apart: no hardware prefetcher follows them,
+        // so the packing would wait on every line. Request them while this tile computes.
+        if (r0 == 0)
+          for (std::int64_t c = c0; c < std::min<std::int64_t>(c0 + kRK, next_n); ++c) {
+            PrefetchRow<T>(p.k, b, next + c, task.kv_head, dim);
+            PrefetchRow<T>(p.v, b, next + c, task.kv_head, dim);
+          }
+        ScoreDispatch<kRK>(d, rk, qv, w.qt, R, w.k, dim, static_cast<std::size_t>(c0), r0, w.s, rw, ep);
+      }
+    }
+
+    // The online-softmax step, lane-wise over queries. The rescale factor is attn::rescale_factor's.
+    for (std::size_t r = 0; r < R; ++r) {
+      const A m_new = std::max(rw.m[r], rw.mtile[r]);
+      rw.alpha[r] = rescale_factor(rw.m[r], m_new);
+      rw.m[r] = m_new;
+    }
+    const auto neg_inf = hn::Set(d, -std::numeric_limits<A>::infinity());
+    for (std::size_t r = 0; r < R; r += N) {
+      const auto m = hn::Load(d, rw.m + r);
+      // A row that has seen no key keeps m = -inf; its scores are all -inf and must give p = 0.
+      const auto m_sub = hn::IfThenZeroElse(hn::Eq(m, neg_inf), m);
+      auto sum = hn::Zero(d);
+      for (std::int64_t c = 0; c < n; ++c) {
+        A* sc = w.s + static_cast<std::size_t>(c) * R + r;
+        const auto score = hn::Load(d, sc);
+        // exp(-inf) = 0. A NaN score (NaN in q or in a visible key) must poison its row, as in
+        // attn::fold; the vectorised Exp does not propagate NaN, so it is passed through explicitly
+        // and reaches l and o.
+        const auto pv = hn::IfThenElse(hn::IsNaN(score), score, hn::Exp(d, hn::Sub(score, m_sub)));
+        hn::Store(pv, d, sc);
+        sum = hn::Add(sum, pv);
+      }
+      hn::Store(hn::MulAdd(hn::Load(d, rw.l + r), hn::Load(d, rw.alpha + r), sum), d, rw.l + r);
+    }
+
+    // O = O alpha + P V, d split into near-equal chunks of at most kMaxCv vectors.
+    const int dv = static_cast<int>(dp / N);
+    const int chunks = (dv + kMaxCv - 1) / kMaxCv;
+    for (std::size_t r0 = 0; r0 < R; r0 += kPvRows) {
+      std::size_t x0 = 0;
+      for (int ch = 0; ch < chunks; ++ch) {
+        const int cv = dv / chunks + (ch < dv % chunks ? 1 : 0);
+        PvDispatch<kMaxCv>(d, cv, ep.mask, w.s, R, w.v, dp, static_cast<std::size_t>(n), w.o, rw.alpha, rw, r0, x0);
+        x0 += static_cast<std::size_t>(cv) * N;
+      }
+    }
+  }
+
+  for (std::size_t r = 0; r < real; ++r)
+    store_row<T>(p, RowState<A>{rw.m + r, rw.l + r, w.o + r * dp, p.head_dim}, w.tmp, b, query_of(r), head_of(r));
+}
+
+// Task t of problem p, enumerated so that tiles with more visible keys come first (a longest-first
+// order that dynamic scheduling turns into a balanced split for causal masks): the query tile index
+// runs backwards when later queries see more keys (causal, bottom-right windows), forwards otherwise.
+inline TileTask TaskOf(const Problem& p, const TiledPlan& plan, std::uint32_t pi, std::int64_t t) {
+  const std::int64_t q_tiles = (p.seqlen_q + plan.q_tile - 1) / plan.q_tile;
+  // Head-major: consecutive tasks (on any thread) reuse the same K and V from the shared L3.
+  std::int64_t qt = t % q_tiles;
+  if (p.window_right >= 0) qt = q_tiles - 1 - qt;
+  const std::int64_t bh = t / q_tiles;
+  TileTask task{pi, bh / p.kv_heads, bh % p.kv_heads, qt * plan.q_tile, 0};
+  task.rows = std::min(plan.q_tile, p.seqlen_q - task.i0);
+  return task;
+}
+
+template <class T>
+void RunAll(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
+            const std::vector<std::int64_t>& first_task, int threads) {
+  using A = Acc<T>;
+  const hn::ScalableTag<A> d;
+  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(ps[0].head_dim), dp = RoundUp(dim, N);
+  std::size_t R = 0, bc = 0;
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    R = std::max(R, RoundUp(static_cast<std::size_t>(ps[i].group() * plans[i].q_tile), std::max<std::size_t>(N, kPvRows)));
+    bc = std::max(bc, static_cast<std::size_t>(plans[i].k_tile));
+  }
+  const std::int64_t tasks = first_task.back();
+  const std::size_t bytes = Scratch<A>::elements(R, bc, dim, dp) * sizeof(A);
+#pragma omp parallel num_threads(threads)
+  {
+    A* base = static_cast<A*>(::operator new(bytes, std::align_val_t{64}));
+    std::fill(base, base + bytes / sizeof(A), A(0));  // V's padding columns stay zero
+    Scratch<A> w(base, R, bc, dim, dp);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const auto it = std::upper_bound(first_task.begin(), first_task.end(), t);
+      const auto pi = static_cast<std::uint32_t>(it - first_task.begin() - 1);
+      RunTask<T>(d, ps[pi], plans[pi], TaskOf(ps[pi], plans[pi], pi, t - first_task[pi]), w);
+    }
+    ::operator delete(base, std::align_val_t{64});
+  }
+}
+
+void RunF64(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f, int th) { RunAll<double>(ps, pl, f, th); }
+void RunF32(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f, int th) { RunAll<float>(ps, pl, f, th); }
+void RunBF16(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f, int th) { RunAll<bf16_t>(ps, pl, f, th); }
+void RunF16(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f, int th) { RunAll<f16_t>(ps, pl, f, th); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail::tiled_simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::detail {
+namespace tiled_simd {
+HWY_EXPORT(RunF64);
+HWY_EXPORT(RunF32);
+HWY_EXPORT(RunBF16);
+HWY_EXPORT(RunF16);
+}  // namespace tiled_simd
+
+void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, int threads) {
+  if (problems.empty()) return;
+  std::vector<TiledPlan> plans;
+  std::vector<std::int64_t> first_task{0};
+  plans.reserve(problems.size());
+  first_task.reserve(problems.size() + 1);
+  for (const Problem& p : problems) {
+    const TilePlan t = plan_tiles(p.seqlen_q, p.seqlen_k, p.head_dim, p.dtype, tiles);
+    // GQA stacks the group's heads in one tile: the default query tile is shared among them.
+    std::int64_t q_tile = t.q_tile;
+    if (!tiles.q_tile) q_tile = std::max<std::int64_t>(1, q_tile / p.group());
+    plans.push_back({q_tile, t.k_tile});
+    first_task.push_back(first_task.back() + p.batch * p.kv_heads * ((p.seqlen_q + q_tile - 1) / q_tile));
+  }
+  switch (problems[0].dtype) {
+    case DType::f64: return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF64)(problems, plans, first_task, threads);
+    case DType::f32: return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF32)(problems, plans, first_task, threads);
+    case DType::bf16: return HWY_DYNAMIC_DISPATCH(tiled_simd::RunBF16)(problems, plans, first_task, threads);
+    case DType::f16: return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF16)(problems, plans, first_task, threads);
+  }
+}
+
+}  // namespace attn::detail
+#endif  // HWY_ONCE

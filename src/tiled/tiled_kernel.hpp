@@ -1,0 +1,31 @@
+// The tiled (FlashAttention-2) kernel's internal interface: a list of validated problems run as one
+// parallel job. attention_tiled passes one problem; attention_varlen passes one per sequence, so short
+// and long sequences share the threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "core/problem.hpp"
+
+namespace attn::detail {
+
+// One unit of parallel work: the query tile [i0, i0 + rows) of every query head that shares kv head
+// `kv_head` of batch `b` in problem `problem` (GQA heads are stacked so each K/V tile is packed once).
+struct TileTask {
+  std::uint32_t problem;
+  std::int64_t b, kv_head, i0, rows;
+};
+
+// The tile sizes of one problem after GQA stacking: q_tile queries per head, g heads stacked.
+struct TiledPlan {
+  std::int64_t q_tile, k_tile;
+};
+
+// Runs every problem (all must have the same dtype and head_dim; each writes its own out and lse) with
+// `threads` threads. Problems have been validated; nothing here throws.
+void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, int threads);
+
+}  // namespace attn::detail

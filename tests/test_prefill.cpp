@@ -1,0 +1,167 @@
+// The SIMD prefill kernel (attention_tiled) in every mode, against the f64 oracle with flash-attn's
+// accuracy rule (at most twice the textbook method's error at the same precision), forcing each code
+// path: each head-dim register block (64, 80, 96, 128, 256) and odd head dims, each dtype, sequence
+// lengths that leave tails in both tile directions, the default and explicit tile sizes, GQA stacking,
+// masks, soft-capping, ALiBi, LSE, and 1 vs 2 threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "support.hpp"
+
+namespace attn {
+namespace {
+
+using test::max_abs_diff;
+using test::random_tensor;
+
+struct Case {
+  std::int64_t b, sq, sk, h, hk, d;
+  bool causal = false;
+  std::int64_t left = -1, right = -1;
+  double softcap = 0;
+  bool alibi = false;
+  std::int64_t q_tile = 0, k_tile = 0;  // 0 = the default plan
+  int threads = 2;
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) {
+  return os << "b" << c.b << " sq" << c.sq << " sk" << c.sk << " h" << c.h << "/" << c.hk << " d" << c.d
+            << (c.causal ? " causal" : "") << " win(" << c.left << "," << c.right << ") cap" << c.softcap
+            << (c.alibi ? " alibi" : "") << " tiles " << c.q_tile << "x" << c.k_tile << " thr" << c.threads;
+}
+
+// Slack for the case where the textbook error happens to be ~0 (as in check_precision).
+template <class T> double slack();
+template <> double slack<float>() { return 2e-7; }
+template <> double slack<bf16_t>() { return 1e-3; }
+template <> double slack<f16_t>() { return 1e-4; }
+
+template <class T>
+void expect_accurate(const Case& c) {
+  SCOPED_TRACE(::testing::Message() << c << " dtype " << dtype_name(dtype_of<T>()));
+  auto q = random_tensor<T>(c.b, c.sq, c.h, c.d, 11, 2.0), k = random_tensor<T>(c.b, c.sk, c.hk, c.d, 12, 2.0),
+       v = random_tensor<T>(c.b, c.sk, c.hk, c.d, 13);
+  auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
+  AttentionOptions o;
+  o.causal = c.causal;
+  o.window_left = c.left;
+  o.window_right = c.right;
+  o.softcap = c.softcap;
+  o.num_threads = c.threads;
+  std::vector<float> slopes;
+  for (std::int64_t x = 0; x < c.b * c.h; ++x) slopes.push_back(0.5f / float(1 + x));
+  if (c.alibi) {
+    o.alibi_slopes = slopes.data();
+    o.alibi_batch_stride = c.h;
+  }
+  TileOptions t;
+  if (c.q_tile) t.q_tile = c.q_tile;
+  if (c.k_tile) t.k_tile = c.k_tile;
+  const std::size_t nl = static_cast<std::size_t>(c.b * c.h * c.sq);
+
+  std::vector<double> oracle(q.data.size()), oracle_lse(nl);
+  TensorView ol = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
+  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.d), o, &ol);
+  std::vector<T> textbook(q.data.size());
+  std::vector<float> textbook_lse(nl);
+  TensorView tl = TensorView::contiguous(textbook_lse.data(), c.b, c.h, c.sq);
+  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.d), o, &tl);
+  std::vector<T> got(q.data.size());
+  std::vector<float> got_lse(nl, 42.0f);
+  TensorView gl = TensorView::contiguous(got_lse.data(), c.b, c.h, c.sq);
+  attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), c.b, c.sq, c.h, c.d), o, t, &gl);
+
+  const double base = max_abs_diff(textbook, oracle);
+  EXPECT_LE(max_abs_diff(got, oracle), 2 * base + slack<T>()) << "textbook error " << base;
+  double lse_base = 0, lse_err = 0;
+  for (std::size_t i = 0; i < nl; ++i) {
+    if (std::isinf(oracle_lse[i])) {  // a row that sees no key: -inf, and out = 0
+      EXPECT_EQ(got_lse[i], -INFINITY) << "row " << i;
+      continue;
+    }
+    lse_base = std::max(lse_base, std::abs(textbook_lse[i] - oracle_lse[i]));
+    lse_err = std::max(lse_err, std::abs(got_lse[i] - oracle_lse[i]));
+  }
+  EXPECT_LE(lse_err, 2 * lse_base + 1e-5) << "lse; textbook error " << lse_base;
+}
+
+class Prefill : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Prefill, F32WithinTwiceTheTextbookError) { expect_accurate<float>(GetParam()); }
+TEST_P(Prefill, Bf16WithinTwiceTheTextbookError) { expect_accurate<bf16_t>(GetParam()); }
+TEST_P(Prefill, F16WithinTwiceTheTextbookError) { expect_accurate<f16_t>(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(
+    HeadDims, Prefill,
+    ::testing::Values(Case{1, 67, 131, 2, 1, 64}, Case{1, 67, 131, 2, 1, 80}, Case{1, 67, 131, 2, 1, 96},
+                      Case{1, 67, 131, 2, 2, 128}, Case{1, 40, 75, 2, 1, 256}, Case{1, 33, 45, 2, 2, 1},
+                      Case{1, 33, 45, 2, 2, 3}, Case{1, 33, 45, 2, 2, 17}, Case{1, 33, 45, 2, 2, 100},
+                      Case{1, 21, 29, 1, 1, 200}));
+
+INSTANTIATE_TEST_SUITE_P(
+    TilesAndTails, Prefill,
+    ::testing::Values(Case{2, 150, 150, 2, 2, 64, false, -1, -1, 0, false, 0, 0, 1},  // default plan, 1 thread
+                      Case{1, 150, 301, 4, 1, 64, true},                             // MQA, causal, default plan
+                      Case{1, 90, 90, 2, 2, 32, true, -1, -1, 0, false, 7, 9},        // tiny tiles, tails
+                      Case{1, 90, 90, 8, 2, 32, false, -1, -1, 0, false, 5, 13, 2},   // GQA stacking, odd tiles
+                      Case{1, 1, 300, 4, 4, 64, true},                                // one query row
+                      Case{1, 300, 5, 2, 1, 16, true}));                              // first rows see nothing
+
+INSTANTIATE_TEST_SUITE_P(
+    Masks, Prefill,
+    ::testing::Values(Case{1, 80, 120, 2, 1, 64, false, 17, 5},                   // sliding window
+                      Case{1, 120, 80, 2, 2, 64, true, 30},                       // causal + left window
+                      Case{1, 64, 64, 2, 2, 64, false, 0, 0},                     // one key per row
+                      Case{1, 70, 90, 4, 2, 64, false, -1, -1, 30.0},             // softcap
+                      Case{2, 70, 90, 4, 2, 64, true, -1, -1, 0, true},           // ALiBi, per batch and head
+                      Case{1, 70, 130, 2, 1, 128, false, 40, 3, 20.0, true, 16, 32}));  // all together
+
+// The result does not depend on the number of threads: every task computes the same bits.
+TEST(PrefillThreads, OneAndTwoThreadsGiveIdenticalBits) {
+  auto q = random_tensor<float>(2, 200, 4, 96, 1), k = random_tensor<float>(2, 230, 2, 96, 2),
+       v = random_tensor<float>(2, 230, 2, 96, 3);
+  std::vector<float> a(q.data.size()), b(q.data.size());
+  AttentionOptions o;
+  o.causal = true;
+  for (auto [threads, out] : {std::pair<int, std::vector<float>*>{1, &a}, {2, &b}}) {
+    o.num_threads = threads;
+    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(out->data(), 2, 200, 4, 96), o);
+  }
+  EXPECT_EQ(a, b);
+}
+
+// f64 runs the same SIMD kernel (double lanes) and stays exact, in every head-dim block.
+TEST(PrefillF64, ExactToTheReferenceForEveryHeadDimBlock) {
+  for (std::int64_t d : {1, 7, 64, 80, 96, 128, 256}) {
+    auto q = random_tensor<double>(1, 37, 4, d, 1), k = random_tensor<double>(1, 53, 2, d, 2),
+         v = random_tensor<double>(1, 53, 2, d, 3);
+    std::vector<double> want(q.data.size()), got(q.data.size());
+    AttentionOptions o;
+    o.causal = true;
+    o.softcap = 5;
+    attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), 1, 37, 4, d), o);
+    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), 1, 37, 4, d), o);
+    EXPECT_LE(max_abs_diff(got, want), 1e-12) << "d=" << d;
+  }
+}
+
+// Strided bf16 inputs (head-major, padded rows) go through the element-wise packing path.
+TEST(PrefillStrides, StridedBf16MatchesContiguous) {
+  const std::int64_t S = 50, H = 2, D = 64;
+  auto q = random_tensor<bf16_t>(1, S, H, D, 1), k = random_tensor<bf16_t>(1, S, H, D, 2), v = random_tensor<bf16_t>(1, S, H, D, 3);
+  // Every element two apart: stride[3] = 2.
+  auto spread = [&](const test::Tensor<bf16_t>& t, std::vector<bf16_t>& buf) {
+    buf.assign(t.data.size() * 2, bf16_t{0x7fc0});
+    for (std::size_t i = 0; i < t.data.size(); ++i) buf[2 * i] = t.data[i];
+    return TensorView::strided(buf.data(), {1, S, H, D}, {S * H * D * 2, H * D * 2, D * 2, 2});
+  };
+  std::vector<bf16_t> qb, kb, vb;
+  std::vector<bf16_t> want(q.data.size()), got(q.data.size());
+  attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), 1, S, H, D));
+  attention_tiled(spread(q, qb), spread(k, kb), spread(v, vb), TensorView::contiguous(got.data(), 1, S, H, D));
+  EXPECT_EQ(max_abs_diff(got, want), 0.0);
+}
+
+}  // namespace
+}  // namespace attn
