@@ -1,12 +1,233 @@
-// `attn bench decode` (placeholder until the decode issue lands: registers the command only).
+// `attn bench decode`: attention_decode against the machine's read bandwidth, measured in the same run
+// at the same thread count.
+//
+// Decode reads every K and V element of the cache once, so its floor is
+//   bytes = 2 x cache_len x kv_heads x head_dim x element bytes   (summed over the batch)
+//   seconds >= bytes / read bandwidth.
+// Each case reports the median seconds of attention_decode, its GB/s of KV read, the probe's GB/s
+// (read_bandwidth_gbps, mean of one probe right before and one right after the case) and the ratio.
+// Cases (default): batch 1, 32 heads, 8 kv heads, d = 128, bf16 cache at 32k and 128k keys; batch 16
+// with cache lengths spread geometrically from 1k to 64k in a paged cache (page size 16, pages in a
+// shuffled order); each at 1 and 2 threads. --quick: 8k keys and a batch of 4 (1k..8k), in seconds.
+// --cache N: the single batch-1 case at N keys (what bench/peers/peers.py --mode decode runs).
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attn/decode.hpp"
+#include "bench_common.hpp"
 #include "commands.hpp"
+#include "probes.hpp"
 #include "units.hpp"
 
 namespace attn::cli {
-void add_bench_decode(CLI::App& bench) {
-  auto* c = bench.add_subcommand("decode", "One query per sequence over a KV cache (not implemented yet)");
-  c->callback([] { throw UsageError("bench decode: not implemented yet"); });
+namespace {
+
+struct Case {
+  std::string name;
+  std::int64_t batch;
+  std::vector<std::int64_t> lengths;  // cache length per sequence
+  std::int64_t page_size;             // 0 = contiguous cache
+};
+
+struct Args {
+  bool quick = false, json = false;
+  std::string threads = "1,2", dtype = "bf16", num_splits = "0", seq_q = "1", cache;
+};
+
+DType parse_dtype(const std::string& s) {
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16") return DType::f16;
+  if (s == "f32") return DType::f32;
+  throw UsageError("--dtype: must be bf16, f16 or f32, got '" + s + "'");
 }
+
+std::vector<int> parse_threads(const std::string& s) {
+  std::vector<int> r;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const std::int64_t t = parse_count(item, "--threads");
+    if (t < 1 || t > 1024) throw UsageError("--threads: each must be in [1, 1024], got " + item);
+    r.push_back(static_cast<int>(t));
+  }
+  if (r.empty()) throw UsageError("--threads: empty list");
+  return r;
+}
+
+// Lengths from lo to hi, geometric, rounded to a multiple of 16 (the same every run).
+std::vector<std::int64_t> spread(std::int64_t n, std::int64_t lo, std::int64_t hi) {
+  std::vector<std::int64_t> r;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double x = n == 1 ? 0 : static_cast<double>(i) / static_cast<double>(n - 1);
+    r.push_back(std::llround(static_cast<double>(lo) * std::pow(static_cast<double>(hi) / lo, x) / 16) * 16);
+  }
+  return r;
+}
+
+// Fills raw storage with pseudo-random values in [-1, 1) of the dtype (fast enough for GBs of cache).
+void fill(void* data, std::size_t count, DType t, std::uint64_t seed) {
+  const std::size_t nt = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (std::size_t id = 0; id < nt; ++id)
+    pool.emplace_back([=] {
+      std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + id * 0xBF58476D1CE4E5B9ull + 1;
+      for (std::size_t i = count * id / nt; i < count * (id + 1) / nt; ++i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const float f = static_cast<float>(static_cast<std::int32_t>(x >> 40) - (1 << 23)) / float(1 << 23);
+        if (t == DType::f32) {
+          static_cast<float*>(data)[i] = f;
+        } else if (t == DType::bf16) {
+          std::uint32_t u;
+          std::memcpy(&u, &f, 4);
+          static_cast<std::uint16_t*>(data)[i] = static_cast<std::uint16_t>(u >> 16);
+        } else {
+          const _Float16 h = static_cast<_Float16>(f);
+          std::memcpy(static_cast<std::uint16_t*>(data) + i, &h, 2);
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+}
+
+struct Buffer {
+  std::unique_ptr<unsigned char[]> bytes;
+  explicit Buffer(std::size_t n) : bytes(new unsigned char[n]) {}
+  void* get() const { return bytes.get(); }
+};
+
+TensorView view4(void* data, DType t, std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+  TensorView v;
+  v.data = data;
+  v.dtype = t;
+  v.rank = 4;
+  v.shape = {a, b, c, d};
+  v.strides = {b * c * d, c * d, d, 1};
+  return v;
+}
+
+void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>& threads, std::int64_t splits,
+              std::int64_t seq_q) {
+  const std::int64_t H = 32, HK = 8, D = 128, B = cs.batch;
+  const std::size_t es = dtype_size(dt);
+  std::int64_t total_keys = 0, max_len = 0, pages = 0;
+  for (auto n : cs.lengths) {
+    total_keys += n;
+    max_len = std::max(max_len, n);
+    if (cs.page_size > 0) pages += (n + cs.page_size - 1) / cs.page_size;
+  }
+  // The cache: contiguous [B, max_len, HK, D] or paged [pages, page_size, HK, D].
+  const std::int64_t rows = cs.page_size > 0 ? pages * cs.page_size : B * max_len;
+  const std::size_t elems = static_cast<std::size_t>(rows * HK * D);
+  Buffer kbuf(elems * es), vbuf(elems * es), qbuf(static_cast<std::size_t>(B * seq_q * H * D) * es),
+      obuf(static_cast<std::size_t>(B * seq_q * H * D) * es);
+  fill(kbuf.get(), elems, dt, 1);
+  fill(vbuf.get(), elems, dt, 2);
+  fill(qbuf.get(), static_cast<std::size_t>(B * seq_q * H * D), dt, 3);
+  std::vector<std::int32_t> seqlens(cs.lengths.begin(), cs.lengths.end());
+  std::vector<std::int32_t> table;
+  KVCache cache;
+  cache.seqlens = seqlens.data();
+  if (cs.page_size > 0) {
+    const std::int64_t max_pages = (max_len + cs.page_size - 1) / cs.page_size;
+    std::vector<std::int32_t> order(static_cast<std::size_t>(pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(7));  // a fragmented allocator
+    table.assign(static_cast<std::size_t>(B * max_pages), -1);
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t j = 0; j < (cs.lengths[static_cast<std::size_t>(b)] + cs.page_size - 1) / cs.page_size; ++j)
+        table[static_cast<std::size_t>(b * max_pages + j)] = order[next++];
+    cache.k = view4(kbuf.get(), dt, pages, cs.page_size, HK, D);
+    cache.v = view4(vbuf.get(), dt, pages, cs.page_size, HK, D);
+    cache.block_table = table.data();
+    cache.max_pages = max_pages;
+  } else {
+    cache.k = view4(kbuf.get(), dt, B, max_len, HK, D);
+    cache.v = view4(vbuf.get(), dt, B, max_len, HK, D);
+  }
+  const TensorView q = view4(qbuf.get(), dt, B, seq_q, H, D), out = view4(obuf.get(), dt, B, seq_q, H, D);
+  const double bytes = 2.0 * static_cast<double>(total_keys) * HK * D * static_cast<double>(es);
+  const double flops = 4.0 * static_cast<double>(seq_q * total_keys) * H * D;
+  DecodeOptions dec;
+  dec.num_splits = splits;
+
+  for (int t : threads) {
+    AttentionOptions o;
+    o.num_threads = t;
+    o.causal = seq_q > 1;
+    const double bw_before = read_bandwidth_gbps(t);
+    const Timing tm = time_it([&] { attention_decode(q, cache, out, o, dec); }, args.quick ? 3 : 7,
+                              args.quick ? 0.1 : 1.0, 200);
+    const double bw = 0.5 * (bw_before + read_bandwidth_gbps(t));
+    const double gbps = bytes / tm.median_s / 1e9, fraction = gbps / bw;
+    if (args.json) {
+      std::printf("%s\n", nlohmann::json{{"kind", "decode"}, {"case", cs.name}, {"batch", B}, {"seq_q", seq_q},
+                                         {"seq_k", max_len}, {"total_keys", total_keys}, {"heads", H},
+                                         {"kv_heads", HK}, {"head_dim", D}, {"dtype", std::string(dtype_name(dt))},
+                                         {"causal", o.causal}, {"paged", cs.page_size > 0},
+                                         {"page_size", cs.page_size}, {"threads", t}, {"seconds", tm.median_s},
+                                         {"gflops", flops / tm.median_s / 1e9}, {"gbps", gbps},
+                                         {"read_bandwidth_gbps", bw}, {"bandwidth_fraction", fraction},
+                                         {"reps", tm.reps}, {"machine", machine_name()}}.dump().c_str());
+    } else {
+      std::printf("%-28s %7d %10.3f ms %8.1f GB/s %8.1f GB/s %7.0f%%  %6.1f GFLOP/s\n", cs.name.c_str(), t,
+                  tm.median_s * 1e3, gbps, bw, 100 * fraction, flops / tm.median_s / 1e9);
+    }
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+void add_bench_decode(CLI::App& bench) {
+  auto args = std::make_shared<Args>();
+  auto* c = bench.add_subcommand("decode", "One query per sequence over a KV cache, against the read bandwidth");
+  c->add_flag("--quick", args->quick, "small cases that run in seconds");
+  c->add_flag("--json", args->json, "one JSON object per line");
+  c->add_option("--threads", args->threads, "comma-separated thread counts")->capture_default_str();
+  c->add_option("--dtype", args->dtype, "cache element type: bf16, f16, f32")->capture_default_str();
+  c->add_option("--num-splits", args->num_splits, "key slices per sequence (0 = automatic)")->capture_default_str();
+  c->add_option("--seq-q", args->seq_q, "queries per sequence (causal among them when > 1)")->capture_default_str();
+  c->add_option("--cache", args->cache, "one case instead of the table: batch 1, a contiguous cache of this many keys");
+  c->callback([args] {
+    const DType dt = parse_dtype(args->dtype);
+    const auto threads = parse_threads(args->threads);
+    const std::int64_t splits = parse_count(args->num_splits, "--num-splits");
+    const std::int64_t seq_q = parse_count(args->seq_q, "--seq-q");
+    if (seq_q < 1 || seq_q > 64) throw UsageError("--seq-q: must be in [1, 64]");
+    std::vector<Case> cases;
+    if (!args->cache.empty()) {
+      const std::int64_t n = parse_count(args->cache, "--cache");
+      if (n < 1 || n > (std::int64_t{1} << 30)) throw UsageError("--cache: must be in [1, 2^30]");
+      cases.push_back({"b1 " + args->cache + " contiguous", 1, {n}, 0});
+    } else if (args->quick) {
+      cases.push_back({"b1 8k contiguous", 1, {8192}, 0});
+      cases.push_back({"b4 1k..8k paged16", 4, spread(4, 1024, 8192), 16});
+    } else {
+      cases.push_back({"b1 32k contiguous", 1, {32768}, 0});
+      cases.push_back({"b1 128k contiguous", 1, {131072}, 0});
+      cases.push_back({"b16 1k..64k paged16", 16, spread(16, 1024, 65536), 16});
+    }
+    if (!args->json) {
+      std::printf("attn bench decode: %s, 32 heads, 8 kv heads, d = 128, %s cache, seq_q = %lld\n",
+                  machine_name().c_str(), std::string(dtype_name(dt)).c_str(), static_cast<long long>(seq_q));
+      std::printf("%-28s %7s %13s %13s %13s %8s\n", "case", "threads", "median", "KV read", "probe read",
+                  "of probe");
+    }
+    for (const auto& cs : cases) run_case(cs, *args, dt, threads, splits, seq_q);
+  });
+}
+
 }  // namespace attn::cli

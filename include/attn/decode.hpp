@@ -1,0 +1,71 @@
+// Decode: one or a few new queries per sequence against a long KV cache, at memory speed.
+// Modelled on flash-attn's flash_attn_with_kvcache.
+//
+// Shapes (flash-attn's layout; strides in elements, any non-negative strides accepted):
+//   q            [batch, seqlen_q, heads, head_dim]       seqlen_q 1, or a few (speculative decoding)
+//   cache.k, .v  contiguous [batch, max_seqlen, kv_heads, head_dim]
+//                or paged   [num_pages, page_size, kv_heads, head_dim] with cache.block_table, any
+//                page_size >= 1; key position p of sequence b lives in page block_table[b][p / page_size]
+//                at slot p % page_size
+//   cache.seqlens [batch] int32: keys already in each sequence's cache
+//   k_new, v_new [batch, seqlen_new, kv_heads, head_dim] (optional): written into the cache in place at
+//                positions seqlens[b] .. seqlens[b] + seqlen_new - 1 before attending
+//   out          [batch, seqlen_q, heads, head_dim]
+//   lse          [batch, heads, seqlen_q] (optional): natural-log log-sum-exp of the scaled scores
+//
+// Sequence b attends over its first seqlen_k(b) = seqlens[b] + seqlen_new keys. Every mask is that of
+// attention_reference for the pair (seqlen_q, seqlen_k(b)): causal is aligned bottom-right, so with
+// seqlen_q = 3 and causal the last query sees all seqlen_k(b) keys and the first seqlen_k(b) - 2; the
+// window, softcap, ALiBi, scale and the fully-masked-row rule (out = 0, lse = -inf) are as in
+// include/attn/options.hpp. Query head h reads kv head h / (heads / kv_heads).
+//
+// Element types: the cache (k, v, k_new, v_new) is f64, f32, bf16 or f16. q and out are the cache's
+// type or f32 (a bf16/f16 cache with f32 activations needs no conversion pass); out has q's type. lse is
+// f64 for an f64 cache, else f32. Accumulation is in f32 (f64 for f64).
+//
+// Every argument is validated before anything is written; a bad one throws std::invalid_argument whose
+// message names the argument and the rule, and leaves the cache, out and lse untouched. The block_table
+// entries checked are those of the pages holding keys [0, seqlen_k(b)) of each sequence; later entries
+// are never read and may hold anything (e.g. -1).
+//
+// Determinism: the keys of each sequence are cut into num_splits slices (split boundaries depend only
+// on the problem and num_splits) whose partial states are merged in slice order, so the output is
+// bitwise identical for any num_threads.
+#pragma once
+
+#include <cstdint>
+
+#include "attn/options.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+struct KVCache {
+  TensorView k, v;                          // written only where k_new/v_new are appended
+  const std::int32_t* seqlens = nullptr;    // [batch]
+  const std::int32_t* block_table = nullptr;  // nullptr: contiguous cache; else [batch, max_pages]
+  std::int64_t max_pages = 0;               // columns of block_table
+  std::int64_t block_table_stride = 0;      // elements between rows of block_table; 0 = max_pages
+};
+
+struct DecodeOptions {
+  // Key slices per sequence; 0 = automatic (decode_num_splits). Any value >= 1 is valid and gives the
+  // same result up to rounding; more slices than keys leaves some empty.
+  std::int64_t num_splits = 0;
+  // New keys and values appended to the cache before attending (both or neither).
+  const TensorView* k_new = nullptr;
+  const TensorView* v_new = nullptr;
+};
+
+void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out,
+                      const AttentionOptions& opts = {}, const DecodeOptions& decode = {},
+                      const TensorView* lse = nullptr);
+
+// The automatic split count for a sequence of `keys` keys: slices of about 2 MiB of K and V (all kv
+// heads together), and at least enough slices for 32 work items over the batch as long as each keeps
+// >= 128 keys. A function of the problem only -- never of the thread count -- so results do not
+// depend on the number of threads. See docs/decode.md.
+std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64_t kv_heads,
+                               std::int64_t head_dim, DType cache_dtype);
+
+}  // namespace attn

@@ -1,0 +1,93 @@
+// Decode internals: the validated problem, the append, and the chunk kernel's interface.
+//
+// Work is cut into items (sequence b, key slice w). An item walks its keys in chunks of kChunk keys;
+// for each chunk and each kv head it scores the chunk against every query row of that kv head (all
+// query heads of the group times seqlen_q, so each K and V row is read from memory once) and folds the
+// chunk into those rows' states. The chunk kernel is the only hot code: decode_simd.cpp (Highway, f32
+// accumulation for f32/bf16/f16 caches) and decode.cpp (portable, f64).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "attn/decode.hpp"
+#include "core/mask.hpp"
+
+namespace attn::detail {
+
+struct DecodeProblem {
+  std::int64_t batch, seqlen_q, heads, kv_heads, head_dim, seqlen_new;
+  DType cache_dtype, q_dtype;
+  bool paged;
+  std::int64_t page_size;  // paged: slots per page; contiguous: unused
+  double scale;
+  std::int64_t window_left, window_right;  // causal folded into window_right = 0
+  double softcap;
+  const float* alibi_slopes;
+  std::int64_t alibi_batch_stride;
+  int num_threads;
+  std::int64_t num_splits;  // 0 = automatic, per sequence
+  TensorView q, k, v, out;
+  const TensorView* lse;
+  const TensorView* k_new;  // nullptr when nothing is appended
+  const TensorView* v_new;
+  const std::int32_t* seqlens;
+  const std::int32_t* block_table;
+  std::int64_t bt_stride;
+
+  std::int64_t group() const { return heads / kv_heads; }
+  std::int64_t seqlen_k(std::int64_t b) const { return std::int64_t{seqlens[b]} + seqlen_new; }
+  Mask mask(std::int64_t b) const {
+    return {seqlen_q, seqlen_k(b), window_left, window_right, scale, softcap};
+  }
+  // Element offset of key `pos` of sequence b, kv head 0, in a cache view with t's strides.
+  std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t pos) const {
+    if (!paged) return b * t.strides[0] + pos * t.strides[1];
+    const std::int64_t page = block_table[b * bt_stride + pos / page_size];
+    return page * t.strides[0] + (pos % page_size) * t.strides[1];
+  }
+};
+
+// Checks every argument (see include/attn/decode.hpp) and throws std::invalid_argument on the first
+// bad one; writes nothing.
+DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache,
+                              const TensorView& out, const AttentionOptions& opts, const DecodeOptions& dec,
+                              const TensorView* lse);
+
+// Copies k_new/v_new into the cache at seqlens[b] ... (validated problem only).
+void append_kv(const DecodeProblem& p);
+
+constexpr std::int64_t kChunk = 64;  // keys per chunk: a multiple of every SIMD width (16 f32 lanes)
+
+// One chunk of keys [j0, j0 + n) of one sequence, all kv heads. Query rows of kv head g are
+// r = hh * seqlen_q + i for the group's query heads hh and queries i; their q rows, slopes and states
+// are contiguous per kv head.
+template <class A>
+struct ChunkArgs {
+  std::int64_t n, j0;
+  const void* const* k_rows;  // n pointers to each key's row for kv head 0
+  const void* const* v_rows;
+  std::int64_t k_head_stride, v_head_stride;  // elements from kv head g to g + 1
+  std::int64_t kv_heads, group, seqlen_q, head_dim;
+  const std::int64_t* first_key;  // [seqlen_q]: query i sees keys [first_key[i], end_key[i])
+  const std::int64_t* end_key;
+  const Mask* mask;
+  const A* q;       // [kv_heads][group * seqlen_q][head_dim]
+  const A* slopes;  // [kv_heads * group] ALiBi slope per query head, 0 = none
+  A* states;        // [kv_heads][group * seqlen_q][state_stride]: o[head_dim], then m, l
+  std::int64_t state_stride;
+  A* scratch;       // (kv_heads + 1) * group * seqlen_q * kChunk + kChunk * head_dim values
+  // q rounded to bf16 (q_hi) and the bf16 rounding of the remainder (q_lo, nullptr when q_hi is exact),
+  // same layout as q: the bf16 dot-product path of decode_simd.cpp uses them when the CPU has it.
+  const std::uint16_t* q_hi = nullptr;
+  const std::uint16_t* q_lo = nullptr;
+};
+
+inline std::int64_t state_stride_for(std::int64_t head_dim) { return (head_dim + 15) / 16 * 16 + 16; }
+
+// f32/bf16/f16 caches (Highway, runtime dispatch to the best ISA). A kernel may keep o in its own lane
+// order between chunks; decode_finish_simd puts it back in order once an item's last chunk is done.
+void decode_chunk_simd(const ChunkArgs<float>& a, DType cache_dtype);
+void decode_finish_simd(const ChunkArgs<float>& a, DType cache_dtype);
+
+}  // namespace attn::detail

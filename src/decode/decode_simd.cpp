@@ -1,0 +1,406 @@
+// The decode chunk kernels for f32, bf16 and f16 caches, in Highway (compiled for every x86/Arm target,
+// dispatched at run time). Accumulation in f32.
+//
+// Generic kernel (Chunk<T>), per kv head g and a chunk of n <= kChunk keys, with the R = group x
+// seqlen_q query rows of g:
+//   scores: each K row is loaded once (16-bit elements widened to f32 in registers) and dotted with up
+//           to 4 query rows at a time (q rows stay in L1); the dot goes through the mask's score rule
+//           (core/mask.hpp), masked keys get -inf.
+//   fold:   attn::fold, vectorised over the chunk: the same m/l/o update and the same rescale_factor;
+//           p = exp(s - m_new) with Highway's Exp (exp(-inf) = 0 for masked keys).
+//   P V:    each V row is loaded once per 4 query rows x 64 output lanes, the o accumulators of that
+//           block held in registers across the whole chunk.
+// bf16 kernel on AVX512-BF16 CPUs (ChunkDp, below): the same three steps, but scores are computed in
+// key order (every kv head of key c before key c + 1) so K is read front to back, which the hardware
+// prefetcher streams about twice as fast as the head-by-head order on Zen 4; V row c is prefetched as
+// K row c is consumed, so the head-by-head P V pass finds the chunk's V in cache.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+// GCC 12 reports the deliberately undefined upper lanes inside its own AVX-512 intrinsics headers.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "decode/decode_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include "attn/online_softmax.hpp"
+#include "core/element.hpp"
+#include "decode/decode_internal.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+template <class T> struct HwyOf { using type = T; };
+template <> struct HwyOf<bf16_t> { using type = hwy::bfloat16_t; };
+template <> struct HwyOf<f16_t> { using type = hwy::float16_t; };
+
+// Lanes [x, x + N) of a cache row, widened to f32.
+template <class T>
+HWY_INLINE VF LoadRow(DF df, const T* row, std::int64_t x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(df, row + x);
+  } else {
+    using H = typename HwyOf<T>::type;
+    const hn::Rebind<H, DF> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const H*>(row) + x));
+  }
+}
+
+// dots[r] = q_r . k for NR query rows (stride d) and one key row.
+template <int NR, class T>
+HWY_INLINE void Dots(const float* q, std::int64_t d, const T* k, float* dots) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  VF acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
+  std::int64_t x = 0;
+  for (; x + N <= d; x += N) {
+    const VF kv = LoadRow(df, k, x);
+    for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * d + x), kv, acc[r]);
+  }
+  for (int r = 0; r < NR; ++r) dots[r] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+  for (; x < d; ++x) {
+    const float kx = load<float>(k[x]);
+    for (int r = 0; r < NR; ++r) dots[r] += q[r * d + x] * kx;
+  }
+}
+
+// o_r[x .. x + NV*N) += sum_c p[r][c] v_c[x ..] for NR rows (states stride S, p stride kChunk).
+template <int NR, int NV, class T>
+HWY_INLINE void AccumulatePV(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
+                             float* o, std::int64_t S, std::int64_t x) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  VF acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = hn::LoadU(df, o + r * S + x + v * N);
+  for (std::int64_t c = 0; c < n; ++c) {
+    const T* vr = vrows[c] + vhs;
+    VF vv[NV];
+    for (int v = 0; v < NV; ++v) vv[v] = LoadRow(df, vr, x + v * N);
+    for (int r = 0; r < NR; ++r) {
+      const VF pr = hn::Set(df, p[r * kChunk + c]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(pr, vv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < NV; ++v) hn::StoreU(acc[r][v], df, o + r * S + x + v * N);
+}
+
+template <int NR, class T>
+HWY_INLINE void PVRows(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
+                       std::int64_t S, std::int64_t d) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  std::int64_t x = 0;
+  for (; x + 4 * N <= d; x += 4 * N) AccumulatePV<NR, 4>(p, vrows, vhs, n, o, S, x);
+  for (; x + N <= d; x += N) AccumulatePV<NR, 1>(p, vrows, vhs, n, o, S, x);
+  for (; x < d; ++x)
+    for (int r = 0; r < NR; ++r) {
+      float acc = o[r * S + x];
+      for (std::int64_t c = 0; c < n; ++c) acc += p[r * kChunk + c] * load<float>(vrows[c][vhs + x]);
+      o[r * S + x] = acc;
+    }
+}
+
+// attn::fold for one row over a chunk, vectorised: s[0..kChunk) scores (-inf past n), p gets exp(s - m).
+HWY_INLINE void FoldRow(float* s, float* p, std::int64_t n, float* o, float* m, float* l, std::int64_t d) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (std::int64_t c = n; c < kChunk; ++c) s[c] = ninf;
+  VF vmax = hn::Set(df, ninf);
+  for (std::int64_t c = 0; c < kChunk; c += N) vmax = hn::Max(vmax, hn::LoadU(df, s + c));
+  const float m_tile = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  if (m_tile == ninf) {  // nothing visible: the state is unchanged, p = 0
+    std::memset(p, 0, sizeof(float) * kChunk);
+    return;
+  }
+  const float m_new = m_tile > *m ? m_tile : *m;
+  const float alpha = m_new == *m ? 1.0f : rescale_factor(*m, m_new);  // exp(0) = 1 exactly: skip the call
+  if (alpha != 1.0f) {
+    *l *= alpha;
+    const VF va = hn::Set(df, alpha);
+    std::int64_t x = 0;
+    for (; x + N <= d; x += N) hn::StoreU(hn::Mul(hn::LoadU(df, o + x), va), df, o + x);
+    for (; x < d; ++x) o[x] *= alpha;
+  }
+  *m = m_new;
+  const VF vm = hn::Set(df, m_new);
+  VF sum = hn::Zero(df);
+  for (std::int64_t c = 0; c < kChunk; c += N) {
+    const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + c), vm));
+    hn::StoreU(e, df, p + c);
+    sum = hn::Add(sum, e);
+  }
+  *l += hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
+// scores[g][r][0..n) hold raw dots q . k; apply the mask's score rule (a vector multiply in the common
+// case of no softcap and no ALiBi) and set the keys outside each row's range to -inf.
+HWY_INLINE void TransformScores(const ChunkArgs<float>& a, float* scores) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), R = a.group * a.seqlen_q, n = a.n;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const bool plain = a.mask->softcap == 0;
+  const auto vs = hn::Set(df, static_cast<float>(a.mask->scale));
+  for (std::int64_t g = 0; g < a.kv_heads; ++g)
+    for (std::int64_t r = 0; r < R; ++r) {
+      float* sr = scores + (g * R + r) * kChunk;
+      const std::int64_t i = r % a.seqlen_q;
+      const float slope = a.slopes[g * a.group + r / a.seqlen_q];
+      const std::int64_t lo = std::clamp<std::int64_t>(a.first_key[i] - a.j0, 0, n);
+      const std::int64_t hi = std::clamp<std::int64_t>(a.end_key[i] - a.j0, lo, n);
+      if (plain && slope == 0.0f) {  // Mask::score is dot * float(scale) here: the same product
+        for (std::int64_t c = 0; c < n; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, sr + c), vs), df, sr + c);
+      } else {
+        for (std::int64_t c = lo; c < hi; ++c) sr[c] = a.mask->score(sr[c], i, a.j0 + c, slope);
+      }
+      for (std::int64_t c = 0; c < lo; ++c) sr[c] = ninf;
+      for (std::int64_t c = hi; c < n; ++c) sr[c] = ninf;
+    }
+}
+
+// Prefetches kv head g's V row of key c (consumed by the head-by-head P V pass after the scores).
+template <class T>
+HWY_INLINE void PrefetchV(const ChunkArgs<float>& a, std::int64_t c, std::int64_t g) {
+  const char* vr = static_cast<const char*>(a.v_rows[c]) + g * a.v_head_stride * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t b = 0; b < a.head_dim * static_cast<std::int64_t>(sizeof(T)); b += 64) __builtin_prefetch(vr + b, 0, 2);
+}
+
+// Scores in key order (every kv head of key c before key c + 1), so K is read front to back: the
+// pattern the hardware prefetcher streams best (about twice the head-by-head order on Zen 4).
+template <class T>
+void Chunk(const ChunkArgs<float>& a) {
+  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride, n = a.n;
+  float* scores = a.scratch;  // [kv_heads][R][kChunk]
+  float* probs = a.scratch + a.kv_heads * R * kChunk;
+  const T* const* krows = reinterpret_cast<const T* const*>(a.k_rows);
+  const T* const* vrows = reinterpret_cast<const T* const*>(a.v_rows);
+  for (std::int64_t c = 0; c < n; ++c)
+    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+      PrefetchV<T>(a, c, g);
+      const T* kr = krows[c] + g * a.k_head_stride;
+      for (std::int64_t r0 = 0; r0 < R; r0 += 4) {
+        const std::int64_t nr = std::min<std::int64_t>(4, R - r0);
+        float dots[4];
+        const float* qr = a.q + (g * R + r0) * d;
+        switch (nr) {
+          case 4: Dots<4>(qr, d, kr, dots); break;
+          case 3: Dots<3>(qr, d, kr, dots); break;
+          case 2: Dots<2>(qr, d, kr, dots); break;
+          default: Dots<1>(qr, d, kr, dots); break;
+        }
+        for (std::int64_t t = 0; t < nr; ++t) scores[(g * R + r0 + t) * kChunk + c] = dots[t];
+      }
+    }
+  TransformScores(a, scores);
+  for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+    float* st = a.states + g * R * S;
+    for (std::int64_t r = 0; r < R; ++r)
+      FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, n, st + r * S, st + r * S + S - 2,
+              st + r * S + S - 1, d);
+    const std::int64_t vh = g * a.v_head_stride;
+    for (std::int64_t r0 = 0; r0 < R; r0 += 4) {
+      const std::int64_t nr = std::min<std::int64_t>(4, R - r0);
+      const float* pr = probs + r0 * kChunk;
+      float* o = st + r0 * S;
+      switch (nr) {
+        case 4: PVRows<4>(pr, vrows, vh, n, o, S, d); break;
+        case 3: PVRows<3>(pr, vrows, vh, n, o, S, d); break;
+        case 2: PVRows<2>(pr, vrows, vh, n, o, S, d); break;
+        default: PVRows<1>(pr, vrows, vh, n, o, S, d); break;
+      }
+    }
+  }
+}
+
+#if (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && defined(__GNUC__)
+// bf16 caches on CPUs with AVX512-BF16 (Zen 4, Sapphire Rapids), which Highway 1.0.3 does not expose:
+// q . k with VDPBF16PS, 32 products per instruction with no widening of K. The products of two bf16
+// values are exact in f32 and each is added with one f32 rounding, as an FMA would. q is split into
+// q_hi + q_lo (both bf16) when it is not exactly a bf16 value, so an f32 q loses nothing that matters
+// (|q_lo| <= 2^-9 |q|, and the rounding of q_lo is 2^-17 |q|, far below f32 accumulation error).
+// P V stays in f32 FMAs; V is widened two bf16 per 32-bit lane at a time (even elements by a shift,
+// odd ones by a mask), so o is kept per 32-element block as 16 even lanes then 16 odd lanes, and
+// FinishDp restores the order.
+#define ATTN_DPBF16 1
+#define ATTN_DPBF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+
+ATTN_DPBF16_ATTR HWY_INLINE __m128 Sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  const __m512 u = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// o_r (permuted, NB blocks of 32 from x) += sum_c p[r][c] v_c.
+template <int NR, int NB>
+ATTN_DPBF16_ATTR HWY_INLINE void PVDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
+                                      std::int64_t n, float* o, std::int64_t S, std::int64_t x) {
+  __m512 acc[NR][2 * NB];
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
+  const __m512i odd = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (std::int64_t c = 0; c < n; ++c) {
+    const std::uint16_t* vr = vrows[c] + vhs + x;
+    __m512 vv[2 * NB];
+    for (int b = 0; b < NB; ++b) {
+      const __m512i raw = _mm512_loadu_si512(vr + 32 * b);
+      vv[2 * b] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+      vv[2 * b + 1] = _mm512_castsi512_ps(_mm512_and_si512(raw, odd));
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * kChunk + c]);
+      for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_fmadd_ps(pr, vv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(o + r * S + x + 16 * v, acc[r][v]);
+}
+
+template <int NR>
+ATTN_DPBF16_ATTR HWY_INLINE void PVRowsDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
+                                          std::int64_t n, float* o, std::int64_t S, std::int64_t d) {
+  std::int64_t x = 0;
+  for (; x + 64 <= d; x += 64) PVDp<NR, 2>(p, vrows, vhs, n, o, S, x);
+  if (x < d) PVDp<NR, 1>(p, vrows, vhs, n, o, S, x);
+}
+
+// dots[r] = q_r . k for NR <= 4 query rows and one key row (bf16, d a multiple of 32).
+template <int NR, bool kLo>
+ATTN_DPBF16_ATTR HWY_INLINE void DotsDp1Impl(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
+                                             const std::uint16_t* k, float* dots) {
+  __m512 acc[1][4];
+  for (int r = 0; r < 4; ++r) acc[0][r] = _mm512_setzero_ps();
+  for (std::int64_t x = 0; x < d; x += 32) {
+    const __m512bh kv = (__m512bh)_mm512_loadu_si512(k + x);
+    for (int r = 0; r < NR; ++r) {
+      acc[0][r] = _mm512_dpbf16_ps(acc[0][r], (__m512bh)_mm512_loadu_si512(qh + r * d + x), kv);
+      if constexpr (kLo) acc[0][r] = _mm512_dpbf16_ps(acc[0][r], (__m512bh)_mm512_loadu_si512(ql + r * d + x), kv);
+    }
+  }
+  _mm_storeu_ps(dots, Sum4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]));
+}
+
+template <int NR>
+ATTN_DPBF16_ATTR HWY_INLINE void DotsDp1(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
+                                         const std::uint16_t* k, float* dots) {
+  if (ql) DotsDp1Impl<NR, true>(qh, ql, d, k, dots);
+  else DotsDp1Impl<NR, false>(qh, ql, d, k, dots);
+}
+
+ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
+  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride, n = a.n;
+  float* scores = a.scratch;  // [kv_heads][R][kChunk]
+  float* probs = a.scratch + a.kv_heads * R * kChunk;
+  const auto* const* krows = reinterpret_cast<const std::uint16_t* const*>(a.k_rows);
+  const auto* const* vrows = reinterpret_cast<const std::uint16_t* const*>(a.v_rows);
+  // Scores in key order, as in Chunk<T>.
+  for (std::int64_t c = 0; c < n; ++c) {
+    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+      PrefetchV<bf16_t>(a, c, g);
+      const std::uint16_t* kr = krows[c] + g * a.k_head_stride;
+      for (std::int64_t r0 = 0; r0 < R; r0 += 4) {
+        const std::int64_t nr = std::min<std::int64_t>(4, R - r0);
+        float dots[4];
+        const std::uint16_t* qr = a.q_hi + (g * R + r0) * d;
+        const std::uint16_t* lr = a.q_lo ? a.q_lo + (g * R + r0) * d : nullptr;
+        switch (nr) {
+          case 4: DotsDp1<4>(qr, lr, d, kr, dots); break;
+          case 3: DotsDp1<3>(qr, lr, d, kr, dots); break;
+          case 2: DotsDp1<2>(qr, lr, d, kr, dots); break;
+          default: DotsDp1<1>(qr, lr, d, kr, dots); break;
+        }
+        for (std::int64_t t = 0; t < nr; ++t) scores[(g * R + r0 + t) * kChunk + c] = dots[t];
+      }
+    }
+  }
+  TransformScores(a, scores);
+  for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+    const std::int64_t gs = g * R * kChunk;
+    float* st = a.states + g * R * S;
+    for (std::int64_t r = 0; r < R; ++r)
+      FoldRow(scores + gs + r * kChunk, probs + r * kChunk, n, st + r * S, st + r * S + S - 2, st + r * S + S - 1, d);
+    const std::int64_t vh = g * a.v_head_stride;
+    for (std::int64_t r0 = 0; r0 < R; r0 += 4) {
+      const std::int64_t nr = std::min<std::int64_t>(4, R - r0);
+      const float* pr = probs + r0 * kChunk;
+      float* o = st + r0 * S;
+      switch (nr) {
+        case 4: PVRowsDp<4>(pr, vrows, vh, n, o, S, d); break;
+        case 3: PVRowsDp<3>(pr, vrows, vh, n, o, S, d); break;
+        case 2: PVRowsDp<2>(pr, vrows, vh, n, o, S, d); break;
+        default: PVRowsDp<1>(pr, vrows, vh, n, o, S, d); break;
+      }
+    }
+  }
+}
+
+bool UseDp(const ChunkArgs<float>& a, DType t) {
+  static const bool cpu = __builtin_cpu_supports("avx512bf16");
+  return cpu && t == DType::bf16 && a.head_dim % 32 == 0 && a.q_hi != nullptr;
+}
+#else
+bool UseDp(const ChunkArgs<float>&, DType) { return false; }
+#endif
+
+void FinishDispatch(const ChunkArgs<float>& a, DType t) {
+  if (!UseDp(a, t)) return;
+  float tmp[32];
+  for (std::int64_t r = 0; r < a.kv_heads * a.group * a.seqlen_q; ++r)
+    for (std::int64_t x = 0; x < a.head_dim; x += 32) {
+      float* o = a.states + r * a.state_stride + x;
+      for (int i = 0; i < 16; ++i) {
+        tmp[2 * i] = o[i];
+        tmp[2 * i + 1] = o[16 + i];
+      }
+      std::memcpy(o, tmp, sizeof tmp);
+    }
+}
+
+void ChunkDispatch(const ChunkArgs<float>& a, DType t) {
+#ifdef ATTN_DPBF16
+  if (UseDp(a, t)) return ChunkDp(a);
+#endif
+  switch (t) {
+    case DType::bf16: return Chunk<bf16_t>(a);
+    case DType::f16: return Chunk<f16_t>(a);
+    default: return Chunk<float>(a);
+  }
+}
+
+#undef ATTN_DPBF16
+#undef ATTN_DPBF16_ATTR
+}  // namespace attn::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::detail {
+HWY_EXPORT(ChunkDispatch);
+HWY_EXPORT(FinishDispatch);
+void decode_chunk_simd(const ChunkArgs<float>& a, DType cache_dtype) {
+  HWY_DYNAMIC_DISPATCH(ChunkDispatch)(a, cache_dtype);
+}
+void decode_finish_simd(const ChunkArgs<float>& a, DType cache_dtype) {
+  HWY_DYNAMIC_DISPATCH(FinishDispatch)(a, cache_dtype);
+}
+}  // namespace attn::detail
+#endif

@@ -1,0 +1,245 @@
+// Decode's argument checks and the in-place append. The rules, each with the argument it names:
+//   q, out, lse, cache.k, cache.v, k_new, v_new: the view rules of validate.cpp (rank, sizes, strides,
+//       overflow, null data)
+//   cache.k: dtype must be f64, f32, bf16 or f16; cache.v, k_new, v_new: dtype must match cache.k's
+//   q: dtype must be cache.k's or f32; out: dtype must match q's; lse: f64 for an f64 cache, else f32
+//   cache.k / cache.v: last dimension must be contiguous (stride[3] = 1)
+//   shapes: cache.v = cache.k; head_dim of q, k_new, v_new = cache.k's; heads a multiple of kv_heads;
+//       contiguous cache: batch = q's; out = q; lse = [batch, heads, seqlen_q]; v_new = k_new
+//   k_new and v_new: both or neither
+//   cache.seqlens: not null; each >= 0 and seqlens[b] + seqlen_new <= capacity (max_seqlen, or
+//       max_pages x page_size)
+//   cache.block_table: max_pages >= 1, block_table_stride >= max_pages; the entries of the pages that
+//       hold keys [0, seqlens[b] + seqlen_new) in [0, num_pages); appended slots written once
+//   out, lse: no self-aliasing, no overlap with any input or each other; when appending, the cache must
+//       not alias itself or overlap k_new, v_new, q, seqlens, block_table, and cache.k and cache.v must
+//       not overlap
+//   options: as validate.cpp (scale, threads, window, softcap, ALiBi); num_splits >= 0
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/element.hpp"
+#include "core/problem.hpp"
+#include "core/validate.hpp"
+#include "decode/decode_internal.hpp"
+
+namespace attn::detail {
+namespace {
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+
+Span int32_span(const std::int32_t* p, std::int64_t count) {
+  if (!p || count <= 0) return {};
+  const auto lo = reinterpret_cast<std::uintptr_t>(p);
+  return {lo, lo + static_cast<std::uintptr_t>(count) * 4};
+}
+
+void require_dtype(std::string_view who, std::string_view arg, DType got, DType want, std::string_view whose) {
+  if (got != want)
+    fail(who, arg, "dtype must match " + std::string(whose) + "'s (" + std::string(dtype_name(want)) + "), got " +
+                       std::string(dtype_name(got)));
+}
+
+}  // namespace
+
+DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache,
+                              const TensorView& out, const AttentionOptions& opts, const DecodeOptions& dec,
+                              const TensorView* lse) {
+  const bool paged = cache.block_table != nullptr;
+  const Span sq = check_view(who, "q", q, 4, false);
+  const Span sk = check_view(who, "cache.k", cache.k, 4, !paged);
+  const Span sv = check_view(who, "cache.v", cache.v, 4, !paged);
+  const Span so = check_view(who, "out", out, 4, false);
+  const Span sl = lse ? check_view(who, "lse", *lse, 3, false) : Span{};
+  if ((dec.k_new == nullptr) != (dec.v_new == nullptr))
+    fail(who, dec.k_new ? "v_new" : "k_new", "k_new and v_new must be given together");
+  const bool append = dec.k_new != nullptr;
+  const Span skn = append ? check_view(who, "k_new", *dec.k_new, 4, true) : Span{};
+  const Span svn = append ? check_view(who, "v_new", *dec.v_new, 4, true) : Span{};
+
+  // Element types.
+  const DType ct = cache.k.dtype;
+  require_dtype(who, "cache.v", cache.v.dtype, ct, "cache.k");
+  if (append) {
+    require_dtype(who, "k_new", dec.k_new->dtype, ct, "cache.k");
+    require_dtype(who, "v_new", dec.v_new->dtype, ct, "cache.k");
+  }
+  if (q.dtype != ct && q.dtype != DType::f32)
+    fail(who, "q", "dtype must be cache.k's (" + std::string(dtype_name(ct)) + ") or f32, got " +
+                       std::string(dtype_name(q.dtype)));
+  require_dtype(who, "out", out.dtype, q.dtype, "q");
+  const DType lse_dtype = ct == DType::f64 ? DType::f64 : DType::f32;
+  if (lse && lse->dtype != lse_dtype)
+    fail(who, "lse", "dtype must be " + std::string(dtype_name(lse_dtype)) + " for a " +
+                         std::string(dtype_name(ct)) + " cache, got " + std::string(dtype_name(lse->dtype)));
+
+  // Shapes.
+  const std::int64_t batch = q.shape[0], sqn = q.shape[1], heads = q.shape[2], d = q.shape[3];
+  const std::int64_t kv_heads = cache.k.shape[2];
+  static constexpr const char* kDims[] = {"batch", "seqlen", "heads", "head_dim"};
+  const char* kDimsPaged[] = {"num_pages", "page_size", "heads", "head_dim"};
+  for (int i = 0; i < 4; ++i)
+    require_equal(who, "cache.v", paged ? kDimsPaged[i] : kDims[i], cache.v.shape[i], "cache.k", cache.k.shape[i]);
+  require_equal(who, "cache.k", "head_dim", cache.k.shape[3], "q", d);
+  if (heads % kv_heads != 0)
+    fail(who, "q", "heads (" + str(heads) + ") must be a multiple of cache.k's kv_heads (" + str(kv_heads) + ")");
+  if (!paged) require_equal(who, "cache.k", "batch", cache.k.shape[0], "q", batch);
+  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"cache.k", &cache.k}, {"cache.v", &cache.v}})
+    if (d > 1 && t->strides[3] != 1)
+      fail(who, name, "last dimension must be contiguous (stride[3] = 1), got stride " + str(t->strides[3]));
+  for (int i = 0; i < 4; ++i) require_equal(who, "out", kDims[i], out.shape[i], "q", q.shape[i]);
+  if (lse) {
+    require_equal(who, "lse", "batch", lse->shape[0], "q", batch);
+    require_equal(who, "lse", "heads", lse->shape[1], "q", heads);
+    require_equal(who, "lse", "seqlen_q", lse->shape[2], "q", sqn);
+  }
+  std::int64_t seqlen_new = 0;
+  if (append) {
+    require_equal(who, "k_new", "batch", dec.k_new->shape[0], "q", batch);
+    require_equal(who, "k_new", "heads", dec.k_new->shape[2], "cache.k", kv_heads);
+    require_equal(who, "k_new", "head_dim", dec.k_new->shape[3], "cache.k", d);
+    for (int i = 0; i < 4; ++i) require_equal(who, "v_new", kDims[i], dec.v_new->shape[i], "k_new", dec.k_new->shape[i]);
+    seqlen_new = dec.k_new->shape[1];
+  }
+
+  // Sequence lengths, capacity and the block table.
+  if (!cache.seqlens) fail(who, "cache.seqlens", "data pointer is null");
+  std::int64_t bt_stride = 0, capacity = cache.k.shape[1];
+  const std::int64_t page_size = cache.k.shape[1], num_pages = cache.k.shape[0];
+  Span sbt{};
+  if (paged) {
+    if (cache.max_pages < 1) fail(who, "cache.max_pages", "must be >= 1, got " + str(cache.max_pages));
+    bt_stride = cache.block_table_stride == 0 ? cache.max_pages : cache.block_table_stride;
+    if (bt_stride < cache.max_pages)
+      fail(who, "cache.block_table_stride", "must be >= max_pages (" + str(cache.max_pages) + ") or 0, got " +
+                                                str(cache.block_table_stride));
+    std::int64_t extent = 0;
+    if (__builtin_mul_overflow(batch - 1, bt_stride, &extent) || __builtin_add_overflow(extent, cache.max_pages, &extent) ||
+        extent > (std::int64_t{1} << 60) || __builtin_mul_overflow(cache.max_pages, page_size, &capacity))
+      fail(who, "cache.block_table", "sizes overflow");
+    sbt = int32_span(cache.block_table, extent);
+  }
+  const Span sseq = int32_span(cache.seqlens, batch);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t n = cache.seqlens[b];
+    if (n < 0) fail(who, "cache.seqlens", "must be >= 0, got seqlens[" + str(b) + "] = " + str(n));
+    if (n + seqlen_new > capacity)
+      fail(who, "cache.seqlens", "seqlens[" + str(b) + "] + seqlen_new (" + str(n) + " + " + str(seqlen_new) +
+                                     ") exceeds the cache capacity (" + str(capacity) +
+                                     (paged ? " = max_pages x page_size)" : " = max_seqlen)"));
+    if (paged) {
+      const std::int64_t pages = (n + seqlen_new + page_size - 1) / page_size;
+      for (std::int64_t j = 0; j < pages; ++j) {
+        const std::int64_t e = cache.block_table[b * bt_stride + j];
+        if (e < 0 || e >= num_pages)
+          fail(who, "cache.block_table", "entry [" + str(b) + "][" + str(j) + "] = " + str(e) +
+                                             " must be in [0, num_pages = " + str(num_pages) + ")");
+      }
+    }
+  }
+
+  // Aliasing and overlaps.
+  check_no_self_alias(who, "out", out);
+  if (lse) check_no_self_alias(who, "lse", *lse);
+  const std::pair<const char*, Span> inputs[] = {{"q", sq}, {"cache.k", sk}, {"cache.v", sv}, {"k_new", skn},
+                                                 {"v_new", svn}, {"cache.seqlens", sseq}, {"cache.block_table", sbt}};
+  for (auto [name, s] : inputs) {
+    if (overlaps(so, s)) fail(who, "out", std::string("overlaps input ") + name);
+    if (overlaps(sl, s)) fail(who, "lse", std::string("overlaps input ") + name);
+  }
+  if (overlaps(so, sl)) fail(who, "lse", "overlaps out");
+  if (append && seqlen_new > 0) {
+    check_no_self_alias(who, "cache.k", cache.k);
+    check_no_self_alias(who, "cache.v", cache.v);
+    if (overlaps(sk, sv)) fail(who, "cache.v", "overlaps cache.k (both are written when appending)");
+    for (std::size_t i = 0; i < std::size(inputs); ++i) {
+      if (i == 1 || i == 2) continue;  // cache.k and cache.v themselves
+      const auto [name, s] = inputs[i];
+      if (overlaps(sk, s)) fail(who, "cache.k", std::string("overlaps ") + name + " (written when appending)");
+      if (overlaps(sv, s)) fail(who, "cache.v", std::string("overlaps ") + name + " (written when appending)");
+    }
+    if (paged) {  // two sequences must not append into the same slot
+      std::vector<std::pair<std::int64_t, std::int64_t>> slots;  // (page * page_size + slot, b)
+      slots.reserve(static_cast<std::size_t>(batch * seqlen_new));
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t t = 0; t < seqlen_new; ++t) {
+          const std::int64_t pos = cache.seqlens[b] + t;
+          slots.emplace_back(cache.block_table[b * bt_stride + pos / page_size] * page_size + pos % page_size, b);
+        }
+      std::sort(slots.begin(), slots.end());
+      for (std::size_t i = 1; i < slots.size(); ++i)
+        if (slots[i].first == slots[i - 1].first)
+          fail(who, "cache.block_table", "sequences " + str(slots[i - 1].second) + " and " + str(slots[i].second) +
+                                             " append into the same slot (page " + str(slots[i].first / page_size) +
+                                             ", slot " + str(slots[i].first % page_size) + ")");
+    }
+  }
+
+  // Options.
+  const double scale = opts.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
+  if (!std::isfinite(scale)) fail(who, "softmax_scale", "must be finite, got " + std::to_string(scale));
+  if (opts.num_threads < 0) fail(who, "num_threads", "must be >= 0 (0 = all cores), got " + str(opts.num_threads));
+  if (opts.window_left < -1) fail(who, "window_left", "must be >= 0, or -1 for unbounded, got " + str(opts.window_left));
+  if (opts.window_right < -1) fail(who, "window_right", "must be >= 0, or -1 for unbounded, got " + str(opts.window_right));
+  if (!(opts.softcap >= 0) || !std::isfinite(opts.softcap))
+    fail(who, "softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(opts.softcap));
+  if (opts.alibi_slopes && opts.alibi_batch_stride < 0)
+    fail(who, "alibi_batch_stride", "must be >= 0, got " + str(opts.alibi_batch_stride));
+  if (dec.num_splits < 0) fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + str(dec.num_splits));
+
+  DecodeProblem p{};
+  p.batch = batch;
+  p.seqlen_q = sqn;
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.head_dim = d;
+  p.seqlen_new = seqlen_new;
+  p.cache_dtype = ct;
+  p.q_dtype = q.dtype;
+  p.paged = paged;
+  p.page_size = page_size;
+  p.scale = scale;
+  p.window_left = opts.window_left;
+  p.window_right = opts.causal ? 0 : opts.window_right;
+  p.softcap = opts.softcap;
+  p.alibi_slopes = opts.alibi_slopes;
+  p.alibi_batch_stride = opts.alibi_batch_stride;
+  p.num_threads = opts.num_threads;
+  p.num_splits = dec.num_splits;
+  p.q = q;
+  p.k = cache.k;
+  p.v = cache.v;
+  p.out = out;
+  p.lse = lse;
+  p.k_new = dec.k_new;
+  p.v_new = dec.v_new;
+  p.seqlens = cache.seqlens;
+  p.block_table = cache.block_table;
+  p.bt_stride = bt_stride;
+  return p;
+}
+
+void append_kv(const DecodeProblem& p) {
+  if (!p.k_new || p.seqlen_new == 0) return;
+  const std::size_t es = dtype_size(p.cache_dtype);
+  for (auto [src, dst] : {std::pair{p.k_new, &p.k}, {p.v_new, &p.v}}) {
+    auto* base = static_cast<unsigned char*>(dst->data);
+    const auto* from = static_cast<const unsigned char*>(src->data);
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t t = 0; t < p.seqlen_new; ++t) {
+        const std::int64_t row = p.row_offset(*dst, b, p.seqlens[b] + t);
+        for (std::int64_t g = 0; g < p.kv_heads; ++g) {
+          unsigned char* to = base + (row + g * dst->strides[2]) * static_cast<std::int64_t>(es);
+          const std::int64_t s0 = b * src->strides[0] + t * src->strides[1] + g * src->strides[2];
+          for (std::int64_t c = 0; c < p.head_dim; ++c)
+            std::memcpy(to + c * static_cast<std::int64_t>(es), from + (s0 + c * src->strides[3]) * static_cast<std::int64_t>(es), es);
+        }
+      }
+  }
+}
+
+}  // namespace attn::detail

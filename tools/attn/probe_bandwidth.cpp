@@ -1,0 +1,71 @@
+// read_bandwidth_gbps: a STREAM-like read probe. `threads` threads each sum their own contiguous part
+// of a 512 MiB buffer (16x a 32 MiB L3, so every pass comes from DRAM) with independent vector
+// accumulators; the figure is bytes read / median seconds per pass. No kernel can read memory faster
+// than this with the same number of threads, so it is the ceiling decode is compared with.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "probes.hpp"
+
+namespace attn::cli {
+namespace {
+
+using V16 = std::int32_t __attribute__((vector_size(64)));
+constexpr std::size_t kBytes = std::size_t{512} << 20;
+constexpr std::size_t kVecs = kBytes / sizeof(V16);
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// Shared by every call: allocated and first-touched once (by the threads that will read it).
+const V16* buffer() {
+  static std::unique_ptr<V16, FreeDeleter> buf = [] {
+    auto* p = static_cast<V16*>(std::aligned_alloc(4096, kBytes));
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 1, kBytes);
+    return std::unique_ptr<V16, FreeDeleter>(p);
+  }();
+  return buf.get();
+}
+
+std::int32_t sum_range(const V16* p, std::size_t n) {
+  V16 a{}, b{}, c{}, d{};
+  for (std::size_t i = 0; i + 4 <= n; i += 4) {
+    a += p[i];
+    b += p[i + 1];
+    c += p[i + 2];
+    d += p[i + 3];
+  }
+  const V16 s = a + b + c + d;
+  std::int32_t r = 0;
+  for (int i = 0; i < 16; ++i) r += s[i];
+  return r;
+}
+
+}  // namespace
+
+double read_bandwidth_gbps(int threads) {
+  if (threads < 1) threads = 1;
+  const V16* buf = buffer();
+  volatile std::int32_t sink = 0;
+  auto pass = [&] {
+    std::vector<std::thread> pool;
+    std::vector<std::int32_t> part(static_cast<std::size_t>(threads));
+    const std::size_t per = kVecs / static_cast<std::size_t>(threads) / 4 * 4;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] { part[static_cast<std::size_t>(t)] = sum_range(buf + per * static_cast<std::size_t>(t), per); });
+    for (auto& th : pool) th.join();
+    for (auto x : part) sink = sink + x;
+  };
+  const Timing t = time_it(pass, 5, 0.3, 50);
+  const double bytes = static_cast<double>(kVecs / static_cast<std::size_t>(threads) / 4 * 4 * sizeof(V16)) * threads;
+  return bytes / t.median_s / 1e9;
+}
+
+}  // namespace attn::cli
