@@ -1,0 +1,190 @@
+// libFuzzer harness for the attention entry points. Built once per entry point (ATTN_FUZZ_ENTRY, see
+// fuzz/CMakeLists.txt) with -fsanitize=fuzzer,address,undefined.
+//
+// The bytes decide everything: dtype, shapes, memory layouts, options, tile sizes / split counts, the
+// data, and whether one argument is deliberately made invalid. The properties checked:
+//   * no crash and no sanitizer report (buffers are sized exactly to what each view may touch, so any
+//     read or write outside a view is a heap overflow);
+//   * a corrupted argument is rejected, and every rejection is an std::invalid_argument whose message
+//     starts with "attn::" and says more than that; after it, out and lse hold their old bytes;
+//   * an accepted call writes nothing outside out's and lse's views, and with finite inputs its
+//     outputs are finite convex combinations of v's rows (|out| <= max |v|) and lse is finite or -inf.
+// Any violated property aborts with a message (libFuzzer then saves the input as a crash-* file).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "fuzz_common.hpp"
+
+using namespace attn;
+using namespace attn::fuzzing;
+
+namespace {
+
+enum Entry { kReference = 1, kTiled = 2, kSplitk = 3, kSplitkPartials = 4 };
+
+// Corruptions: each makes the call certainly invalid.
+enum Corrupt {
+  kNone = -1, kZeroDim, kNegStride, kRank, kDtypeMismatch, kBadDtype, kNullData, kOverflow, kHeadsNotMultiple,
+  kShapeMismatch, kOutOverlapsInput, kOutAliases, kLseOverlap, kLseDtype, kScale, kSoftcap, kWindow,
+  kAlibiStride, kThreads, kKnob, kCount
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Bytes in(data, size);
+  const std::uint8_t flags = in.u8();
+  const DType dt = static_cast<DType>(flags & 3);
+  const bool causal = flags & 4, want_lse = flags & 8, use_alibi = flags & 16, use_scale = flags & 32,
+             use_softcap = flags & 64, specials = flags & 128;
+  const std::uint8_t mode = in.u8();
+  const int corrupt = mode < 150 ? kNone : (mode - 150) % kCount;
+
+  const std::int64_t B = 1 + in.u8() % 3, SQ = 1 + in.u8() % 24, SK = in.u8() % 25, HK = 1 + in.u8() % 3,
+                     H = HK * (1 + in.u8() % 3);
+  const std::uint8_t dbyte = in.u8();
+  const std::int64_t D = dbyte >= 240 && SQ * SK <= 64 ? 1 + in.u8() : 1 + dbyte % 32;  // up to 256, kept cheap
+
+  Shape4 sq{B, SQ, H, D}, sk{B, SK, HK, D}, so{B, SQ, H, D};
+  View q = make_view(dt, sq, in, true), k = make_view(dt, sk, in, true), v = make_view(dt, sk, in, true);
+  View out = make_view(dt, so, in, false);
+  const DType lt = dt == DType::f64 ? DType::f64 : DType::f32;
+  View lse = make_view(lt, {B, H, SQ, 1}, in, false, 3);
+
+  AttentionOptions o;
+  o.causal = causal;
+  if (in.u8() & 1) o.window_left = in.u8() % 30;
+  if (in.u8() & 1) o.window_right = in.u8() % 30;
+  if (use_softcap) o.softcap = (1 + in.u8()) / 8.0;
+  if (use_scale) o.softmax_scale = static_cast<std::int8_t>(in.u8()) / 32.0;
+  std::vector<float> slopes(static_cast<std::size_t>(B * H));
+  for (auto& s : slopes) s = in.u8() / 64.0f;
+  if (use_alibi) {
+    o.alibi_slopes = slopes.data();
+    o.alibi_batch_stride = in.u8() & 1 ? H : 0;
+  }
+  o.num_threads = in.u8() % 4;
+  TileOptions tiles;
+  if (in.u8() & 1) tiles.q_tile = 1 + in.u8() % 40;
+  if (in.u8() & 1) tiles.k_tile = 1 + in.u8() % 40;
+  SplitKOptions split;
+  split.num_splits = in.u8() & 1 ? 1 + in.u8() % 64 : (std::int64_t(1) << (in.u8() % 40));
+  std::int64_t pb = in.u8() % B, pi = in.u8() % SQ, ph = in.u8() % H;
+
+  fill(q, in, 1.0, specials);
+  fill(k, in, 1.0, specials);
+  fill(v, in, 1.0, specials);
+
+  // Apply the corruption (after the data, so the data bytes stay aligned with the valid case).
+  const std::uint8_t which = in.u8(), amount = in.u8();
+  View* tv[] = {&q, &k, &v, &out};
+  View& victim = *tv[which % 4];
+  std::vector<View*> views = {&q, &k, &v, &out};
+  if (want_lse || corrupt == kLseOverlap || corrupt == kLseDtype) views.push_back(&lse);
+#if ATTN_FUZZ_ENTRY == 4
+  // splitk_partials takes no out or lse: corrupting those proves nothing.
+  if (corrupt != kNone && (&victim == &out || corrupt == kOutOverlapsInput || corrupt == kOutAliases ||
+                           corrupt == kLseOverlap || corrupt == kLseDtype || (corrupt == kShapeMismatch && which % 3 == 2)))
+    return 0;
+#endif
+  switch (corrupt) {
+    case kNone: break;
+    case kZeroDim: victim.t.shape[amount % 4] = -(amount / 4 % 3); if (&victim == &k || &victim == &v) victim.t.shape[1] = -1 - amount % 2; break;
+    case kNegStride: victim.t.strides[amount % 4] = -1 - amount / 4; break;
+    case kRank: victim.t.rank = amount % 2 ? 3 : 5 + amount % 3; break;
+    case kDtypeMismatch: if (&victim == &q) { k.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3); } else { victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3); } break;
+    case kBadDtype: victim.t.dtype = static_cast<DType>(4 + amount % 200); break;
+    case kNullData:
+      if (SK == 0 && (&victim == &k || &victim == &v)) return 0;  // an empty view may have no data
+      victim.t.data = nullptr;
+      break;
+    case kOverflow:  // a shape whose extent overflows int64 (never allocated: it must be rejected)
+      victim.t.shape[amount % 4] = std::int64_t(1) << (40 + amount % 23);
+      victim.t.strides[amount % 4] = std::int64_t(1) << (40 + amount / 4 % 23);
+      if (&victim == &k) { v.t.shape = k.t.shape; }
+      break;
+    case kHeadsNotMultiple:  // kv_heads = heads + 1 never divides heads
+      k.t.shape[2] = v.t.shape[2] = H + 1;
+      break;
+    case kShapeMismatch:  // k, v or out one dim larger: a mismatch with q or k (and past its buffer)
+      tv[1 + which % 3]->t.shape[amount % 4] += 1 + amount % 3;
+      break;
+    case kOutOverlapsInput: out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data; if (SK == 0 && !(which & 1)) return 0; break;
+    case kOutAliases: { int i = amount % 4; if (so[i] < 2) return 0; out.t.strides[i] = 0; break; }
+    case kLseOverlap: lse.t.data = (which & 1 ? out : q).t.data; break;
+    case kLseDtype: lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2); break;
+    case kScale: o.softmax_scale = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -INFINITY; break;
+    case kSoftcap: o.softcap = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -0.5 - amount; break;
+    case kWindow: (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2; break;
+    case kAlibiStride: o.alibi_slopes = slopes.data(); o.alibi_batch_stride = -1 - amount; break;
+    case kThreads: o.num_threads = -1 - amount; break;
+    case kKnob:
+#if ATTN_FUZZ_ENTRY == 2
+      (amount & 1 ? tiles.q_tile : tiles.k_tile) = -(amount / 2 % 3);
+#elif ATTN_FUZZ_ENTRY == 3
+      split.num_splits = -(amount % 3);
+#elif ATTN_FUZZ_ENTRY == 4
+      switch (amount % 4) {
+        case 0: split.num_splits = -(amount / 4 % 3); break;
+        case 1: pb = amount & 4 ? -1 : B; break;
+        case 2: pi = amount & 4 ? -1 : SQ; break;
+        case 3: ph = amount & 4 ? -1 : H; break;
+      }
+#else
+      return 0;
+#endif
+      break;
+  }
+  const TensorView* lse_arg = want_lse || corrupt == kLseOverlap || corrupt == kLseDtype ? &lse.t : nullptr;
+#if ATTN_FUZZ_ENTRY == 4
+  // splitk_partials returns one state per slice: keep the count small enough to be quick.
+  if (corrupt != kKnob) split.num_splits = 1 + split.num_splits % 300;
+#endif
+  snapshot(views);
+  bool threw = false;
+  std::string what;
+  try {
+#if ATTN_FUZZ_ENTRY == 1
+    attention_reference(q.t, k.t, v.t, out.t, o, lse_arg);
+#elif ATTN_FUZZ_ENTRY == 2
+    attention_tiled(q.t, k.t, v.t, out.t, o, tiles, lse_arg);
+#elif ATTN_FUZZ_ENTRY == 3
+    attention_splitk(q.t, k.t, v.t, out.t, o, split, lse_arg);
+#elif ATTN_FUZZ_ENTRY == 4
+    const auto parts = splitk_partials(q.t, k.t, v.t, o, split, pb, pi, ph);
+    if (static_cast<std::int64_t>(parts.size()) != split.num_splits) die("splitk_partials: wrong number of partials");
+#else
+#error "ATTN_FUZZ_ENTRY must be 1..4"
+#endif
+  } catch (const std::invalid_argument& e) {
+    threw = true;
+    what = e.what();
+  }
+  // Anything other than std::invalid_argument propagates and libFuzzer reports it as a crash.
+  if (threw) {
+    check_message(what);
+    check_untouched(views);  // inputs and outputs alike hold their old bytes
+    return 0;
+  }
+  if (corrupt != kNone) die("accepted a call with corruption " + std::to_string(corrupt) + " (which " +
+                            std::to_string(which) + ", amount " + std::to_string(amount) + ")");
+  check_inputs_untouched({&q, &k, &v});
+  check_padding_untouched(out);
+  if (want_lse) check_padding_untouched(lse);
+#if ATTN_FUZZ_ENTRY != 4
+  if (!specials && std::isfinite(o.softmax_scale.value_or(1))) {
+    const double vmax = max_abs(v);
+    check_bounded(out, vmax * (1 + 1.0 / 64) + 1e-30, "out");
+    if (want_lse) check_lse(lse);
+  }
+#endif
+  return 0;
+}

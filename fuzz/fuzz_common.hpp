@@ -1,0 +1,170 @@
+// Shared pieces of the libFuzzer harnesses: a byte reader, strided views over exactly-sized heap
+// buffers, and the property checks (abort with a message on a violation).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attn/tensor.hpp"
+#include "core/element.hpp"
+
+namespace attn::fuzzing {
+
+[[noreturn]] inline void die(const std::string& why) {
+  std::fprintf(stderr, "FUZZ PROPERTY VIOLATED: %s\n", why.c_str());
+  std::abort();
+}
+
+// Reads the input front to back; past its end it yields a fixed pseudo-random stream, so a short
+// input still describes a whole problem.
+class Bytes {
+ public:
+  Bytes(const std::uint8_t* d, std::size_t n) : d_(d), n_(n) {}
+  std::uint8_t u8() {
+    if (i_ < n_) return d_[i_++];
+    x_ = x_ * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<std::uint8_t>(x_ >> 56);
+  }
+
+ private:
+  const std::uint8_t* d_;
+  std::size_t n_, i_ = 0;
+  std::uint64_t x_ = 0x2545F4914F6CDD1Dull;
+};
+
+using Shape4 = std::array<std::int64_t, 4>;
+
+struct View {
+  std::vector<std::uint8_t> buf;      // exactly the bytes the view may touch
+  std::vector<std::uint8_t> before;   // snapshot
+  std::vector<std::int64_t> offsets;  // element offsets of the logical elements
+  TensorView t;
+};
+
+// A view of `shape` in a layout drawn from the bytes: any dim order, padding, an inner stride of 1 or
+// 2, and for inputs a batch broadcast (stride 0). The buffer holds exactly the extent.
+inline View make_view(DType dt, Shape4 shape, Bytes& in, bool input, int rank = 4) {
+  static const int perms[24][4] = {{0,1,2,3},{0,1,3,2},{0,2,1,3},{0,2,3,1},{0,3,1,2},{0,3,2,1},{1,0,2,3},{1,0,3,2},
+                                   {1,2,0,3},{1,2,3,0},{1,3,0,2},{1,3,2,0},{2,0,1,3},{2,0,3,1},{2,1,0,3},{2,1,3,0},
+                                   {2,3,0,1},{2,3,1,0},{3,0,1,2},{3,0,2,1},{3,1,0,2},{3,1,2,0},{3,2,0,1},{3,2,1,0}};
+  const std::uint8_t a = in.u8(), b = in.u8();
+  // Innermost first: the dense row-major order is {3,2,1,0} (rank 4) or {2,1,0} (rank 3).
+  int order[4];
+  if (a < 128) {
+    for (int j = 0; j < rank; ++j) order[j] = rank - 1 - j;
+  } else {
+    int n = 0;
+    for (int j = 0; j < 4; ++j)
+      if (perms[a % 24][j] < rank) order[n++] = perms[a % 24][j];
+  }
+  View v;
+  v.t.dtype = dt;
+  v.t.rank = rank;
+  v.t.shape = shape;
+  std::int64_t next = (b & 1) ? 2 : 1;
+  for (int j = 0; j < rank; ++j) {
+    const int i = order[j];
+    v.t.strides[i] = next;
+    next = next * std::max<std::int64_t>(shape[i], 1) + ((b >> (1 + j)) & 1) * (1 + (b >> 6));
+  }
+  if (input && (b & 32) && rank == 4) v.t.strides[0] = 0;
+  if (rank == 3) { v.t.shape[3] = 1; v.t.strides[3] = 1; }
+  bool empty = false;
+  std::int64_t max_off = 0;
+  for (int i = 0; i < rank; ++i) {
+    empty |= shape[i] == 0;
+    max_off += (std::max<std::int64_t>(shape[i], 1) - 1) * v.t.strides[i];
+  }
+  v.buf.assign(static_cast<std::size_t>(empty ? 1 : max_off + 1) * dtype_size(dt), 0xA5);
+  v.t.data = v.buf.data();
+  if (!empty)
+    for (std::int64_t i0 = 0; i0 < shape[0]; ++i0)
+      for (std::int64_t i1 = 0; i1 < shape[1]; ++i1)
+        for (std::int64_t i2 = 0; i2 < shape[2]; ++i2)
+          for (std::int64_t i3 = 0; i3 < (rank == 4 ? shape[3] : 1); ++i3)
+            v.offsets.push_back(i0 * v.t.strides[0] + i1 * v.t.strides[1] + i2 * v.t.strides[2] +
+                                (rank == 4 ? i3 * v.t.strides[3] : 0));
+  return v;
+}
+
+template <class F> decltype(auto) with_type(DType t, F&& f) { return detail::dispatch_dtype(t, f); }
+
+// Values byte / 64 in [-2, 2); with `specials`, three byte values become NaN, +inf and -inf.
+inline void fill(View& v, Bytes& in, double amp, bool specials) {
+  with_type(v.t.dtype, [&]<class T>() {
+    T* p = reinterpret_cast<T*>(v.buf.data());
+    for (auto off : v.offsets) {
+      const auto b = static_cast<std::int8_t>(in.u8());
+      double x = b / 64.0 * amp;
+      if (specials && b == 127) x = NAN;
+      if (specials && b == 126) x = INFINITY;
+      if (specials && b == -128) x = -INFINITY;
+      p[off] = detail::store<T>(x);
+    }
+  });
+}
+
+inline void snapshot(const std::vector<View*>& views) {
+  for (auto* v : views) v->before = v->buf;
+}
+
+inline void check_message(const std::string& what) {
+  if (what.rfind("attn::", 0) != 0 || what.size() < 12) die("rejection message without origin or rule: '" + what + "'");
+}
+
+inline void check_untouched(const std::vector<View*>& views) {
+  for (auto* v : views)
+    if (v->buf != v->before) die("a rejected call modified a buffer");
+}
+inline void check_inputs_untouched(const std::vector<View*>& views) {
+  for (auto* v : views)
+    if (v->buf != v->before) die("an input was written");
+}
+
+// Bytes of an output's buffer outside its elements must keep their old values.
+inline void check_padding_untouched(const View& v) {
+  std::vector<char> mine(v.buf.size(), 0);
+  const std::size_t es = dtype_size(v.t.dtype);
+  for (auto off : v.offsets) std::memset(&mine[static_cast<std::size_t>(off) * es], 1, es);
+  for (std::size_t i = 0; i < v.buf.size(); ++i)
+    if (!mine[i] && v.buf[i] != v.before[i]) die("wrote between the elements of an output view");
+}
+
+inline double max_abs(const View& v) {
+  double m = 0;
+  with_type(v.t.dtype, [&]<class T>() {
+    const T* p = reinterpret_cast<const T*>(v.buf.data());
+    for (auto off : v.offsets) m = std::max(m, std::abs(detail::load<double>(p[off])));
+  });
+  return m;
+}
+
+inline void check_bounded(const View& v, double bound, const char* what) {
+  with_type(v.t.dtype, [&]<class T>() {
+    const T* p = reinterpret_cast<const T*>(v.buf.data());
+    for (auto off : v.offsets) {
+      const double x = detail::load<double>(p[off]);
+      if (!(std::abs(x) <= bound))
+        die(std::string(what) + " = " + std::to_string(x) + " outside the convex hull bound " + std::to_string(bound));
+    }
+  });
+}
+
+inline void check_lse(const View& v) {
+  with_type(v.t.dtype, [&]<class T>() {
+    const T* p = reinterpret_cast<const T*>(v.buf.data());
+    for (auto off : v.offsets) {
+      const double x = detail::load<double>(p[off]);
+      if (std::isnan(x) || x == INFINITY) die("lse = " + std::to_string(x) + " with finite inputs");
+    }
+  });
+}
+
+}  // namespace attn::fuzzing

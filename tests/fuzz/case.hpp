@@ -1,0 +1,185 @@
+// The randomised differential test's vocabulary: a Config (one random valid problem, fully determined
+// by a 64-bit seed), the strided buffers it lives in, and the f64 oracle it is checked against.
+//
+// A config is printed as one line (`describe`) and replayed with ATTN_FUZZ_SEED=<seed>: the seed alone
+// regenerates the shapes, options, layouts and data.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "core/element.hpp"
+
+namespace attn::fuzz {
+
+// Memory layout of one rank-4 (or rank-3) view: dims ordered innermost first, each padded; inputs may
+// also broadcast (stride 0) over batch or heads.
+struct Layout {
+  std::array<int, 4> order{3, 2, 1, 0};  // order[0] is the innermost (smallest stride) dim
+  std::array<std::int64_t, 4> pad{};     // extra elements added to each dim's stride
+  std::int64_t inner = 1;                // stride of the innermost dim
+  bool broadcast_batch = false;          // stride[0] = 0 (inputs only)
+};
+
+struct Config {
+  std::uint64_t seed = 0;
+  DType dtype = DType::f32;
+  std::int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads = 1, kv_heads = 1, head_dim = 1;
+  AttentionOptions opts;
+  std::vector<float> alibi;  // slopes backing opts.alibi_slopes (rebound by the user of the config)
+  double amplitude = 1.0;    // q and k entries uniform in [-amplitude, amplitude]; v in [-1, 1]
+  bool want_lse = false;
+  Layout lq, lk, lv, lout, llse;
+  // Per-target knobs.
+  TileOptions tiles;
+  std::int64_t num_splits = 1;
+  int alt_threads = 1;  // a second thread count: results must be bitwise identical
+};
+
+inline std::string layout_str(const Layout& l) {
+  std::ostringstream s;
+  s << "[" << l.order[0] << l.order[1] << l.order[2] << l.order[3] << " pad";
+  for (auto p : l.pad) s << " " << p;
+  s << " inner " << l.inner << (l.broadcast_batch ? " bcast" : "") << "]";
+  return s.str();
+}
+
+inline std::string describe(const Config& c) {
+  std::ostringstream s;
+  s << "seed=" << c.seed << " dtype=" << dtype_name(c.dtype) << " b=" << c.batch << " sq=" << c.seqlen_q
+    << " sk=" << c.seqlen_k << " h=" << c.heads << " hk=" << c.kv_heads << " d=" << c.head_dim
+    << " causal=" << c.opts.causal << " window=(" << c.opts.window_left << "," << c.opts.window_right << ")"
+    << " softcap=" << c.opts.softcap << " alibi=" << (c.alibi.empty() ? "off" : "on")
+    << " alibi_bstride=" << c.opts.alibi_batch_stride
+    << " scale=" << (c.opts.softmax_scale ? std::to_string(*c.opts.softmax_scale) : "default")
+    << " amp=" << c.amplitude << " threads=" << c.opts.num_threads << "/" << c.alt_threads
+    << " lse=" << c.want_lse << " q_tile=" << (c.tiles.q_tile ? std::to_string(*c.tiles.q_tile) : "auto")
+    << " k_tile=" << (c.tiles.k_tile ? std::to_string(*c.tiles.k_tile) : "auto")
+    << " splits=" << c.num_splits << " layouts q" << layout_str(c.lq) << " k" << layout_str(c.lk) << " v"
+    << layout_str(c.lv) << " out" << layout_str(c.lout) << " lse" << layout_str(c.llse);
+  return s.str();
+}
+
+// splitmix64: decorrelates consecutive seeds.
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : g_(seed) {}
+  std::int64_t uniform(std::int64_t lo, std::int64_t hi) {  // inclusive
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(g_);
+  }
+  double real(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(g_); }
+  bool chance(double p) { return real(0, 1) < p; }
+  template <class T> const T& pick(const std::vector<T>& v) { return v[static_cast<std::size_t>(uniform(0, std::int64_t(v.size()) - 1))]; }
+  std::mt19937_64& engine() { return g_; }
+
+ private:
+  std::mt19937_64 g_;
+};
+
+// Sizes biased towards the small and the awkward (1, primes, tile edges +-1), sometimes larger.
+inline std::int64_t pick_len(Rng& r, std::int64_t max) {
+  static const std::vector<std::int64_t> edges = {1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129};
+  std::int64_t n = r.chance(0.4) ? r.pick(edges) : r.uniform(1, r.chance(0.8) ? 40 : max);
+  return std::min(n, max);
+}
+
+inline Layout pick_layout(Rng& r, int rank, bool input) {
+  Layout l;
+  if (rank == 3) l.order = {2, 1, 0, 3};
+  if (r.chance(0.5)) {  // a transposed layout, e.g. [b, h, s, d] or head_dim not innermost
+    std::shuffle(l.order.begin(), l.order.begin() + rank, r.engine());
+  }
+  for (int i = 0; i < rank; ++i) l.pad[i] = r.chance(0.3) ? r.uniform(1, 5) : 0;
+  l.inner = r.chance(0.15) ? r.uniform(2, 3) : 1;
+  l.broadcast_batch = input && r.chance(0.1);
+  return l;
+}
+
+// A random valid configuration: the whole feature space, shapes kept small enough that a config and
+// its f64 oracle take about a millisecond.
+inline Config generate(std::uint64_t seed) {
+  Rng r(mix(seed));
+  Config c;
+  c.seed = seed;
+  c.dtype = r.pick(std::vector<DType>{DType::f64, DType::f32, DType::bf16, DType::f16});
+  c.head_dim = r.chance(0.3) ? r.pick(std::vector<std::int64_t>{1, 2, 3, 8, 16, 32, 64, 80, 96, 128, 256})
+                             : r.uniform(1, r.chance(0.8) ? 24 : 256);
+  c.kv_heads = r.uniform(1, 3);
+  c.heads = c.kv_heads * r.pick(std::vector<std::int64_t>{1, 1, 2, 3, 4});
+  c.batch = r.uniform(1, 3);
+  // Budget: batch * heads * seqlen_q * seqlen_k * head_dim multiply-adds, at most ~1.5e6.
+  const std::int64_t budget = 1500000 / (c.batch * c.heads * c.head_dim);
+  c.seqlen_q = pick_len(r, std::max<std::int64_t>(1, std::min<std::int64_t>(300, budget)));
+  c.seqlen_k = r.chance(0.05) ? 0 : pick_len(r, std::max<std::int64_t>(1, std::min<std::int64_t>(300, budget / c.seqlen_q)));
+  auto& o = c.opts;
+  o.causal = r.chance(0.4);
+  const std::int64_t span = std::max(c.seqlen_q, c.seqlen_k) + 2;
+  if (r.chance(0.3)) o.window_left = r.uniform(0, span);
+  if (r.chance(0.2)) o.window_right = r.uniform(0, span);
+  if (r.chance(0.2)) o.softcap = r.real(0.5, 30);
+  if (r.chance(0.2)) o.softmax_scale = r.real(-1.5, 1.5);
+  if (r.chance(0.2)) {
+    const bool per_batch = r.chance(0.5);
+    c.alibi.resize(static_cast<std::size_t>((per_batch ? c.batch : 1) * c.heads));
+    for (auto& s : c.alibi) s = static_cast<float>(r.real(0, 1));
+    o.alibi_batch_stride = per_batch ? c.heads : 0;
+  }
+  o.num_threads = static_cast<int>(r.uniform(0, 4));
+  c.alt_threads = static_cast<int>(r.uniform(1, 3));
+  c.amplitude = r.pick(std::vector<double>{1, 1, 1, 0.01, 3, 8});
+  c.want_lse = r.chance(0.6);
+  c.lq = pick_layout(r, 4, true);
+  c.lk = pick_layout(r, 4, true);
+  c.lv = pick_layout(r, 4, true);
+  c.lout = pick_layout(r, 4, false);
+  c.llse = pick_layout(r, 3, false);
+  if (r.chance(0.7)) c.tiles.q_tile = r.uniform(1, c.seqlen_q + 3);
+  if (r.chance(0.7)) c.tiles.k_tile = r.uniform(1, c.seqlen_k + 3);
+  c.num_splits = r.chance(0.1) ? r.uniform(1, 5000) : r.uniform(1, c.seqlen_k + 4);
+  return c;
+}
+
+// The rounding slack of the accuracy rule for f32-accumulated types, beyond twice the textbook error:
+// about one f32 rounding of a logit (amplitude^2 sqrt(d) |scale| is the typical size of q.k * scale)
+// plus 1e-6. On tiny problems the textbook's own error can be far below its typical size (a few keys,
+// lucky summation order), so "2 x textbook" alone would fail kernels that merely sum the dot product
+// in another order.
+inline double logit_slack(const Config& c) {
+  const double scale = std::abs(c.opts.softmax_scale.value_or(1 / std::sqrt(double(c.head_dim))));
+  return 1e-6 + std::ldexp(1.0, -24) * c.amplitude * c.amplitude * std::sqrt(double(c.head_dim)) * scale;
+}
+
+// Strides for a view of `shape` (rank dims) in layout `l`, and the extent (elements) they span.
+inline std::array<std::int64_t, 4> strides_for(const std::array<std::int64_t, 4>& shape, int rank, const Layout& l,
+                                               std::int64_t* extent) {
+  std::array<std::int64_t, 4> st{0, 0, 0, 0};
+  std::int64_t next = l.inner;
+  for (int j = 0; j < rank; ++j) {
+    const int i = l.order[j];
+    st[i] = next;
+    next = next * std::max<std::int64_t>(shape[i], 1) + l.pad[i];
+  }
+  if (l.broadcast_batch && rank == 4) st[0] = 0;
+  std::int64_t max_off = 0;
+  for (int i = 0; i < rank; ++i) max_off += (std::max<std::int64_t>(shape[i], 1) - 1) * st[i];
+  *extent = max_off + 1;
+  if (rank == 3) st[3] = 1;
+  return st;
+}
+
+}  // namespace attn::fuzz

@@ -1,0 +1,115 @@
+// The differential test's decode targets: attention_decode over a contiguous or a paged KV cache built
+// from a random Config (seqlen_k is the cache capacity; each sequence holds a random number of keys),
+// checked per sequence against the f64 oracle on that sequence's keys, with the rule of check_dense.
+// Unused cache slots hold NaN, so reading one poisons the output. Appends (k_new/v_new) are not drawn
+// yet: TODO, and q in f32 over a 16-bit cache likewise.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "attn/decode.hpp"
+#include "case.hpp"
+
+namespace attn::fuzz {
+
+template <class T>
+std::string check_decode(Config c, bool paged) {
+  using A = detail::Acc<T>;
+  if (!c.alibi.empty()) c.opts.alibi_slopes = c.alibi.data();
+  Rng r(mix(c.seed) ^ 0xdec0de);
+  const std::int64_t B = c.batch, SQ = std::min<std::int64_t>(c.seqlen_q, 4), H = c.heads, HK = c.kv_heads,
+                     D = c.head_dim, cap = std::max<std::int64_t>(c.seqlen_k, 1);
+  const std::int64_t page = paged ? r.uniform(1, 16) : cap, pages_per_seq = (cap + page - 1) / page;
+  const std::int64_t num_pages = paged ? B * pages_per_seq + r.uniform(0, 3) : B;
+  std::vector<std::int32_t> seqlens(static_cast<std::size_t>(B)), table;
+  for (auto& n : seqlens) n = static_cast<std::int32_t>(r.chance(0.1) ? 0 : r.uniform(0, c.seqlen_k));
+  std::vector<std::int32_t> perm(static_cast<std::size_t>(num_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), r.engine());
+  if (paged) table.assign(perm.begin(), perm.begin() + B * pages_per_seq);
+  const std::int64_t slots = paged ? page : cap;
+  std::vector<T> kc(static_cast<std::size_t>(num_pages * slots * HK * D), detail::store<T>(NAN)), vc = kc;
+  std::vector<T> q(static_cast<std::size_t>(B * SQ * H * D));
+  for (auto& x : q) x = detail::store<T>(r.real(-c.amplitude, c.amplitude));
+  // Logical keys of sequence b, position p: (page, slot) of the cache.
+  auto where = [&](std::int64_t b, std::int64_t p) {
+    const std::int64_t pg = paged ? table[static_cast<std::size_t>(b * pages_per_seq + p / page)] : b;
+    return ((pg * slots + (paged ? p % page : p)) * HK) * D;
+  };
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t p = 0; p < seqlens[static_cast<std::size_t>(b)]; ++p)
+      for (std::int64_t x = 0; x < HK * D; ++x) {
+        kc[static_cast<std::size_t>(where(b, p) + x)] = detail::store<T>(r.real(-c.amplitude, c.amplitude));
+        vc[static_cast<std::size_t>(where(b, p) + x)] = detail::store<T>(r.real(-1, 1));
+      }
+  KVCache cache;
+  cache.k = TensorView::contiguous(kc.data(), num_pages, slots, HK, D);
+  cache.v = TensorView::contiguous(vc.data(), num_pages, slots, HK, D);
+  cache.seqlens = seqlens.data();
+  if (paged) { cache.block_table = table.data(); cache.max_pages = pages_per_seq; }
+  DecodeOptions dec;
+  dec.num_splits = c.num_splits % 7 == 0 ? 0 : c.num_splits;  // 0 = automatic
+  const DType lt = dtype_of<T>() == DType::f64 ? DType::f64 : DType::f32;
+  auto run = [&](int threads, std::vector<T>& out, std::vector<A>& lse) {
+    AttentionOptions o = c.opts;
+    o.num_threads = threads;
+    out.assign(q.size(), detail::store<T>(0));
+    lse.assign(static_cast<std::size_t>(B * H * SQ), A(0));
+    const TensorView lv = TensorView::contiguous(lse.data(), B, H, SQ);
+    attention_decode(TensorView::contiguous(q.data(), B, SQ, H, D), cache,
+                     TensorView::contiguous(out.data(), B, SQ, H, D), o, dec, &lv);
+  };
+  (void)lt;
+  std::vector<T> out, out2;
+  std::vector<A> lse, lse2;
+  run(c.opts.num_threads, out, lse);
+  run(c.alt_threads, out2, lse2);
+  std::string fail;
+  if (std::memcmp(out.data(), out2.data(), out.size() * sizeof(T)) || std::memcmp(lse.data(), lse2.data(), lse.size() * sizeof(A)))
+    fail = "num_threads changes the bits; ";
+  // Per sequence: the oracle (f64) and the textbook method (T) on its keys alone.
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t n = seqlens[static_cast<std::size_t>(b)];
+    std::vector<double> q64(static_cast<std::size_t>(SQ * H * D)), k64(static_cast<std::size_t>(n * HK * D)), v64 = k64;
+    for (std::size_t i = 0; i < q64.size(); ++i) q64[i] = detail::load<double>(q[static_cast<std::size_t>(b * SQ * H * D) + i]);
+    for (std::int64_t p = 0; p < n; ++p)
+      for (std::int64_t x = 0; x < HK * D; ++x) {
+        k64[static_cast<std::size_t>(p * HK * D + x)] = detail::load<double>(kc[static_cast<std::size_t>(where(b, p) + x)]);
+        v64[static_cast<std::size_t>(p * HK * D + x)] = detail::load<double>(vc[static_cast<std::size_t>(where(b, p) + x)]);
+      }
+    std::vector<T> qT(q64.size()), kT(k64.size()), vT(v64.size()), text(q64.size());
+    for (std::size_t i = 0; i < q64.size(); ++i) qT[i] = detail::store<T>(q64[i]);
+    for (std::size_t i = 0; i < k64.size(); ++i) { kT[i] = detail::store<T>(k64[i]); vT[i] = detail::store<T>(v64[i]); }
+    std::vector<double> oracle(q64.size());
+    AttentionOptions o = c.opts;
+    if (o.alibi_slopes) o.alibi_slopes += b * o.alibi_batch_stride, o.alibi_batch_stride = 0;
+    attention_reference(TensorView::contiguous(q64.data(), 1, SQ, H, D), TensorView::contiguous(k64.data(), 1, n, HK, D),
+                        TensorView::contiguous(v64.data(), 1, n, HK, D), TensorView::contiguous(oracle.data(), 1, SQ, H, D), o);
+    attention_reference(TensorView::contiguous(qT.data(), 1, SQ, H, D), TensorView::contiguous(kT.data(), 1, n, HK, D),
+                        TensorView::contiguous(vT.data(), 1, n, HK, D), TensorView::contiguous(text.data(), 1, SQ, H, D), o);
+    double err = 0, base = 0;
+    for (std::size_t i = 0; i < oracle.size(); ++i) {
+      const double g = detail::load<double>(out[static_cast<std::size_t>(b * SQ * H * D) + i]);
+      err = std::isnan(g) ? INFINITY : std::max(err, std::abs(g - oracle[i]));
+      base = std::max(base, std::abs(detail::load<double>(text[i]) - oracle[i]));
+      if (std::isinf(err)) break;
+    }
+    const double slack = dtype_of<T>() == DType::f64 ? 0 : dtype_of<T>() == DType::f32 ? logit_slack(c)
+                         : dtype_of<T>() == DType::bf16 ? std::ldexp(1.0, -8) + logit_slack(c) : std::ldexp(1.0, -11) + logit_slack(c);
+    const double tol = dtype_of<T>() == DType::f64 ? 1e-12 : 2 * base + slack;
+    if (!(err <= tol))
+      fail += "sequence " + std::to_string(b) + " (" + std::to_string(n) + " keys): out error " + std::to_string(err) +
+              " > " + std::to_string(tol) + "; ";
+  }
+  return fail;
+}
+
+inline std::string check_decode_any(const Config& c, bool paged) {
+  return detail::dispatch_dtype(c.dtype, [&]<class T>() { return check_decode<T>(c, paged); });
+}
+
+}  // namespace attn::fuzz

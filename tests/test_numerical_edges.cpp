@@ -1,0 +1,399 @@
+// Numerical edges, for every algorithm and element type: huge and equal logits, fully masked rows,
+// empty key sets, non-finite inputs (what the row gets, and that it stays in that row), denormals,
+// d = 1 / seqlen 1, and indices past the int32 range (handled with int64, never wrapped).
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "support.hpp"
+
+namespace attn {
+namespace {
+
+using test::random_tensor;
+using test::Tensor;
+
+// One call of an algorithm: the name and how it is invoked (tile sizes / split counts varied).
+struct Algo {
+  std::string name;
+  std::function<void(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                     const AttentionOptions&, const TensorView*)> call;
+};
+
+std::vector<Algo> algos() {
+  std::vector<Algo> a;
+  a.push_back({"reference", [](auto& q, auto& k, auto& v, auto& o, auto& op, auto* l) { attention_reference(q, k, v, o, op, l); }});
+  for (std::int64_t tile : {1, 3, 64}) {
+    a.push_back({"tiled/" + std::to_string(tile), [tile](auto& q, auto& k, auto& v, auto& o, auto& op, auto* l) {
+                   TileOptions t;
+                   t.q_tile = tile;
+                   t.k_tile = tile;
+                   attention_tiled(q, k, v, o, op, t, l);
+                 }});
+  }
+  for (std::int64_t s : {1, 3, 1000}) {
+    a.push_back({"splitk/" + std::to_string(s), [s](auto& q, auto& k, auto& v, auto& o, auto& op, auto* l) {
+                   SplitKOptions sp;
+                   sp.num_splits = s;
+                   attention_splitk(q, k, v, o, op, sp, l);
+                 }});
+  }
+  return a;
+}
+
+template <class T> using LseT = detail::Acc<T>;
+
+// Runs `a` on dense tensors; returns out (as double) and lse.
+template <class T>
+std::pair<std::vector<double>, std::vector<double>> run(const Algo& a, const Tensor<T>& q, const Tensor<T>& k,
+                                                        const Tensor<T>& v, const AttentionOptions& o = {}) {
+  std::vector<T> out(q.data.size());
+  std::vector<LseT<T>> lse(static_cast<std::size_t>(q.b * q.h * q.s));
+  const TensorView lv = TensorView::contiguous(lse.data(), q.b, q.h, q.s);
+  a.call(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), q.b, q.s, q.h, q.d), o, &lv);
+  std::vector<double> o64(out.size()), l64(lse.begin(), lse.end());
+  for (std::size_t i = 0; i < out.size(); ++i) o64[i] = detail::load<double>(out[i]);
+  return {o64, l64};
+}
+
+template <class T> Tensor<T> filled(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, double x) {
+  Tensor<T> t(b, s, h, d);
+  for (auto& e : t.data) e = detail::store<T>(x);
+  return t;
+}
+
+template <class T> class Edges : public ::testing::Test {};
+using Types = ::testing::Types<double, float, bf16_t, f16_t>;
+TYPED_TEST_SUITE(Edges, Types);
+
+// Logits of +-1e4: q rows are s_i * 50, k rows t_j * 50 (exact in every type), d = 4, scale 1, so
+// q.k = +-1e4 exactly. Two key patterns: mixed signs (the max dominates), and all -1e4 (every exp
+// would underflow without the max subtraction: the output is the mean of v).
+TYPED_TEST(Edges, HugeLogitsNeitherOverflowNorNaN) {
+  using T = TypeParam;
+  const std::int64_t SQ = 6, SK = 9, D = 4;
+  for (bool all_negative : {false, true}) {
+    Tensor<T> q(1, SQ, 1, D), k(1, SK, 1, D);
+    for (std::int64_t i = 0; i < SQ; ++i)
+      for (std::int64_t c = 0; c < D; ++c) q.at(0, i, 0, c) = detail::store<T>(all_negative || i % 2 ? 50.0 : -50.0);
+    for (std::int64_t j = 0; j < SK; ++j)
+      for (std::int64_t c = 0; c < D; ++c) k.at(0, j, 0, c) = detail::store<T>(!all_negative && j % 3 ? 50.0 : -50.0);
+    const auto v = random_tensor<T>(1, SK, 1, D, 7);
+    AttentionOptions o;
+    o.softmax_scale = 1.0;
+    const auto [want, want_lse] = run(algos()[0], test::to_f64(q), test::to_f64(k), test::to_f64(v), o);
+    for (double l : want_lse) ASSERT_GE(std::abs(l), 9990.0) << "the test must reach |logit| ~ 1e4";
+    for (const auto& a : algos()) {
+      const auto [out, lse] = run(a, q, k, v, o);
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(out[i])) << a.name;
+        EXPECT_NEAR(out[i], want[i], sizeof(T) == 2 ? 1e-2 : 1e-6) << a.name << " element " << i;
+      }
+      for (std::size_t i = 0; i < lse.size(); ++i) EXPECT_NEAR(lse[i], want_lse[i], 1e-2) << a.name;
+    }
+  }
+}
+
+// Equal logits: the output is the plain mean of the visible values and lse = log(visible) + logit.
+TYPED_TEST(Edges, AllEqualLogitsGiveTheMean) {
+  using T = TypeParam;
+  const std::int64_t SQ = 5, SK = 7, D = 3;
+  const auto q = filled<T>(1, SQ, 2, D, 0.5), k = filled<T>(1, SK, 2, D, 0.25);
+  const auto v = random_tensor<T>(1, SK, 2, D, 3);
+  const double logit = 0.5 * 0.25 * D / std::sqrt(double(D));
+  for (bool causal : {false, true}) {
+    AttentionOptions o;
+    o.causal = causal;
+    for (const auto& a : algos()) {
+      const auto [out, lse] = run(a, q, k, v, o);
+      for (std::int64_t i = 0; i < SQ; ++i)
+        for (std::int64_t h = 0; h < 2; ++h) {
+          const std::int64_t n = causal ? i + SK - SQ + 1 : SK;
+          for (std::int64_t c = 0; c < D; ++c) {
+            double mean = 0;
+            for (std::int64_t j = 0; j < n; ++j) mean += detail::load<double>(v.data[static_cast<std::size_t>((j * 2 + h) * D + c)]);
+            mean /= double(n);
+            EXPECT_NEAR(out[static_cast<std::size_t>((i * 2 + h) * D + c)], mean, sizeof(T) == 2 ? 1e-2 : 1e-6) << a.name;
+          }
+          EXPECT_NEAR(lse[static_cast<std::size_t>(h * SQ + i)], logit + std::log(double(n)), 1e-5) << a.name;
+        }
+    }
+  }
+}
+
+// Rows that see no key (causal with seqlen_q > seqlen_k, or a window past the keys) and seqlen_k = 0:
+// out = 0 and lse = -inf, never NaN, for every algorithm.
+TYPED_TEST(Edges, FullyMaskedRowsAndNoKeys) {
+  using T = TypeParam;
+  const auto q = random_tensor<T>(2, 8, 2, 5, 1);
+  struct Case { std::int64_t sk; bool causal; std::int64_t wl, wr; };
+  for (const Case cs : {Case{4, true, -1, -1}, Case{6, false, 0, 0}, Case{3, false, -1, 0}, Case{0, false, -1, -1}, Case{0, true, 2, 2}}) {
+    const auto k = random_tensor<T>(2, cs.sk, 2, 5, 2), v = random_tensor<T>(2, cs.sk, 2, 5, 3);
+    AttentionOptions o;
+    o.causal = cs.causal;
+    o.window_left = cs.wl;
+    o.window_right = cs.wr;
+    if (cs.wl == 0 && cs.wr == 0) o.window_left = -1, o.window_right = 0, o.causal = false;  // plain causal by window
+    for (const auto& a : algos()) {
+      const auto [out, lse] = run(a, q, k, v, o);
+      for (std::int64_t b = 0; b < 2; ++b)
+        for (std::int64_t i = 0; i < 8; ++i) {
+          const std::int64_t diag = i + cs.sk - 8;
+          const bool masked = cs.sk == 0 || ((o.causal || o.window_right == 0) && diag < 0);
+          for (std::int64_t h = 0; h < 2; ++h) {
+            const double l = lse[static_cast<std::size_t>((b * 2 + h) * 8 + i)];
+            ASSERT_FALSE(std::isnan(l)) << a.name;
+            if (!masked) { EXPECT_TRUE(std::isfinite(l)) << a.name; continue; }
+            EXPECT_EQ(l, -INFINITY) << a.name << " sk " << cs.sk << " row " << i;
+            for (std::int64_t c = 0; c < 5; ++c) EXPECT_EQ(out[static_cast<std::size_t>(((b * 8 + i) * 2 + h) * 5 + c)], 0.0) << a.name;
+          }
+        }
+    }
+  }
+  // seqlen_k = 0 needs no key data at all.
+  std::vector<T> out(q.data.size());
+  const TensorView nk = TensorView::contiguous<T>(nullptr, 2, 0, 2, 5);
+  attention_tiled(q.view(), nk, nk, TensorView::contiguous(out.data(), 2, 8, 2, 5));
+  for (const T& x : out) EXPECT_EQ(detail::load<double>(x), 0.0);
+}
+
+// d = 1 and a single key: the output is that key's value exactly and lse its score, in every type.
+TYPED_TEST(Edges, HeadDimOneSeqlenOne) {
+  using T = TypeParam;
+  const auto q = random_tensor<T>(3, 1, 2, 1, 4), k = random_tensor<T>(3, 1, 1, 1, 5), v = random_tensor<T>(3, 1, 1, 1, 6);
+  for (const auto& a : algos()) {
+    const auto [out, lse] = run(a, q, k, v);
+    for (std::int64_t b = 0; b < 3; ++b)
+      for (std::int64_t h = 0; h < 2; ++h) {
+        EXPECT_EQ(out[static_cast<std::size_t>(b * 2 + h)], detail::load<double>(v.data[static_cast<std::size_t>(b)])) << a.name;
+        const double s = detail::load<double>(q.data[static_cast<std::size_t>(b * 2 + h)]) * detail::load<double>(k.data[static_cast<std::size_t>(b)]);
+        EXPECT_NEAR(lse[static_cast<std::size_t>(b * 2 + h)], s, 1e-6) << a.name;
+      }
+  }
+  // d = 1 with many keys agrees with the f64 oracle.
+  const auto q2 = random_tensor<T>(1, 17, 1, 1, 7), k2 = random_tensor<T>(1, 33, 1, 1, 8), v2 = random_tensor<T>(1, 33, 1, 1, 9);
+  const auto [want, wl] = run(algos()[0], test::to_f64(q2), test::to_f64(k2), test::to_f64(v2));
+  for (const auto& a : algos()) {
+    const auto [out, lse] = run(a, q2, k2, v2);
+    for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], want[i], sizeof(T) == 2 ? 1e-2 : 1e-6) << a.name;
+  }
+}
+
+// Subnormal inputs: q and k subnormal give logits ~0 (the mean of v); v subnormal gives subnormal
+// outputs, not zeros (no flush-to-zero) and no NaN.
+TYPED_TEST(Edges, Denormals) {
+  using T = TypeParam;
+  const double tiny = std::is_same_v<T, double> ? 1e-310 : std::is_same_v<T, f16_t> ? 3e-6 : 1e-39;
+  ASSERT_NE(detail::load<double>(detail::store<T>(tiny)), 0.0);
+  const auto q = filled<T>(1, 4, 1, 8, tiny), k = filled<T>(1, 6, 1, 8, -tiny);
+  auto v = random_tensor<T>(1, 6, 1, 8, 10);
+  for (const auto& a : algos()) {
+    const auto [out, lse] = run(a, q, k, v);
+    for (std::int64_t c = 0; c < 8; ++c) {
+      double mean = 0;
+      for (std::int64_t j = 0; j < 6; ++j) mean += detail::load<double>(v.data[static_cast<std::size_t>(j * 8 + c)]) / 6;
+      EXPECT_NEAR(out[static_cast<std::size_t>(c)], mean, sizeof(T) == 2 ? 1e-2 : 1e-6) << a.name;
+    }
+    for (double l : lse) EXPECT_NEAR(l, std::log(6.0), 1e-6) << a.name;
+  }
+  const auto vt = filled<T>(1, 6, 1, 8, tiny);
+  const double want = detail::load<double>(detail::store<T>(tiny));
+  for (const auto& a : algos()) {
+    const auto [out, lse] = run(a, random_tensor<T>(1, 4, 1, 8, 11), random_tensor<T>(1, 6, 1, 8, 12), vt);
+    for (double x : out) {
+      EXPECT_GT(x, 0.0) << a.name << ": a subnormal value flushed to zero";
+      EXPECT_NEAR(x, want, want * 0.5) << a.name;
+    }
+  }
+}
+
+// ---- Non-finite inputs. A NaN or an infinity in one input row may only affect the output rows that
+// read it: a q row its own output row; a k or v row the rows of its batch and kv-head group that see
+// that key. Every other output row must be bit-identical to the run without it.
+template <class T>
+void expect_confined(const char* what, const std::function<void(Tensor<T>&, Tensor<T>&, Tensor<T>&)>& poison,
+                     const std::function<bool(std::int64_t b, std::int64_t i, std::int64_t h)>& may_change,
+                     const AttentionOptions& o) {
+  const std::int64_t B = 2, SQ = 6, SK = 6, H = 4, HK = 2, D = 3;
+  auto q = random_tensor<T>(B, SQ, H, D, 21), k = random_tensor<T>(B, SK, HK, D, 22), v = random_tensor<T>(B, SK, HK, D, 23);
+  for (const auto& a : algos()) {
+    const auto [clean, clean_lse] = run(a, q, k, v, o);
+    auto q2 = q, k2 = k, v2 = v;
+    poison(q2, k2, v2);
+    const auto [out, lse] = run(a, q2, k2, v2, o);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t i = 0; i < SQ; ++i)
+        for (std::int64_t h = 0; h < H; ++h) {
+          if (may_change(b, i, h)) continue;
+          for (std::int64_t c = 0; c < D; ++c) {
+            const auto at = static_cast<std::size_t>(((b * SQ + i) * H + h) * D + c);
+            EXPECT_EQ(std::memcmp(&out[at], &clean[at], sizeof(double)), 0)
+                << a.name << ": " << what << " leaked into row (b " << b << ", i " << i << ", h " << h << "): "
+                << out[at] << " vs " << clean[at];
+          }
+          const auto l = static_cast<std::size_t>((b * H + h) * SQ + i);
+          EXPECT_EQ(std::memcmp(&lse[l], &clean_lse[l], sizeof(double)), 0) << a.name << ": " << what << " leaked into lse";
+        }
+  }
+}
+
+TYPED_TEST(Edges, NanOrInfInAQueryRowStaysInThatRow) {
+  using T = TypeParam;
+  for (double bad : {double(NAN), double(INFINITY), -double(INFINITY)}) {
+    AttentionOptions o;
+    o.causal = true;
+    expect_confined<T>("a non-finite q entry", [bad](auto& q, auto&, auto&) { q.at(1, 2, 3, 1) = detail::store<T>(bad); },
+                       [](auto b, auto i, auto h) { return b == 1 && i == 2 && h == 3; }, o);
+  }
+}
+
+// Key j = 3 of (batch 0, kv head 1) is seen, under the causal mask, only by query rows i >= 3 of query
+// heads 2 and 3 in batch 0.
+TYPED_TEST(Edges, NanOrInfInAKeyRowStaysInTheRowsThatSeeIt) {
+  using T = TypeParam;
+  for (double bad : {double(NAN), double(INFINITY)}) {
+    AttentionOptions o;
+    o.causal = true;
+    expect_confined<T>("a non-finite k entry", [bad](auto&, auto& k, auto&) { k.at(0, 3, 1, 0) = detail::store<T>(bad); },
+                       [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; }, o);
+  }
+}
+
+TYPED_TEST(Edges, NanOrInfInAValueRowStaysInTheRowsThatSeeIt) {
+  using T = TypeParam;
+  for (double bad : {double(NAN), double(INFINITY)}) {
+    AttentionOptions o;
+    o.causal = true;
+    expect_confined<T>("a non-finite v entry", [bad](auto&, auto&, auto& v) { v.at(0, 3, 1, 0) = detail::store<T>(bad); },
+                       [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; }, o);
+  }
+}
+
+// What a row that reads a NaN gets must not depend on the algorithm, the tile size or the split count
+// (docs/robustness.md): the NaN propagates to that row's output (never a finite value that silently
+// ignores the key, nor the fully-masked answer out = 0, lse = -inf).
+TYPED_TEST(Edges, ARowThatReadsANanKeyIsNaNInEveryAlgorithm) {
+  using T = TypeParam;
+  auto q = random_tensor<T>(1, 4, 1, 2, 31), k = random_tensor<T>(1, 5, 1, 2, 32), v = random_tensor<T>(1, 5, 1, 2, 33);
+  k.at(0, 2, 0, 1) = detail::store<T>(NAN);
+  for (const auto& a : algos()) {
+    const auto [out, lse] = run(a, q, k, v);
+    for (std::int64_t i = 0; i < 4; ++i)
+      EXPECT_TRUE(std::isnan(out[static_cast<std::size_t>(i * 2)]) && std::isnan(lse[static_cast<std::size_t>(i)]))
+          << a.name << ": row " << i << " reads a NaN key, got out " << out[static_cast<std::size_t>(i * 2)] << " lse "
+          << lse[static_cast<std::size_t>(i)];
+  }
+}
+
+// ---- Sizes near and past the int32 range: offsets are int64 everywhere. The big views are virtual
+// (mmap with MAP_NORESERVE): only the pages holding the elements actually used are ever touched.
+struct Virtual {
+  void* p = MAP_FAILED;
+  std::size_t bytes = 0;
+  explicit Virtual(std::size_t n) : bytes(n) {
+    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  }
+  ~Virtual() { if (p != MAP_FAILED) munmap(p, bytes); }
+  bool ok() const { return p != MAP_FAILED; }
+};
+
+// Batch strides of 2^31 + 5 elements for q, k, v, out and lse: element offsets of batch 1 exceed
+// INT32_MAX. The result must equal the dense computation.
+TEST(Int32Limits, ElementOffsetsPastInt32AreNotWrapped) {
+  const std::int64_t big = (std::int64_t(1) << 31) + 5, SQ = 3, SK = 4, D = 2;
+  Virtual mem(static_cast<std::size_t>(5 * 2 * big) * sizeof(float));
+  if (!mem.ok()) GTEST_SKIP() << "cannot reserve 80 GiB of address space here";
+  auto q = random_tensor<float>(2, SQ, 1, D, 41), k = random_tensor<float>(2, SK, 1, D, 42), v = random_tensor<float>(2, SK, 1, D, 43);
+  float* base = static_cast<float*>(mem.p);
+  auto place = [&](int slot, const Tensor<float>* t, std::int64_t s) {
+    float* p = base + slot * 2 * big;
+    TensorView view = TensorView::strided(p, {2, s, 1, D}, {big, D, D, 1});
+    if (t)
+      for (std::int64_t b = 0; b < 2; ++b)
+        std::memcpy(p + b * big, t->data.data() + b * s * D, static_cast<std::size_t>(s * D) * sizeof(float));
+    return view;
+  };
+  const TensorView qv = place(0, &q, SQ), kv = place(1, &k, SK), vv = place(2, &v, SK), ov = place(3, nullptr, SQ);
+  TensorView lv = TensorView::strided(base + 4 * 2 * big, {2, 1, SQ, 1}, {big, SQ, 1, 1});
+  lv.rank = 3;
+  AttentionOptions o;
+  o.causal = true;
+  for (const auto& a : algos()) {
+    a.call(qv, kv, vv, ov, o, &lv);
+    const auto [want, want_lse] = run(a, q, k, v, o);
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t i = 0; i < SQ * D; ++i)
+        EXPECT_EQ(static_cast<float*>(ov.data)[b * big + i], want[static_cast<std::size_t>(b * SQ * D + i)]) << a.name;
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t i = 0; i < SQ; ++i)
+        EXPECT_EQ(static_cast<float*>(lv.data)[b * big + i], want_lse[static_cast<std::size_t>(b * SQ + i)]) << a.name;
+  }
+}
+
+// seqlen_k = 2^31 + 16 keys (a virtual 8 GiB cache) with a causal window of 5 keys: every query sees
+// only the last keys, at positions past INT32_MAX. The tiled and split-K kernels must give what they
+// give on the last 16 keys alone (the same relative positions, so the same masks and ALiBi distances).
+// The reference is left out: it materialises seqlen_q x seqlen_k scores by design.
+TEST(Int32Limits, KeyPositionsPastInt32AreNotWrapped) {
+  const std::int64_t tail = 16, SK = (std::int64_t(1) << 31) + tail, SQ = 4, D = 1;
+  Virtual km(static_cast<std::size_t>(SK) * sizeof(float)), vm(static_cast<std::size_t>(SK) * sizeof(float));
+  if (!km.ok() || !vm.ok()) GTEST_SKIP() << "cannot reserve 16 GiB of address space here";
+  auto q = random_tensor<float>(1, SQ, 1, D, 51), k = random_tensor<float>(1, tail, 1, D, 52), v = random_tensor<float>(1, tail, 1, D, 53);
+  float* kb = static_cast<float*>(km.p) + (SK - tail);
+  float* vb = static_cast<float*>(vm.p) + (SK - tail);
+  std::memcpy(kb, k.data.data(), tail * sizeof(float));
+  std::memcpy(vb, v.data.data(), tail * sizeof(float));
+  const float slope = 0.25f;
+  AttentionOptions o;
+  o.causal = true;
+  o.window_left = 4;
+  o.alibi_slopes = &slope;
+  const TensorView kv = TensorView::contiguous(static_cast<const float*>(km.p), 1, SK, 1, D),
+                   vv = TensorView::contiguous(static_cast<const float*>(vm.p), 1, SK, 1, D);
+  for (const auto& a : algos()) {
+    if (a.name == "reference") continue;
+    std::vector<float> out(SQ * D), lse(SQ);
+    const TensorView lv = TensorView::contiguous(lse.data(), 1, 1, SQ);
+    a.call(q.view(), kv, vv, TensorView::contiguous(out.data(), 1, SQ, 1, D), o, &lv);
+    const auto [want, want_lse] = run(a, q, k, v, o);
+    for (std::int64_t i = 0; i < SQ; ++i) {
+      EXPECT_NEAR(out[static_cast<std::size_t>(i)], want[static_cast<std::size_t>(i)], 1e-6) << a.name;
+      EXPECT_NEAR(lse[static_cast<std::size_t>(i)], want_lse[static_cast<std::size_t>(i)], 1e-5) << a.name;
+    }
+  }
+}
+
+// Shapes whose element count or byte extent overflows int64 are rejected before any access, and a
+// DType value outside the enum is rejected rather than read as some other type.
+TEST(Int32Limits, OverflowingShapesAndUnknownDtypesAreRejected) {
+  auto q = random_tensor<float>(1, 2, 1, 4, 1), k = random_tensor<float>(1, 3, 1, 4, 2), v = random_tensor<float>(1, 3, 1, 4, 3);
+  std::vector<float> out(8, 7.0f);
+  const TensorView ov = TensorView::contiguous(out.data(), 1, 2, 1, 4);
+  for (const auto& a : algos()) {
+    TensorView kv = k.view(), vv = v.view();
+    kv.shape[1] = vv.shape[1] = std::int64_t(1) << 62;  // extent (2^62 - 1) * 4 elements overflows
+    EXPECT_THROW(a.call(q.view(), kv, vv, ov, {}, nullptr), std::invalid_argument) << a.name;
+    TensorView bad = q.view();
+    bad.dtype = static_cast<DType>(9);
+    kv = k.view();
+    vv = v.view();
+    kv.dtype = vv.dtype = bad.dtype;
+    TensorView ob = ov;
+    ob.dtype = bad.dtype;
+    try {
+      a.call(bad, kv, vv, ob, {}, nullptr);
+      ADD_FAILURE() << a.name << ": an unknown dtype was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("dtype"), std::string::npos) << e.what();
+    }
+    for (float x : out) EXPECT_EQ(x, 7.0f) << a.name;
+  }
+}
+
+}  // namespace
+}  // namespace attn
