@@ -1,0 +1,72 @@
+// The CUDA backend (built when CMake's ATTN_CUDA is on; the macro ATTN_HAS_CUDA is then defined for
+// every target that links attn). Same shapes, options and validation rules as the CPU entry points
+// (include/attn/attention.hpp, include/attn/decode.hpp), with these differences:
+//   * every TensorView's data, KVCache::seqlens / block_table, cu_seqlens and alibi_slopes point to
+//     device memory (cudaMalloc); a host pointer is rejected with std::invalid_argument;
+//   * q, k, v, out (and the cache, k_new, v_new) are bf16 or f16 with head_dim 64, 128 or 256, the last
+//     dimension contiguous and every row 16-byte aligned (data and strides of dims 0..2 multiples of 8
+//     elements); lse is f32; decode takes q of the cache's type;
+//   * work is queued on `stream` (nullptr = the legacy default stream) and the call returns before it
+//     finishes, except where noted: reading cu_seqlens and the cache's seqlens/block_table for
+//     validation copies them to the host and synchronises the stream (pass host mirrors to avoid it);
+//   * a CUDA error (launch failure, out of memory) throws std::runtime_error naming the call.
+// Accumulation is f32 on tensor cores (mma.sync m16n8k16); see docs/cuda.md.
+#pragma once
+
+#include <cstdint>
+
+#include "attn/decode.hpp"
+#include "attn/options.hpp"
+#include "attn/tensor.hpp"
+
+struct CUstream_st;
+
+namespace attn::cuda {
+
+using Stream = CUstream_st*;  // a cudaStream_t
+
+// Number of CUDA devices usable now (0 with no driver or no device; never throws).
+int device_count();
+
+// Forward attention, FlashAttention-2 style: q [batch, seqlen_q, heads, d], k/v [batch, seqlen_k,
+// kv_heads, d], out like q, lse [batch, heads, seqlen_q] f32. Causal is bottom-right aligned; windows,
+// softcap and ALiBi as in options.hpp.
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionOptions& opts = {}, const TensorView* lse = nullptr, Stream stream = nullptr);
+
+// Variable-length batch (flash-attn's varlen layout): q [1, total_q, heads, d], k/v [1, total_k,
+// kv_heads, d], out like q, lse [1, heads, total_q]. Sequence b owns rows [cu_seqlens_q[b],
+// cu_seqlens_q[b+1]) of q and out and rows [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v; each
+// array has batch + 1 non-decreasing entries starting at 0 and ending at or below total_q / total_k.
+struct VarlenBatch {
+  const std::int32_t* cu_seqlens_q = nullptr;  // device
+  const std::int32_t* cu_seqlens_k = nullptr;  // device
+  std::int64_t batch = 0;
+  // Optional host copies of the same arrays: validation reads them instead of copying (no sync).
+  const std::int32_t* host_cu_seqlens_q = nullptr;
+  const std::int32_t* host_cu_seqlens_k = nullptr;
+};
+void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const VarlenBatch& varlen, const AttentionOptions& opts = {}, const TensorView* lse = nullptr,
+                      Stream stream = nullptr);
+
+// Decode over a contiguous or paged cache (include/attn/decode.hpp), split-K over the keys with a
+// merge kernel. DecodeOptions::num_splits = 0 picks the split count from the number of SMs
+// (split_heuristic); any value >= 1 gives the same result up to rounding.
+struct DecodeHostMirror {
+  // Optional host copies of cache.seqlens [batch] and cache.block_table [batch x stride]: validation
+  // and planning read them instead of copying from the device (no stream sync). They must equal the
+  // device contents.
+  const std::int32_t* seqlens = nullptr;
+  const std::int32_t* block_table = nullptr;
+};
+void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out,
+                      const AttentionOptions& opts = {}, const DecodeOptions& decode = {},
+                      const TensorView* lse = nullptr, Stream stream = nullptr,
+                      const DecodeHostMirror& host = {});
+
+// The split count attention_decode uses when num_splits = 0, for the current device.
+std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::int64_t heads,
+                               std::int64_t kv_heads, std::int64_t seqlen_q);
+
+}  // namespace attn::cuda

@@ -1,0 +1,263 @@
+// The CUDA entry points: validation (the CPU rules of core/validate and decode_validate, plus the
+// backend's own: device memory, bf16/f16, head_dim 64/128/256, 16-byte rows), then the launchers.
+#include "attn/cuda.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/problem.hpp"
+#include "core/validate.hpp"
+#include "cuda/layout.hpp"
+#include "cuda/params.hpp"
+#include "decode/decode_internal.hpp"
+
+namespace attn::cuda {
+namespace {
+
+using detail::fail;
+
+void check_cuda(const char* who, int err, const char* what) {
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string(who) + ": " + what + ": " + cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+void require_device(const char* who, const char* arg, const void* ptr) {
+  if (!ptr) return;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error state
+    fail(who, arg, "must point to device memory (cudaPointerGetAttributes failed)");
+  }
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    fail(who, arg, "must point to device memory, got a host pointer");
+}
+
+// The kernels' shape rules for a 16-bit rank-4 view: dtype, head_dim, contiguous 16-byte rows.
+void require_kernel_layout(const char* who, const char* arg, const TensorView& t, bool check_dims = true) {
+  if (t.dtype != DType::bf16 && t.dtype != DType::f16)
+    fail(who, arg, "dtype must be bf16 or f16 on CUDA, got " + std::string(dtype_name(t.dtype)));
+  if (check_dims && t.shape[3] != 64 && t.shape[3] != 128 && t.shape[3] != 256)
+    fail(who, arg, "head_dim must be 64, 128 or 256 on CUDA, got " + std::to_string(t.shape[3]));
+  if (t.strides[3] != 1) fail(who, arg, "last dimension must be contiguous (stride[3] = 1) on CUDA");
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0 || t.strides[0] % 8 || t.strides[1] % 8 || t.strides[2] % 8)
+    fail(who, arg, "rows must be 16-byte aligned on CUDA (data and strides of dims 0..2 multiples of 8 elements)");
+  require_device(who, arg, t.data);
+}
+
+void require_lse(const char* who, const TensorView* lse) {
+  if (lse) require_device(who, "lse", lse->data);
+}
+
+template <std::size_t N>
+void copy_strides(std::int64_t (&dst)[N], const TensorView& t) {
+  for (std::size_t i = 0; i < N; ++i) dst[i] = t.strides[i];
+}
+
+std::vector<std::int32_t> to_host(const char* who, const std::int32_t* dev, std::int64_t n, Stream stream) {
+  std::vector<std::int32_t> h(static_cast<std::size_t>(n));
+  if (n == 0) return h;
+  check_cuda(who, cudaMemcpyAsync(h.data(), dev, static_cast<std::size_t>(n) * 4, cudaMemcpyDeviceToHost, stream),
+             "copying an index array to the host");
+  check_cuda(who, cudaStreamSynchronize(stream), "copying an index array to the host");
+  return h;
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 1;
+  return n;
+}
+
+cuda_detail::FwdParams forward_params(const detail::Problem& p, const TensorView* lse) {
+  cuda_detail::FwdParams f{};
+  f.q = p.q.data;
+  f.k = p.k.data;
+  f.v = p.v.data;
+  f.out = p.out.data;
+  f.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+  copy_strides(f.qs, p.q);
+  copy_strides(f.ks, p.k);
+  copy_strides(f.vs, p.v);
+  copy_strides(f.os, p.out);
+  if (lse) copy_strides(f.ls, *lse);
+  f.batch = p.batch;
+  f.seqlen_q = p.seqlen_q;
+  f.seqlen_k = p.seqlen_k;
+  f.heads = p.heads;
+  f.kv_heads = p.kv_heads;
+  f.head_dim = p.head_dim;
+  f.scale = p.scale;
+  f.window_left = p.window_left;
+  f.window_right = p.window_right;
+  f.softcap = p.softcap;
+  f.alibi = p.alibi_slopes;
+  f.alibi_bstride = p.alibi_batch_stride;
+  return f;
+}
+
+void validate_forward(const char* who, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const AttentionOptions& opts, const TensorView* lse) {
+  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
+    require_kernel_layout(who, name, *t);
+  require_lse(who, lse);
+  if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionOptions& opts, const TensorView* lse, Stream stream) {
+  const char* who = "attn::cuda::attention";
+  const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
+  validate_forward(who, q, k, v, out, opts, lse);
+  const cuda_detail::FwdParams f = forward_params(p, lse);
+  check_cuda(who, cuda_detail::launch_forward(f, p.dtype, p.seqlen_q, stream), "kernel launch");
+}
+
+void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const VarlenBatch& vb, const AttentionOptions& opts, const TensorView* lse, Stream stream) {
+  const char* who = "attn::cuda::attention_varlen";
+  const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
+  if (q.shape[0] != 1) fail(who, "q", "batch must be 1 for varlen (sequences are packed along dim 1), got " + std::to_string(q.shape[0]));
+  if (vb.batch < 1) fail(who, "varlen.batch", "must be >= 1, got " + std::to_string(vb.batch));
+  if (!vb.cu_seqlens_q) fail(who, "cu_seqlens_q", "data pointer is null");
+  if (!vb.cu_seqlens_k) fail(who, "cu_seqlens_k", "data pointer is null");
+  validate_forward(who, q, k, v, out, opts, lse);
+  require_device(who, "cu_seqlens_q", vb.cu_seqlens_q);
+  require_device(who, "cu_seqlens_k", vb.cu_seqlens_k);
+  const auto cq = vb.host_cu_seqlens_q ? std::vector<std::int32_t>(vb.host_cu_seqlens_q, vb.host_cu_seqlens_q + vb.batch + 1)
+                                       : to_host(who, vb.cu_seqlens_q, vb.batch + 1, stream);
+  const auto ck = vb.host_cu_seqlens_k ? std::vector<std::int32_t>(vb.host_cu_seqlens_k, vb.host_cu_seqlens_k + vb.batch + 1)
+                                       : to_host(who, vb.cu_seqlens_k, vb.batch + 1, stream);
+  std::int64_t max_q = 0;
+  auto check_cu = [&](const char* name, const std::vector<std::int32_t>& cu, std::int64_t total) {
+    if (cu[0] != 0) fail(who, name, "must start at 0, got " + std::to_string(cu[0]));
+    for (std::int64_t b = 0; b < vb.batch; ++b)
+      if (cu[b + 1] < cu[b])
+        fail(who, name, "must be non-decreasing, got [" + std::to_string(b) + "] = " + std::to_string(cu[b]) + " > [" +
+                            std::to_string(b + 1) + "] = " + std::to_string(cu[b + 1]));
+    if (cu[vb.batch] > total)
+      fail(who, name, "last entry (" + std::to_string(cu[vb.batch]) + ") exceeds the packed length (" + std::to_string(total) + ")");
+  };
+  check_cu("cu_seqlens_q", cq, p.seqlen_q);
+  check_cu("cu_seqlens_k", ck, p.seqlen_k);
+  for (std::int64_t b = 0; b < vb.batch; ++b) max_q = std::max<std::int64_t>(max_q, cq[b + 1] - cq[b]);
+  cuda_detail::FwdParams f = forward_params(p, lse);
+  f.batch = vb.batch;
+  f.cu_q = vb.cu_seqlens_q;
+  f.cu_k = vb.cu_seqlens_k;
+  if (max_q == 0) return;
+  check_cuda(who, cuda_detail::launch_forward(f, p.dtype, max_q, stream), "kernel launch");
+}
+
+std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                               std::int64_t seqlen_q) {
+  const std::int64_t rows = heads / std::max<std::int64_t>(1, kv_heads) * seqlen_q;
+  const std::int64_t blocks = batch * kv_heads * ((rows + 15) / 16);
+  return cuda_detail::gpu_num_splits(max_keys, blocks, sm_count());
+}
+
+void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out, const AttentionOptions& opts,
+                      const DecodeOptions& dec, const TensorView* lse, Stream stream, const DecodeHostMirror& host) {
+  const char* who = "attn::cuda::attention_decode";
+  const bool paged = cache.block_table != nullptr;
+  if (!cache.seqlens) fail(who, "cache.seqlens", "data pointer is null");
+  const std::int64_t batch = q.rank == 4 ? q.shape[0] : 0;
+  if (batch < 1) detail::check_view(who, "q", q, 4, false);  // throws with the view rule
+  if (paged && cache.max_pages < 1) fail(who, "cache.max_pages", "must be >= 1, got " + std::to_string(cache.max_pages));
+  const std::int64_t bt_stride = cache.block_table_stride == 0 ? cache.max_pages : cache.block_table_stride;
+  if (paged && bt_stride < cache.max_pages)
+    fail(who, "cache.block_table_stride", "must be >= max_pages (" + std::to_string(cache.max_pages) + ") or 0");
+  require_device(who, "cache.seqlens", cache.seqlens);
+  if (paged) require_device(who, "cache.block_table", cache.block_table);
+  // The CPU validator reads seqlens and the block table: give it host copies.
+  const auto seqlens = host.seqlens ? std::vector<std::int32_t>(host.seqlens, host.seqlens + batch)
+                                    : to_host(who, cache.seqlens, batch, stream);
+  std::vector<std::int32_t> table;
+  if (paged) {
+    const std::int64_t n = (batch - 1) * bt_stride + cache.max_pages;
+    table = host.block_table ? std::vector<std::int32_t>(host.block_table, host.block_table + n) : to_host(who, cache.block_table, n, stream);
+  }
+  KVCache hc = cache;
+  hc.seqlens = seqlens.data();
+  hc.block_table = paged ? table.data() : nullptr;
+  const detail::DecodeProblem p = detail::validate_decode(who, q, hc, out, opts, dec, lse);
+  if (q.dtype != cache.k.dtype) fail(who, "q", "dtype must be the cache's on CUDA (f32 activations are CPU-only)");
+  require_kernel_layout(who, "q", q);
+  require_kernel_layout(who, "out", out);
+  require_kernel_layout(who, "cache.k", cache.k);
+  require_kernel_layout(who, "cache.v", cache.v);
+  if (dec.k_new) {
+    require_kernel_layout(who, "k_new", *dec.k_new);
+    require_kernel_layout(who, "v_new", *dec.v_new);
+  }
+  require_lse(who, lse);
+  if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
+
+  cuda_detail::DecodeParams d{};
+  d.q = q.data;
+  d.k = cache.k.data;
+  d.v = cache.v.data;
+  d.out = out.data;
+  d.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+  copy_strides(d.qs, q);
+  copy_strides(d.ks, cache.k);
+  copy_strides(d.vs, cache.v);
+  copy_strides(d.os, out);
+  if (lse) copy_strides(d.ls, *lse);
+  d.k_head_stride = cache.k.strides[2];
+  d.v_head_stride = cache.v.strides[2];
+  d.batch = p.batch;
+  d.seqlen_q = p.seqlen_q;
+  d.heads = p.heads;
+  d.kv_heads = p.kv_heads;
+  d.head_dim = p.head_dim;
+  d.seqlen_new = p.seqlen_new;
+  d.seqlens = cache.seqlens;
+  d.block_table = cache.block_table;
+  d.bt_stride = bt_stride;
+  d.page_size = cache.k.shape[1];
+  d.scale = p.scale;
+  d.window_left = p.window_left;
+  d.window_right = p.window_right;
+  d.softcap = p.softcap;
+  d.alibi = p.alibi_slopes;
+  d.alibi_bstride = p.alibi_batch_stride;
+  d.row_blocks = (p.group() * p.seqlen_q + 15) / 16;
+  if (dec.k_new) {
+    d.k_new = dec.k_new->data;
+    d.v_new = dec.v_new->data;
+    copy_strides(d.kns, *dec.k_new);
+    copy_strides(d.vns, *dec.v_new);
+  }
+  std::int64_t max_keys = 0;
+  for (std::int64_t b = 0; b < batch; ++b) max_keys = std::max<std::int64_t>(max_keys, seqlens[b] + p.seqlen_new);
+  d.num_splits = dec.num_splits > 0 ? dec.num_splits
+                                    : decode_num_splits(max_keys, p.batch, p.heads, p.kv_heads, p.seqlen_q);
+  if (d.num_splits > 65535) fail(who, "num_splits", "must be <= 65535 on CUDA (a grid dimension), got " + std::to_string(d.num_splits));
+  void* scratch = nullptr;
+  if (d.num_splits > 1) {
+    const std::size_t bytes = static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d.num_splits * (p.head_dim + 2)) * 4;
+    check_cuda(who, cudaMallocAsync(&scratch, bytes, stream), "allocating the split partials");
+    d.partial = static_cast<float*>(scratch);
+  }
+  const int err = cuda_detail::launch_decode(d, p.cache_dtype, stream);
+  if (scratch) (void)cudaFreeAsync(scratch, stream);
+  check_cuda(who, err, "kernel launch");
+}
+
+}  // namespace attn::cuda

@@ -1,0 +1,56 @@
+// What the host side (cuda_api.cpp, validated arguments) hands the kernels (forward.cu, decode.cu).
+// Plain C++: no CUDA headers, so the launchers' declarations are visible to host-only code.
+#pragma once
+
+#include <cstdint>
+
+#include "attn/tensor.hpp"
+
+struct CUstream_st;
+
+namespace attn::cuda_detail {
+
+struct FwdParams {
+  const void *q, *k, *v;
+  void* out;
+  float* lse;                       // nullptr: not requested
+  std::int64_t qs[3], ks[3], vs[3], os[3], ls[3];  // strides of dims 0..2 (last dim contiguous)
+  std::int64_t batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim;
+  const std::int32_t* cu_q = nullptr;  // varlen (device, [batch + 1]): rows [cu[b], cu[b+1]) of dim 1
+  const std::int32_t* cu_k = nullptr;
+  double scale;
+  std::int64_t window_left, window_right;  // causal folded into window_right = 0
+  double softcap;
+  const float* alibi = nullptr;  // device
+  std::int64_t alibi_bstride = 0;
+};
+
+struct DecodeParams {
+  const void* q;
+  const void *k, *v;  // cache
+  void* out;
+  float* lse;
+  std::int64_t qs[3], ks[2], vs[2], os[3], ls[3];  // k/v: dims 0 (batch or page) and 1 (position or slot)
+  std::int64_t k_head_stride, v_head_stride;
+  std::int64_t batch, seqlen_q, heads, kv_heads, head_dim, seqlen_new;
+  const std::int32_t* seqlens;      // device
+  const std::int32_t* block_table;  // device; nullptr = contiguous
+  std::int64_t bt_stride, page_size;
+  double scale;
+  std::int64_t window_left, window_right;
+  double softcap;
+  const float* alibi = nullptr;
+  std::int64_t alibi_bstride = 0;
+  std::int64_t num_splits;  // >= 1
+  std::int64_t row_blocks;  // ceil(group * seqlen_q / 16)
+  float* partial;           // [batch * heads * seqlen_q][num_splits][head_dim + 2] when num_splits > 1
+  // Append (k_new/v_new), run first.
+  const void *k_new = nullptr, *v_new = nullptr;
+  std::int64_t kns[3], vns[3];
+};
+
+// Launch on `stream`; return the cudaError_t of the launch (0 = success) as int.
+int launch_forward(const FwdParams& p, DType t, std::int64_t max_seqlen_q, CUstream_st* stream);
+int launch_decode(const DecodeParams& p, DType t, CUstream_st* stream);
+
+}  // namespace attn::cuda_detail
