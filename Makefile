@@ -58,3 +58,10 @@ test-fuzz: asan-build
 	  fi; \
 	  grep -E "stat::number_of_executed_units|Done [0-9]+ runs" build-asan/fuzz_$$f.log; \
 	done
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j$(JOBS)
+
+deps:
+	@scripts/setup-deps
