@@ -49,7 +49,10 @@ if(ATTN_WITH_CUDA)
   set_target_properties(attn_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
     CUDA_RUNTIME_LIBRARY Shared)
   target_sources(attn PRIVATE $<TARGET_OBJECTS:attn_cuda>)
-  set_target_properties(attn PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+  # attn was created before CUDA was enabled: give it the CUDA properties its device-code objects need
+  # (without them a fresh configure fails: empty CUDA_ARCHITECTURES, and CUDA20 from CMAKE_CXX_STANDARD).
+  set_target_properties(attn PROPERTIES CUDA_RUNTIME_LIBRARY Shared CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
+    CUDA_STANDARD 17)
   target_link_libraries(attn PRIVATE CUDA::cudart)
   target_compile_definitions(attn PUBLIC ATTN_HAS_CUDA)
 endif()
