@@ -7,3 +7,4 @@
 #include "attn/online_softmax.hpp"
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
+#include "attn/varlen.hpp"

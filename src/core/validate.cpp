@@ -94,6 +94,20 @@ void require_equal(std::string_view who, std::string_view arg, const char* dim, 
                        "), got " + std::to_string(got));
 }
 
+double check_options(std::string_view who, const AttentionOptions& opts, std::int64_t head_dim) {
+  const double scale = opts.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  if (!std::isfinite(scale)) fail(who, "softmax_scale", "must be finite, got " + std::to_string(scale));
+  if (opts.num_threads < 0)
+    fail(who, "num_threads", "must be >= 0 (0 = all cores), got " + std::to_string(opts.num_threads));
+  if (opts.window_left < -1) fail(who, "window_left", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_left));
+  if (opts.window_right < -1) fail(who, "window_right", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_right));
+  if (!(opts.softcap >= 0) || !std::isfinite(opts.softcap))
+    fail(who, "softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(opts.softcap));
+  if (opts.alibi_slopes && opts.alibi_batch_stride < 0)
+    fail(who, "alibi_batch_stride", "must be >= 0, got " + std::to_string(opts.alibi_batch_stride));
+  return scale;
+}
+
 Problem validate(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView* out_or_null, const AttentionOptions& opts, const TensorView* lse) {
   const Span sq = check_view(who, "q", q, 4, false);
@@ -135,17 +149,7 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   }
   if (overlaps(so, sl)) fail(who, "lse", "overlaps out");
 
-  const double scale = opts.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape[3])));
-  if (!std::isfinite(scale)) fail(who, "softmax_scale", "must be finite, got " + std::to_string(scale));
-  if (opts.num_threads < 0)
-    fail(who, "num_threads", "must be >= 0 (0 = all cores), got " + std::to_string(opts.num_threads));
-
-  if (opts.window_left < -1) fail(who, "window_left", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_left));
-  if (opts.window_right < -1) fail(who, "window_right", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_right));
-  if (!(opts.softcap >= 0) || !std::isfinite(opts.softcap))
-    fail(who, "softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(opts.softcap));
-  if (opts.alibi_slopes && opts.alibi_batch_stride < 0)
-    fail(who, "alibi_batch_stride", "must be >= 0, got " + std::to_string(opts.alibi_batch_stride));
+  const double scale = check_options(who, opts, q.shape[3]);
 
   Problem p{};
   p.batch = q.shape[0];

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "attn/options.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn::detail {
@@ -25,5 +26,9 @@ bool overlaps(Span a, Span b);
 // "<arg>: <dim> must equal <other>'s (want), got got".
 void require_equal(std::string_view who, std::string_view arg, const char* dim, std::int64_t got,
                    std::string_view other, std::int64_t want);
+
+// Checks the AttentionOptions every entry point shares (scale, threads, window, softcap, ALiBi) and
+// returns the softmax scale to use (the option, or 1/sqrt(head_dim)).
+double check_options(std::string_view who, const AttentionOptions& opts, std::int64_t head_dim);
 
 }  // namespace attn::detail

@@ -180,15 +180,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   }
 
   // Options.
-  const double scale = opts.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
-  if (!std::isfinite(scale)) fail(who, "softmax_scale", "must be finite, got " + std::to_string(scale));
-  if (opts.num_threads < 0) fail(who, "num_threads", "must be >= 0 (0 = all cores), got " + str(opts.num_threads));
-  if (opts.window_left < -1) fail(who, "window_left", "must be >= 0, or -1 for unbounded, got " + str(opts.window_left));
-  if (opts.window_right < -1) fail(who, "window_right", "must be >= 0, or -1 for unbounded, got " + str(opts.window_right));
-  if (!(opts.softcap >= 0) || !std::isfinite(opts.softcap))
-    fail(who, "softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(opts.softcap));
-  if (opts.alibi_slopes && opts.alibi_batch_stride < 0)
-    fail(who, "alibi_batch_stride", "must be >= 0, got " + str(opts.alibi_batch_stride));
+  const double scale = check_options(who, opts, d);
   if (dec.num_splits < 0) fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + str(dec.num_splits));
 
   DecodeProblem p{};
