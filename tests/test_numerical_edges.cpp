@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "attn/decode.hpp"
 #include "support.hpp"
 
 namespace attn {
@@ -41,6 +42,19 @@ std::vector<Algo> algos() {
                    SplitKOptions sp;
                    sp.num_splits = s;
                    attention_splitk(q, k, v, o, op, sp, l);
+                 }});
+  }
+  // Decode over a contiguous cache holding all seqlen_k keys (seqlen_q queries, causal among them).
+  for (std::int64_t s : {0, 1, 1000}) {
+    a.push_back({"decode/" + std::to_string(s), [s](auto& q, auto& k, auto& v, auto& o, auto& op, auto* l) {
+                   std::vector<std::int32_t> seqlens(static_cast<std::size_t>(q.shape[0]), static_cast<std::int32_t>(k.shape[1]));
+                   KVCache cache;
+                   cache.k = k;
+                   cache.v = v;
+                   cache.seqlens = seqlens.data();
+                   DecodeOptions dec;
+                   dec.num_splits = s;
+                   attention_decode(q, cache, o, op, dec, l);
                  }});
   }
   return a;
@@ -356,7 +370,8 @@ TEST(Int32Limits, KeyPositionsPastInt32AreNotWrapped) {
   const TensorView kv = TensorView::contiguous(static_cast<const float*>(km.p), 1, SK, 1, D),
                    vv = TensorView::contiguous(static_cast<const float*>(vm.p), 1, SK, 1, D);
   for (const auto& a : algos()) {
-    if (a.name == "reference") continue;
+    // The reference materialises the scores; decode's cache lengths are int32 by its API.
+    if (a.name == "reference" || a.name.rfind("decode/", 0) == 0) continue;
     std::vector<float> out(SQ * D), lse(SQ);
     const TensorView lv = TensorView::contiguous(lse.data(), 1, 1, SQ);
     a.call(q.view(), kv, vv, TensorView::contiguous(out.data(), 1, SQ, 1, D), o, &lv);

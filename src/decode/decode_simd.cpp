@@ -122,9 +122,24 @@ HWY_INLINE void FoldRow(float* s, float* p, std::int64_t n, float* o, float* m, 
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const float ninf = -std::numeric_limits<float>::infinity();
+  if (*m != *m) {  // poisoned by an earlier NaN score: stays NaN (attn::fold)
+    std::memset(p, 0, sizeof(float) * kChunk);
+    return;
+  }
   for (std::int64_t c = n; c < kChunk; ++c) s[c] = ninf;
-  VF vmax = hn::Set(df, ninf);
-  for (std::int64_t c = 0; c < kChunk; c += N) vmax = hn::Max(vmax, hn::LoadU(df, s + c));
+  VF vmax = hn::Set(df, ninf), nan = hn::Zero(df);
+  for (std::int64_t c = 0; c < kChunk; c += N) {
+    const VF v = hn::LoadU(df, s + c);
+    vmax = hn::Max(vmax, v);
+    nan = hn::Or(nan, hn::VecFromMask(df, hn::IsNaN(v)));
+  }
+  // A NaN score (NaN in q or in a visible key) poisons the row, as attn::fold does; vector max and
+  // exp would otherwise drop it.
+  if (!hn::AllFalse(df, hn::MaskFromVec(nan))) {
+    poison(RowState<float>{m, l, o, d});
+    std::memset(p, 0, sizeof(float) * kChunk);
+    return;
+  }
   const float m_tile = hn::GetLane(hn::MaxOfLanes(df, vmax));
   if (m_tile == ninf) {  // nothing visible: the state is unchanged, p = 0
     std::memset(p, 0, sizeof(float) * kChunk);
@@ -148,6 +163,36 @@ HWY_INLINE void FoldRow(float* s, float* p, std::int64_t n, float* o, float* m, 
     sum = hn::Add(sum, e);
   }
   *l += hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
+// P V for stacked rows r0 .. r0 + nr of kv head g. Rows that see every key of the chunk share one
+// register-blocked call (pv.template operator()<NR>); a row whose window cuts the chunk gets its own
+// call over just the keys it sees: masked keys are skipped, never weighted by p = 0, because 0 x NaN
+// is NaN and a non-finite value row must only reach the rows that see it.
+template <class PV>
+HWY_INLINE void PvRows(const ChunkArgs<float>& a, std::int64_t r0, std::int64_t nr, const float* probs, float* st,
+                       PV&& pv) {
+  const std::int64_t S = a.state_stride;
+  std::int64_t lo[4], hi[4];
+  bool full = true;
+  for (std::int64_t t = 0; t < nr; ++t) {
+    const std::int64_t i = (r0 + t) % a.seqlen_q;
+    lo[t] = std::clamp<std::int64_t>(a.first_key[i] - a.j0, 0, a.n);
+    hi[t] = std::clamp<std::int64_t>(a.end_key[i] - a.j0, lo[t], a.n);
+    full = full && lo[t] == 0 && hi[t] == a.n;
+  }
+  const float* pr = probs + r0 * kChunk;
+  float* o = st + r0 * S;
+  if (full) {
+    switch (nr) {
+      case 4: return pv(std::integral_constant<int, 4>(), pr, 0, a.n, o);
+      case 3: return pv(std::integral_constant<int, 3>(), pr, 0, a.n, o);
+      case 2: return pv(std::integral_constant<int, 2>(), pr, 0, a.n, o);
+      default: return pv(std::integral_constant<int, 1>(), pr, 0, a.n, o);
+    }
+  }
+  for (std::int64_t t = 0; t < nr; ++t)
+    if (hi[t] > lo[t]) pv(std::integral_constant<int, 1>(), pr + t * kChunk + lo[t], lo[t], hi[t] - lo[t], o + t * S);
 }
 
 // scores[g][r][0..n) hold raw dots q . k; apply the mask's score rule (a vector multiply in the common
@@ -215,17 +260,10 @@ void Chunk(const ChunkArgs<float>& a) {
       FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, n, st + r * S, st + r * S + S - 2,
               st + r * S + S - 1, d);
     const std::int64_t vh = g * a.v_head_stride;
-    for (std::int64_t r0 = 0; r0 < R; r0 += 4) {
-      const std::int64_t nr = std::min<std::int64_t>(4, R - r0);
-      const float* pr = probs + r0 * kChunk;
-      float* o = st + r0 * S;
-      switch (nr) {
-        case 4: PVRows<4>(pr, vrows, vh, n, o, S, d); break;
-        case 3: PVRows<3>(pr, vrows, vh, n, o, S, d); break;
-        case 2: PVRows<2>(pr, vrows, vh, n, o, S, d); break;
-        default: PVRows<1>(pr, vrows, vh, n, o, S, d); break;
-      }
-    }
+    for (std::int64_t r0 = 0; r0 < R; r0 += 4)
+      PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st, [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
+        PVRows<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d);
+      });
   }
 }
 
@@ -340,17 +378,10 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
     for (std::int64_t r = 0; r < R; ++r)
       FoldRow(scores + gs + r * kChunk, probs + r * kChunk, n, st + r * S, st + r * S + S - 2, st + r * S + S - 1, d);
     const std::int64_t vh = g * a.v_head_stride;
-    for (std::int64_t r0 = 0; r0 < R; r0 += 4) {
-      const std::int64_t nr = std::min<std::int64_t>(4, R - r0);
-      const float* pr = probs + r0 * kChunk;
-      float* o = st + r0 * S;
-      switch (nr) {
-        case 4: PVRowsDp<4>(pr, vrows, vh, n, o, S, d); break;
-        case 3: PVRowsDp<3>(pr, vrows, vh, n, o, S, d); break;
-        case 2: PVRowsDp<2>(pr, vrows, vh, n, o, S, d); break;
-        default: PVRowsDp<1>(pr, vrows, vh, n, o, S, d); break;
-      }
-    }
+    for (std::int64_t r0 = 0; r0 < R; r0 += 4)
+      PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st, [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
+        PVRowsDp<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d);
+      });
   }
 }
 
