@@ -80,6 +80,7 @@ struct Buffer {
 struct Args {
   std::string seq = "512,1024,2048,4096,8192", seq_q, head_dim = "64,128", causal = "0,1", dtype = "f32,bf16",
               threads, heads = "16", kv_heads, batch = "1";
+  std::string q_tile, k_tile;  // empty: attn's own tile plan
   bool json = false, quick = false, no_textbook = false;
 };
 
@@ -145,8 +146,11 @@ void run(const Args& a) {
             AttentionOptions o;
             o.causal = causal;
             o.num_threads = static_cast<int>(t);
+            TileOptions tiles;
+            if (!args.q_tile.empty()) tiles.q_tile = parse_count(args.q_tile, "--q-tile");
+            if (!args.k_tile.empty()) tiles.k_tile = parse_count(args.k_tile, "--k-tile");
             auto f = [&] { attention_tiled(q.view(batch, sq, heads, d), k.view(batch, sk, kv_heads, d), v.view(batch, sk, kv_heads, d),
-                                           out.view(batch, sq, heads, d), o); };
+                                           out.view(batch, sq, heads, d), o, tiles); };
             const Timing tm = time_it(f, big ? 1 : min_reps, big ? 0.0 : 0.3);
             const double gf = flops / tm.median_s / 1e9, pk = peak[static_cast<int>(t)];
             if (args.json) {
@@ -191,6 +195,8 @@ void add_bench_prefill(CLI::App& bench) {
   c->add_option("--batch", a->batch, "batch size")->capture_default_str();
   c->add_flag("--quick", a->quick, "seq 512,1024, f32 only, fewer repetitions (seconds)");
   c->add_flag("--no-textbook", a->no_textbook, "skip the OpenBLAS textbook baseline");
+  c->add_option("--q-tile", a->q_tile, "query tile B_r (default: attn's plan from the cache sizes)");
+  c->add_option("--k-tile", a->k_tile, "key tile B_c (default: attn's plan from the cache sizes)");
   c->add_flag("--json", a->json, "one JSON object per line per case");
   c->callback([a] { run(*a); });
 }
