@@ -11,7 +11,7 @@ JOBS  ?= $(shell nproc)
 FUZZ_SECONDS     ?= 60
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
-FUZZERS          := reference tiled splitk splitk_partials
+FUZZERS          := reference tiled splitk splitk_partials varlen decode
 LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/fuzz/lsan-libomp.supp
 TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
 

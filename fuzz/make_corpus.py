@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Writes the seed corpus fuzz/corpus/<target>/: for each target, valid problems of every dtype with
 each option flag, and one input per corruption kind (byte 1 = 150 + kind), the rest deterministic
-pseudo-random bytes. Re-run after changing the byte layout in fuzz/fuzz_attention.cpp."""
-import os, random
+pseudo-random bytes. Re-run after changing the byte layout of a harness (fuzz_attention.cpp,
+fuzz_varlen.cpp, fuzz_decode.cpp); `make_corpus.py varlen decode` rewrites only those targets."""
+import os, random, sys
 
-TARGETS = ["reference", "tiled", "splitk", "splitk_partials"]
-CORRUPTIONS = 19  # kCount in fuzz_attention.cpp
+# target -> number of corruption kinds (kCount in its harness)
+CORRUPTIONS = {"reference": 19, "tiled": 19, "splitk": 19, "splitk_partials": 19,  # fuzz_attention.cpp
+               "varlen": 25,  # fuzz_varlen.cpp
+               "decode": 27}  # fuzz_decode.cpp
 
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
-    for t in TARGETS:
+    for t in sys.argv[1:] or list(CORRUPTIONS):
         d = os.path.join(root, t)
         os.makedirs(d, exist_ok=True)
         rng = random.Random(t)
@@ -17,7 +20,7 @@ def main():
         for dtype in range(4):
             for opt in (0, 4, 8, 16, 32, 64, 4 | 8 | 16 | 64, 128):
                 seeds.append(bytes([dtype | opt, rng.randrange(150)]) + rng.randbytes(rng.randrange(16, 200)))
-        for c in range(CORRUPTIONS):
+        for c in range(CORRUPTIONS[t]):
             seeds.append(bytes([rng.randrange(128), 150 + c]) + rng.randbytes(rng.randrange(16, 120)))
         for i, s in enumerate(seeds):
             with open(os.path.join(d, "seed-%03d" % i), "wb") as f:

@@ -1,8 +1,10 @@
 // The differential test's decode targets: attention_decode over a contiguous or a paged KV cache built
 // from a random Config (seqlen_k is the cache capacity; each sequence holds a random number of keys),
 // checked per sequence against the f64 oracle on that sequence's keys, with the rule of check_dense.
-// Unused cache slots hold NaN, so reading one poisons the output. Appends (k_new/v_new) are not drawn
-// yet: TODO, and q in f32 over a 16-bit cache likewise.
+// Unused cache slots hold NaN, so reading one poisons the output. In about 40 % of configs k_new/v_new
+// (0..3 new keys per sequence) are appended: the cache afterwards must equal the old cache with exactly
+// those slots replaced (every other byte untouched), and the oracle runs over the keys after the append.
+// TODO: q in f32 over a 16-bit cache.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +29,12 @@ std::string check_decode(Config c, bool paged) {
   const std::int64_t num_pages = paged ? B * pages_per_seq + r.uniform(0, 3) : B;
   std::vector<std::int32_t> seqlens(static_cast<std::size_t>(B)), table;
   for (auto& n : seqlens) n = static_cast<std::int32_t>(r.chance(0.1) ? 0 : r.uniform(0, c.seqlen_k));
+  // Appends draw from their own stream, so configs without them stay what their seed always gave.
+  Rng ra(mix(c.seed) ^ 0xa99e4d);
+  const std::int64_t capacity = paged ? pages_per_seq * page : cap;
+  const bool append = ra.chance(0.4);
+  const std::int64_t SN = append ? std::min<std::int64_t>(ra.uniform(0, 3), capacity) : 0;
+  for (auto& n : seqlens) n = static_cast<std::int32_t>(std::min<std::int64_t>(n, capacity - SN));
   std::vector<std::int32_t> perm(static_cast<std::size_t>(num_pages));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), r.engine());
@@ -46,6 +54,19 @@ std::string check_decode(Config c, bool paged) {
         kc[static_cast<std::size_t>(where(b, p) + x)] = detail::store<T>(r.real(-c.amplitude, c.amplitude));
         vc[static_cast<std::size_t>(where(b, p) + x)] = detail::store<T>(r.real(-1, 1));
       }
+  // k_new, v_new [B, SN, HK, D], and the cache as it must be after the append.
+  std::vector<T> kn(static_cast<std::size_t>(B * SN * HK * D)), vn(kn.size());
+  for (auto& x : kn) x = detail::store<T>(ra.real(-c.amplitude, c.amplitude));
+  for (auto& x : vn) x = detail::store<T>(ra.real(-1, 1));
+  std::vector<T> kc_want = kc, vc_want = vc;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < SN; ++t)
+      for (std::int64_t x = 0; x < HK * D; ++x) {
+        const auto dst = static_cast<std::size_t>(where(b, seqlens[static_cast<std::size_t>(b)] + t) + x);
+        kc_want[dst] = kn[static_cast<std::size_t>((b * SN + t) * HK * D + x)];
+        vc_want[dst] = vn[static_cast<std::size_t>((b * SN + t) * HK * D + x)];
+      }
+  const TensorView knv = TensorView::contiguous(kn.data(), B, SN, HK, D), vnv = TensorView::contiguous(vn.data(), B, SN, HK, D);
   KVCache cache;
   cache.k = TensorView::contiguous(kc.data(), num_pages, slots, HK, D);
   cache.v = TensorView::contiguous(vc.data(), num_pages, slots, HK, D);
@@ -53,6 +74,7 @@ std::string check_decode(Config c, bool paged) {
   if (paged) { cache.block_table = table.data(); cache.max_pages = pages_per_seq; }
   DecodeOptions dec;
   dec.num_splits = c.num_splits % 7 == 0 ? 0 : c.num_splits;  // 0 = automatic
+  if (append) { dec.k_new = &knv; dec.v_new = &vnv; }
   const DType lt = dtype_of<T>() == DType::f64 ? DType::f64 : DType::f32;
   auto run = [&](int threads, std::vector<T>& out, std::vector<A>& lse) {
     AttentionOptions o = c.opts;
@@ -69,17 +91,20 @@ std::string check_decode(Config c, bool paged) {
   run(c.opts.num_threads, out, lse);
   run(c.alt_threads, out2, lse2);
   std::string fail;
+  // Appending twice (once per run) writes the same values: the cache must equal the expected one.
+  if (std::memcmp(kc.data(), kc_want.data(), kc.size() * sizeof(T)) || std::memcmp(vc.data(), vc_want.data(), vc.size() * sizeof(T)))
+    fail = "the cache after appending " + std::to_string(SN) + " keys differs from the old cache plus k_new/v_new; ";
   if (std::memcmp(out.data(), out2.data(), out.size() * sizeof(T)) || std::memcmp(lse.data(), lse2.data(), lse.size() * sizeof(A)))
     fail = "num_threads changes the bits; ";
   // Per sequence: the oracle (f64) and the textbook method (T) on its keys alone.
   for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t n = seqlens[static_cast<std::size_t>(b)];
+    const std::int64_t n = seqlens[static_cast<std::size_t>(b)] + SN;
     std::vector<double> q64(static_cast<std::size_t>(SQ * H * D)), k64(static_cast<std::size_t>(n * HK * D)), v64 = k64;
     for (std::size_t i = 0; i < q64.size(); ++i) q64[i] = detail::load<double>(q[static_cast<std::size_t>(b * SQ * H * D) + i]);
     for (std::int64_t p = 0; p < n; ++p)
       for (std::int64_t x = 0; x < HK * D; ++x) {
-        k64[static_cast<std::size_t>(p * HK * D + x)] = detail::load<double>(kc[static_cast<std::size_t>(where(b, p) + x)]);
-        v64[static_cast<std::size_t>(p * HK * D + x)] = detail::load<double>(vc[static_cast<std::size_t>(where(b, p) + x)]);
+        k64[static_cast<std::size_t>(p * HK * D + x)] = detail::load<double>(kc_want[static_cast<std::size_t>(where(b, p) + x)]);
+        v64[static_cast<std::size_t>(p * HK * D + x)] = detail::load<double>(vc_want[static_cast<std::size_t>(where(b, p) + x)]);
       }
     std::vector<T> qT(q64.size()), kT(k64.size()), vT(v64.size()), text(q64.size());
     for (std::size_t i = 0; i < q64.size(); ++i) qT[i] = detail::store<T>(q64[i]);

@@ -23,6 +23,7 @@
 
 #include "case.hpp"
 #include "decode_target.hpp"
+#include "varlen_target.hpp"
 
 namespace attn::fuzz {
 namespace {
@@ -220,11 +221,10 @@ std::vector<Target> targets() {
                    attention_splitk(q, k, v, o, opts, s, l);
                  }, false);
                }});
-  // TODO(varlen): include/attn/varlen.hpp landed late in this work and is not covered yet. Add a "varlen" target:
-  //   pack the config's batch into one [total, heads, d] tensor with cu_seqlens built from per-sequence
-  //   lengths drawn by the generator, call the varlen entry point, and compare each sequence against
-  //   the oracle run on that sequence alone (same check_dense tolerances).
-  // Decode over contiguous and paged KV caches (tests/fuzz/decode_target.hpp; appends: TODO there).
+  // Varlen: a packed batch with cu_seqlens (empty sequences included), each sequence against the oracle
+  // on its own rows (tests/fuzz/varlen_target.hpp).
+  t.push_back({"varlen", [](const Config& c) { return check_varlen_any(c); }});
+  // Decode over contiguous and paged KV caches, with k_new/v_new appends (tests/fuzz/decode_target.hpp).
   t.push_back({"decode", [](const Config& c) { return check_decode_any(c, false); }});
   t.push_back({"decode_paged", [](const Config& c) { return check_decode_any(c, true); }});
   return t;
@@ -278,6 +278,7 @@ void fuzz_target(const char* name) {
 TEST(Differential, Reference) { fuzz_target("reference"); }
 TEST(Differential, Tiled) { fuzz_target("tiled"); }
 TEST(Differential, Splitk) { fuzz_target("splitk"); }
+TEST(Differential, Varlen) { fuzz_target("varlen"); }
 TEST(Differential, Decode) { fuzz_target("decode"); }
 TEST(Differential, DecodePaged) { fuzz_target("decode_paged"); }
 

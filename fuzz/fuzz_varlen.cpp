@@ -1,0 +1,183 @@
+// libFuzzer harness for attention_varlen (include/attn/varlen.hpp), built with
+// -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt).
+//
+// The bytes decide the dtype, the batch and each sequence's query and key counts (0 included), the
+// packed [total, heads, head_dim] layouts, options, tile sizes, the data, and whether one argument is
+// deliberately made invalid: the view corruptions of fuzz_attention.cpp plus cu_seqlens ones (null,
+// first entry not 0, decreasing, last entry past or short of the packed length, batch < 1) and an lse
+// of the wrong rank or leading dim. cu_seqlens arrays are heap vectors of exactly batch + 1 entries, so
+// reading past them is an ASan report. Properties (abort on violation):
+//   * a corrupted call is rejected; every rejection is std::invalid_argument with an "attn::" message;
+//     after it every buffer (inputs, out, lse, cu_seqlens) holds its old bytes;
+//   * an accepted call writes nothing but out's and lse's elements; inputs and cu_seqlens unchanged;
+//   * a sequence with queries but no keys gets out = 0 and lse = -inf; with finite inputs
+//     |out| <= max |v| and lse is finite or -inf.
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/varlen.hpp"
+#include "fuzz_common.hpp"
+
+using namespace attn;
+using namespace attn::fuzzing;
+
+namespace {
+
+enum Corrupt {
+  kNone = -1, kNegDim, kNegStride, kRank, kDtypeMismatch, kBadDtype, kNullData, kOverflow, kHeadsNotMultiple,
+  kShapeMismatch, kOutOverlapsInput, kOutAliases, kLseOverlap, kLseDtype, kScale, kSoftcap, kWindow,
+  kAlibiStride, kThreads, kTile, kCuNull, kCuFirst, kCuDecreasing, kCuLast, kBatch, kLseShape, kCount
+};
+
+// Values of out (dtype T) / lse at element offset `off`.
+double load_at(const View& v, std::int64_t off) {
+  double x = 0;
+  with_type(v.t.dtype, [&]<class T>() { x = detail::load<double>(reinterpret_cast<const T*>(v.buf.data())[off]); });
+  return x;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Bytes in(data, size);
+  const std::uint8_t flags = in.u8();
+  const DType dt = static_cast<DType>(flags & 3);
+  const bool causal = flags & 4, want_lse = flags & 8, use_alibi = flags & 16, use_scale = flags & 32,
+             use_softcap = flags & 64, specials = flags & 128;
+  const std::uint8_t mode = in.u8();
+  const int corrupt = mode < 150 ? kNone : (mode - 150) % kCount;
+
+  const std::int64_t B = 1 + in.u8() % 5, HK = 1 + in.u8() % 3, H = HK * (1 + in.u8() % 3), D = 1 + in.u8() % 24;
+  std::vector<std::int32_t> cu_q(static_cast<std::size_t>(B + 1), 0), cu_k(static_cast<std::size_t>(B + 1), 0);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::uint8_t x = in.u8(), y = in.u8();
+    cu_q[b + 1] = cu_q[b] + (x < 40 ? 0 : x % 9);   // about 1 in 6 sequences without queries
+    cu_k[b + 1] = cu_k[b] + (y < 40 ? 0 : y % 11);  // and without keys
+  }
+  if (cu_q[B] == 0) for (std::int64_t b = 1; b <= B; ++b) cu_q[b] += 1;  // q needs >= 1 row in all
+  const std::int64_t TQ = cu_q[B], TK = cu_k[B];
+
+  View q = make_view(dt, {TQ, H, D, 1}, in, true, 3), k = make_view(dt, {TK, HK, D, 1}, in, true, 3),
+       v = make_view(dt, {TK, HK, D, 1}, in, true, 3), out = make_view(dt, {TQ, H, D, 1}, in, false, 3);
+  const DType lt = dt == DType::f64 ? DType::f64 : DType::f32;
+  View lse = make_view(lt, {1, H, TQ, 1}, in, false, 3);
+
+  AttentionOptions o;
+  o.causal = causal;
+  if (in.u8() & 1) o.window_left = in.u8() % 12;
+  if (in.u8() & 1) o.window_right = in.u8() % 12;
+  if (use_softcap) o.softcap = (1 + in.u8()) / 8.0;
+  if (use_scale) o.softmax_scale = static_cast<std::int8_t>(in.u8()) / 32.0;
+  std::vector<float> slopes(static_cast<std::size_t>(B * H));
+  for (auto& s : slopes) s = in.u8() / 64.0f;
+  if (use_alibi) {
+    o.alibi_slopes = slopes.data();
+    o.alibi_batch_stride = in.u8() & 1 ? H : 0;
+  }
+  o.num_threads = in.u8() % 4;
+  TileOptions tiles;
+  if (in.u8() & 1) tiles.q_tile = 1 + in.u8() % 12;
+  if (in.u8() & 1) tiles.k_tile = 1 + in.u8() % 12;
+  std::int64_t batch = B;
+
+  fill(q, in, 1.0, specials);
+  fill(k, in, 1.0, specials);
+  fill(v, in, 1.0, specials);
+
+  const std::uint8_t which = in.u8(), amount = in.u8();
+  View* tv[] = {&q, &k, &v, &out};
+  View& victim = *tv[which % 4];
+  std::vector<std::int32_t>& cu = which & 4 ? cu_k : cu_q;
+  const std::int64_t cu_total = which & 4 ? TK : TQ;
+  const std::int32_t* cu_q_arg = cu_q.data();
+  const std::int32_t* cu_k_arg = cu_k.data();
+  const bool lse_passed = want_lse || corrupt == kLseOverlap || corrupt == kLseDtype || corrupt == kLseShape;
+  std::vector<View*> views = {&q, &k, &v, &out};
+  if (lse_passed) views.push_back(&lse);
+  switch (corrupt) {
+    case kNone: break;
+    case kNegDim: victim.t.shape[amount % 3] = -1 - amount / 3 % 2; if (amount % 3 && amount & 64) victim.t.shape[amount % 3] = 0; break;
+    case kNegStride: victim.t.strides[amount % 3] = -1 - amount / 4; break;
+    case kRank: victim.t.rank = amount % 2 ? 4 : amount % 4 == 0 ? 2 : 5; break;
+    case kDtypeMismatch: (&victim == &q ? k : victim).t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3); break;
+    case kBadDtype: victim.t.dtype = static_cast<DType>(4 + amount % 200); break;
+    case kNullData:
+      if (TK == 0 && (&victim == &k || &victim == &v)) return 0;  // an empty view may have no data
+      victim.t.data = nullptr;
+      break;
+    case kOverflow:
+      victim.t.shape[amount % 3] = std::int64_t(1) << (40 + amount % 23);
+      victim.t.strides[amount % 3] = std::int64_t(1) << (40 + amount / 4 % 23);
+      break;
+    case kHeadsNotMultiple: k.t.shape[1] = v.t.shape[1] = H + 1; break;
+    case kShapeMismatch: tv[1 + which % 3]->t.shape[amount % 3] += 1 + amount % 3; break;
+    case kOutOverlapsInput: out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data; if (TK == 0 && !(which & 1)) return 0; break;
+    case kOutAliases: { const int i = amount % 3; if (out.t.shape[i] < 2) return 0; out.t.strides[i] = 0; break; }
+    case kLseOverlap: lse.t.data = (which & 1 ? out : q).t.data; break;
+    case kLseDtype: lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2); break;
+    case kScale: o.softmax_scale = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -INFINITY; break;
+    case kSoftcap: o.softcap = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -0.5 - amount; break;
+    case kWindow: (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2; break;
+    case kAlibiStride: o.alibi_slopes = slopes.data(); o.alibi_batch_stride = -1 - amount; break;
+    case kThreads: o.num_threads = -1 - amount; break;
+    case kTile: (amount & 1 ? tiles.q_tile : tiles.k_tile) = -(amount / 2 % 3); break;
+    case kCuNull: (which & 4 ? cu_k_arg : cu_q_arg) = nullptr; break;
+    case kCuFirst: cu[0] = amount & 1 ? 1 + amount / 2 : -1 - amount / 2; break;
+    case kCuDecreasing: {  // one entry below its predecessor
+      const std::size_t j = 1 + amount % B;
+      cu[j] = cu[j - 1] - 1 - amount / 8 % 3;
+      break;
+    }
+    case kCuLast:  // the last offset past (or short of) the packed length, or a middle one past it
+      if (amount % 3 == 0) cu[B] = static_cast<std::int32_t>(cu_total + 1 + amount / 3);
+      else if (amount % 3 == 1 && cu_total > 0) cu[B] = static_cast<std::int32_t>(cu_total - 1 - amount / 3 % cu_total);
+      else if (B >= 2) cu[1 + amount / 3 % (B - 1)] = amount & 128 ? INT32_MAX : static_cast<std::int32_t>(cu_total + 1);
+      else cu[B] = INT32_MAX;
+      break;
+    case kBatch: batch = amount & 1 ? 0 : -1 - amount / 2; break;
+    case kLseShape: if (amount & 1) lse.t.shape[0] = 2 + amount / 2 % 3; else lse.t.rank = amount & 2 ? 4 : 2; break;
+  }
+  const TensorView* lse_arg = lse_passed ? &lse.t : nullptr;
+  const std::vector<std::int32_t> cu_q0 = cu_q, cu_k0 = cu_k;
+  snapshot(views);
+  bool threw = false;
+  std::string what;
+  try {
+    attention_varlen(q.t, k.t, v.t, out.t, cu_q_arg, cu_k_arg, batch, o, tiles, lse_arg);
+  } catch (const std::invalid_argument& e) {
+    threw = true;
+    what = e.what();
+  }
+  if (cu_q != cu_q0 || cu_k != cu_k0) die("cu_seqlens were written");
+  if (std::getenv("ATTN_FUZZ_TRACE")) std::fprintf(stderr, "corrupt %d: %s\n", corrupt, threw ? what.c_str() : "accepted");
+  if (threw) {
+    check_message(what);
+    check_untouched(views);
+    return 0;
+  }
+  if (corrupt != kNone) die("accepted a call with corruption " + std::to_string(corrupt) + " (which " +
+                            std::to_string(which) + ", amount " + std::to_string(amount) + ")");
+  check_inputs_untouched({&q, &k, &v});
+  check_padding_untouched(out);
+  if (want_lse) check_padding_untouched(lse);
+  // Sequences with queries but no keys: out = 0, lse = -inf (offsets are row-major over the shape).
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (cu_k[b + 1] != cu_k[b]) continue;
+    for (std::int64_t i = cu_q[b]; i < cu_q[b + 1]; ++i)
+      for (std::int64_t h = 0; h < H; ++h) {
+        for (std::int64_t d = 0; d < D; ++d)
+          if (load_at(out, out.offsets[static_cast<std::size_t>((i * H + h) * D + d)]) != 0)
+            die("a sequence without keys got out != 0");
+        if (want_lse && load_at(lse, lse.offsets[static_cast<std::size_t>(h * TQ + i)]) != -INFINITY)
+          die("a sequence without keys got lse != -inf");
+      }
+  }
+  if (!specials && std::isfinite(o.softmax_scale.value_or(1))) {
+    check_bounded(out, max_abs(v) * (1 + 1.0 / 64) + 1e-30, "out");
+    if (want_lse) check_lse(lse);
+  }
+  return 0;
+}
