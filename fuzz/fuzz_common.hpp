@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/options.hpp"
 #include "attn/tensor.hpp"
 #include "core/element.hpp"
 
@@ -40,6 +41,28 @@ class Bytes {
 };
 
 using Shape4 = std::array<std::int64_t, 4>;
+
+// The attention options every target draws, in one byte order (corpora stay valid): a window of up to
+// max_window - 1 keys on each side, softcap, scale, ALiBi slopes for batch x heads (kept alive in
+// `slopes`), thread count.
+inline AttentionOptions draw_options(Bytes& in, bool causal, bool use_softcap, bool use_scale, bool use_alibi,
+                                     std::int64_t batch, std::int64_t heads, int max_window,
+                                     std::vector<float>& slopes) {
+  AttentionOptions o;
+  o.causal = causal;
+  if (in.u8() & 1) o.window_left = in.u8() % max_window;
+  if (in.u8() & 1) o.window_right = in.u8() % max_window;
+  if (use_softcap) o.softcap = (1 + in.u8()) / 8.0;
+  if (use_scale) o.softmax_scale = static_cast<std::int8_t>(in.u8()) / 32.0;
+  slopes.assign(static_cast<std::size_t>(batch * heads), 0.0f);
+  for (auto& s : slopes) s = in.u8() / 64.0f;
+  if (use_alibi) {
+    o.alibi_slopes = slopes.data();
+    o.alibi_batch_stride = in.u8() & 1 ? heads : 0;
+  }
+  o.num_threads = in.u8() % 4;
+  return o;
+}
 
 struct View {
   std::vector<std::uint8_t> buf;      // exactly the bytes the view may touch

@@ -113,19 +113,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   View lse = make_view(lt, {B, H, SQ, 1}, in, false, 3);
   View kn = make_view(ct, {B, SN, HK, D}, in, true), vn = make_view(ct, {B, SN, HK, D}, in, true);
 
-  AttentionOptions o;
-  o.causal = causal;
-  if (in.u8() & 1) o.window_left = in.u8() % 12;
-  if (in.u8() & 1) o.window_right = in.u8() % 12;
-  if (use_softcap) o.softcap = (1 + in.u8()) / 8.0;
-  if (use_scale) o.softmax_scale = static_cast<std::int8_t>(in.u8()) / 32.0;
-  std::vector<float> slopes(static_cast<std::size_t>(B * H));
-  for (auto& s : slopes) s = in.u8() / 64.0f;
-  if (use_alibi) {
-    o.alibi_slopes = slopes.data();
-    o.alibi_batch_stride = in.u8() & 1 ? H : 0;
-  }
-  o.num_threads = in.u8() % 4;
+  std::vector<float> slopes;
+  AttentionOptions o = draw_options(in, causal, use_softcap, use_scale, use_alibi, B, H, 12, slopes);
   DecodeOptions dec;
   {
     const std::uint8_t s = in.u8();
