@@ -17,18 +17,11 @@ std::int64_t cache_bytes(int name, std::int64_t fallback) {
   const long v = sysconf(name);
   return v > 0 ? v : fallback;
 }
-std::int64_t l1d_cache_bytes() {
-#ifdef _SC_LEVEL1_DCACHE_SIZE
-  return cache_bytes(_SC_LEVEL1_DCACHE_SIZE, 32 << 10);
-#else
-  return 32 << 10;  // when the OS does not say
-#endif
-}
 std::int64_t l2_cache_bytes() {
 #ifdef _SC_LEVEL2_CACHE_SIZE
   return cache_bytes(_SC_LEVEL2_CACHE_SIZE, 1 << 20);
 #else
-  return 1 << 20;
+  return 1 << 20;  // when the OS does not say
 #endif
 }
 
@@ -47,21 +40,21 @@ TilePlan plan_tiles(std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t h
   check_tiles(who, tiles);
   if (head_dim < 1) detail::fail(who, "head_dim", "must be >= 1, got " + std::to_string(head_dim));
   // The rule (docs/prefill.md, "Tile sizes"), in accumulator bytes (8 for f64, 4 otherwise):
-  //  * B_r: every query tile re-reads the whole K and V of its head (rows a head stride apart, so
-  //    each key row costs a TLB walk and a cache miss that prefetching only hides), so B_r should be
-  //    large; the score micro-kernel reads Q^T in 64-query slices of 64 d acc bytes, which must stay
-  //    in L1 while 6 keys at a time stream past. B_r = 2 L1 / (d acc), a multiple of 16 in [16, 256]:
-  //    128 for d = 128 f32 with a 32 KiB L1, 256 for d = 64 (measured: 64 -> 128 rows gave +15% at
-  //    d = 128, seq 8192; docs/prefill.md).
   //  * B_c: the packed K_j and V_j tiles (2 B_c d) take at most a quarter of L2, so they stay resident
-  //    while every query row of the tile is scored against them, with room for Q^T, O (B_r x d), the
-  //    score tile (B_c x B_r) and the next tiles' stream: a multiple of 16 in [16, 512].
+  //    while every query row of the tile is scored against them: a multiple of 16 in [16, 512].
+  //  * B_r: every query tile re-reads the whole K and V of its head (rows a head stride apart, each
+  //    key row a cache miss that prefetching only hides), so B_r should be as large as the task's
+  //    working set allows: Q^T and O (B_r d each), the score tile (B_r B_c) and K_j, V_j (2 B_c d)
+  //    together fill L2, B_r = (L2 / acc - 2 B_c d) / (2 d + B_c), a multiple of 16 in [16, 512].
+  //    (The score micro-kernel walks Q^T in 64-query slices, so L1 does not bound B_r.) On a 1 MiB
+  //    L2: 384 for d = 128 f32, 304 for d = 64 and 256. Measured, d = 128 f32 seq 8192, 2 threads:
+  //    B_r 128 -> 384 raised 146 to 173 GFLOP/s (`attn bench prefill --q-tile`); d = 64 is flat.
   //  With GQA the B_r rows are shared by the group's query heads (stacked, so K_j, V_j are packed once).
   const std::int64_t acc = dtype == DType::f64 ? 8 : 4;
-  std::int64_t br = 2 * l1d_cache_bytes() / (head_dim * acc);
-  br = std::clamp<std::int64_t>(br / 16 * 16, 16, 256);
   std::int64_t bc = l2_cache_bytes() / 4 / (2 * head_dim * acc);
   bc = std::clamp<std::int64_t>(bc / 16 * 16, 16, 512);
+  std::int64_t br = (l2_cache_bytes() / acc - 2 * bc * head_dim) / (2 * head_dim + bc);
+  br = std::clamp<std::int64_t>(br / 16 * 16, 16, 512);
   TilePlan plan{tiles.q_tile.value_or(br), tiles.k_tile.value_or(bc)};
   // A tile larger than the sequence is the whole sequence.
   plan.q_tile = std::min(plan.q_tile, std::max<std::int64_t>(seqlen_q, 1));
