@@ -173,16 +173,24 @@ HWY_INLINE void PvBlock(D d, const A* HWY_RESTRICT p, std::size_t R, const A* HW
     ATTN_UNROLL
     for (int cv = 0; cv < CV_; ++cv) acc[r][cv] = hn::Mul(hn::Load(d, o + (r0 + r) * dp + x0 + cv * N), a);
   }
+  // Keys every row of the block sees need no per-row check (most of a diagonal tile).
+  A all_lo = 0, all_hi = static_cast<A>(n);
+  if constexpr (Masked) {
+    ATTN_UNROLL
+    for (int r = 0; r < kPvRows; ++r) {
+      all_lo = std::max(all_lo, rows.lo[r0 + r]);
+      all_hi = std::min(all_hi, rows.hi[r0 + r]);
+    }
+  }
   for (std::size_t c = 0; c < n; ++c) {
     hn::Vec<D> vv[CV_];
     ATTN_UNROLL
     for (int cv = 0; cv < CV_; ++cv) vv[cv] = hn::Load(d, v + c * dp + x0 + cv * N);
+    const A key = static_cast<A>(c);
+    const bool check = Masked && (key < all_lo || key >= all_hi);
     ATTN_UNROLL
     for (int r = 0; r < kPvRows; ++r) {
-      if constexpr (Masked) {
-        const A key = static_cast<A>(c);
-        if (key < rows.lo[r0 + r] || key >= rows.hi[r0 + r]) continue;
-      }
+      if (check && (key < rows.lo[r0 + r] || key >= rows.hi[r0 + r])) continue;
       const auto pb = hn::Set(d, p[c * R + r0 + r]);
       ATTN_UNROLL
       for (int cv = 0; cv < CV_; ++cv) acc[r][cv] = hn::MulAdd(pb, vv[cv], acc[r][cv]);
