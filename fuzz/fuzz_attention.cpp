@@ -158,13 +158,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     what = e.what();
   }
   // Anything other than std::invalid_argument propagates and libFuzzer reports it as a crash.
-  if (threw) {
-    check_message(what);
-    check_untouched(views);  // inputs and outputs alike hold their old bytes
-    return 0;
-  }
-  if (corrupt != kNone) die("accepted a call with corruption " + std::to_string(corrupt) + " (which " +
-                            std::to_string(which) + ", amount " + std::to_string(amount) + ")");
+  if (judge_call(threw, what, corrupt, which, amount, views)) return 0;
   check_inputs_untouched({&q, &k, &v});
   check_padding_untouched(out);
   if (want_lse) check_padding_untouched(lse);

@@ -146,6 +146,23 @@ inline void check_untouched(const std::vector<View*>& views) {
   for (auto* v : views)
     if (v->buf != v->before) die("a rejected call modified a buffer");
 }
+// The verdict every harness gives a call. A rejection must carry an attn:: message and leave every
+// buffer as it was: returns true, nothing more to check. An accepted call must not have been a
+// corrupted one (corrupt < 0 is none): returns false, the harness checks the results.
+// ATTN_FUZZ_TRACE=1 prints each verdict.
+inline bool judge_call(bool threw, const std::string& what, int corrupt, int which, int amount,
+                       const std::vector<View*>& views) {
+  if (std::getenv("ATTN_FUZZ_TRACE")) std::fprintf(stderr, "corrupt %d: %s\n", corrupt, threw ? what.c_str() : "accepted");
+  if (threw) {
+    check_message(what);
+    check_untouched(views);  // inputs and outputs alike hold their old bytes
+    return true;
+  }
+  if (corrupt >= 0)
+    die("accepted a call with corruption " + std::to_string(corrupt) + " (which " + std::to_string(which) +
+        ", amount " + std::to_string(amount) + ")");
+  return false;
+}
 inline void check_inputs_untouched(const std::vector<View*>& views) {
   for (auto* v : views)
     if (v->buf != v->before) die("an input was written");

@@ -288,14 +288,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     what = e.what();
   }
   if (seqlens != seqlens0 || table != table0) die("seqlens or block table written");
-  if (std::getenv("ATTN_FUZZ_TRACE")) std::fprintf(stderr, "corrupt %d: %s\n", corrupt, threw ? what.c_str() : "accepted");
-  if (threw) {
-    check_message(what);
-    check_untouched(views);
-    return 0;
-  }
-  if (corrupt != kNone) die("accepted a call with corruption " + std::to_string(corrupt) + " (which " +
-                            std::to_string(which) + ", amount " + std::to_string(amount) + ")");
+  if (judge_call(threw, what, corrupt, which, amount, views)) return 0;
   check_inputs_untouched({&q, &kn, &vn});
   if (kc.buf != want_k || vc.buf != want_v) die("the cache differs from old cache + appended k_new/v_new");
   check_padding_untouched(out);

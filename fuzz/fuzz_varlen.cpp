@@ -141,14 +141,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     what = e.what();
   }
   if (cu_q != cu_q0 || cu_k != cu_k0) die("cu_seqlens were written");
-  if (std::getenv("ATTN_FUZZ_TRACE")) std::fprintf(stderr, "corrupt %d: %s\n", corrupt, threw ? what.c_str() : "accepted");
-  if (threw) {
-    check_message(what);
-    check_untouched(views);
-    return 0;
-  }
-  if (corrupt != kNone) die("accepted a call with corruption " + std::to_string(corrupt) + " (which " +
-                            std::to_string(which) + ", amount " + std::to_string(amount) + ")");
+  if (judge_call(threw, what, corrupt, which, amount, views)) return 0;
   check_inputs_untouched({&q, &k, &v});
   check_padding_untouched(out);
   if (want_lse) check_padding_untouched(lse);
