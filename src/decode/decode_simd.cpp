@@ -22,10 +22,6 @@
 // GCC 12 reports the deliberately undefined upper lanes inside its own AVX-512 intrinsics headers.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "decode/decode_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -34,6 +30,7 @@
 #include <hwy/highway.h>
 
 #include "attn/online_softmax.hpp"
+#include "core/dpbf16.hpp"
 #include "core/element.hpp"
 #include "decode/decode_internal.hpp"
 
@@ -267,17 +264,15 @@ void Chunk(const ChunkArgs<float>& a) {
   }
 }
 
-#if (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && defined(__GNUC__)
-// bf16 caches on CPUs with AVX512-BF16 (Zen 4, Sapphire Rapids), which Highway 1.0.3 does not expose:
-// q . k with VDPBF16PS, 32 products per instruction with no widening of K. The products of two bf16
-// values are exact in f32 and each is added with one f32 rounding, as an FMA would. q is split into
+#if ATTN_DPBF16_TARGET
+// bf16 caches on CPUs with AVX512-BF16 (core/dpbf16.hpp): q . k with VDPBF16PS, 32 products per
+// instruction with no widening of K. q is split into
 // q_hi + q_lo (both bf16) when it is not exactly a bf16 value, so an f32 q loses nothing that matters
 // (|q_lo| <= 2^-9 |q|, and the rounding of q_lo is 2^-17 |q|, far below f32 accumulation error).
 // P V stays in f32 FMAs; V is widened two bf16 per 32-bit lane at a time (even elements by a shift,
 // odd ones by a mask), so o is kept per 32-element block as 16 even lanes then 16 odd lanes, and
 // FinishDp restores the order.
 #define ATTN_DPBF16 1
-#define ATTN_DPBF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
 ATTN_DPBF16_ATTR HWY_INLINE __m128 Sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
@@ -386,8 +381,7 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
 }
 
 bool UseDp(const ChunkArgs<float>& a, DType t) {
-  static const bool cpu = __builtin_cpu_supports("avx512bf16");
-  return cpu && t == DType::bf16 && a.head_dim % 32 == 0 && a.q_hi != nullptr;
+  return cpu_has_avx512bf16() && t == DType::bf16 && a.head_dim % 32 == 0 && a.q_hi != nullptr;
 }
 #else
 bool UseDp(const ChunkArgs<float>&, DType) { return false; }
@@ -419,7 +413,6 @@ void ChunkDispatch(const ChunkArgs<float>& a, DType t) {
 }
 
 #undef ATTN_DPBF16
-#undef ATTN_DPBF16_ATTR
 }  // namespace attn::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

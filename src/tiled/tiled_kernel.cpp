@@ -10,7 +10,10 @@
 //     pack K [n][d], V [n][dp] (dp = d rounded up to the vector width, zero columns; converts dtypes)
 //     S^T [n][R] = K Q^T   register block: RK keys (broadcast) x QV query vectors, d-loop innermost;
 //                          scale, soft-cap, ALiBi and mask applied to the block in registers, the row
-//                          maxima tracked as it is stored (S^T stays in L1/L2)
+//                          maxima tracked as it is stored (S^T stays in L1/L2). tiled_score-inl.h.
+//                          bf16 on CPUs with AVX512-BF16: Q^T and K stay bf16, packed as pairs along
+//                          d, and VDPBF16PS does two products per lane (half the instructions, no
+//                          widening of K); P V stays in f32 FMAs (P is not rounded to bf16).
 //     per row: m_new = max(m, tile max); alpha = rescale_factor(m, m_new); P^T = exp(S^T - m_new) in
 //              place, l = l alpha + sum P (vectorised along queries: all of these are lane-wise)
 //     O [R][dp] = O alpha + P V   register block: 4 query rows (broadcast P) x CV vectors of d
@@ -27,6 +30,10 @@
 //      seq 2048, 1 thread 83 GFLOP/s (B_r 64), 90 (B_r 256): packing K/V rows a head stride apart
 //      was 16-25% of the time before the prefetch
 //   v4 B_r = 2 L1 / (d acc) (128 at d=128): numbers in docs/prefill.md (`attn bench prefill`)
+//   v5 bf16 scores with VDPBF16PS (`attn bench prefill --seq 4096 --causal 0 --threads 1`, fuzzers
+//      niced on the other core): d=128 bf16 112 GFLOP/s vs f32 87 (before: bf16 2-3% below f32);
+//      d=64 94 vs 73. The first try, inline asm on the accumulator array, made GCC keep the array
+//      in memory (no faster than widening)
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tiled/tiled_kernel.cpp"
 #ifndef HWY_DISABLED_TARGETS
@@ -47,114 +54,17 @@
 #include <omp.h>
 
 #include "attn/online_softmax.hpp"
+#include "core/dpbf16.hpp"
 #include "core/element.hpp"
 #include "core/tile_ops.hpp"
 #include "tiled/tiled_kernel.hpp"
+#include "tiled/tiled_score-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 // Its own namespace: other Highway kernels in libattn (decode) must not share per-target names.
 namespace attn::detail::tiled_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// Register budget of the target: 32 vector registers on AVX-512 and NEON, 16 on SSE/AVX2.
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_ARCH_ARM
-constexpr int kRegs = 32;
-#else
-constexpr int kRegs = 16;
-#endif
-// Scores: RK keys x QV query vectors of accumulators (24 of 32 registers, or 12 of 16), plus QV loads
-// and one broadcast. o-update: kPvRows query rows x up to kMaxCv vectors of d.
-constexpr int kRK = kRegs == 32 ? 6 : 3;
-constexpr int kQV = 4;
-constexpr int kPvRows = 4;
-constexpr int kMaxCv = kRegs == 32 ? 6 : 3;
-
-// The register blocks below are arrays of vectors: every loop over them must be unrolled, or GCC
-// keeps the accumulators in memory.
-#ifndef ATTN_UNROLL
-#define ATTN_UNROLL _Pragma("GCC unroll 32")
-#endif
-
-inline std::size_t RoundUp(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
-
-// Per-tile facts about each stacked row, relative to the tile's first key j0, in the accumulator type
-// (small integers, exact): row r sees tile keys c with lo[r] <= c < hi[r]; dist[r] = diagonal(i) - j0.
-template <class A>
-struct Rows {
-  A *m, *l, *alpha, *mtile, *lo, *hi, *dist, *slope;
-};
-
-struct Epilogue {
-  double scale, softcap;
-  bool mask, alibi;
-};
-
-// S^T[c0 + kk][r0 + v*N + lane] for kk < RK_, v < QV_: the d-long dot products, then the score
-// transform of Problem::score (scale, soft-cap, ALiBi) and the mask, in registers.
-template <int RK_, int QV_, class D, class A = hn::TFromD<D>>
-HWY_INLINE void ScoreBlock(D d, const A* HWY_RESTRICT qt, std::size_t R, const A* HWY_RESTRICT k,
-                           std::size_t dim, std::size_t c0, std::size_t r0, A* HWY_RESTRICT s,
-                           const Rows<A>& rows, const Epilogue& ep) {
-  const std::size_t N = hn::Lanes(d);
-  hn::Vec<D> acc[RK_][QV_];
-  ATTN_UNROLL
-  for (int kk = 0; kk < RK_; ++kk)
-    ATTN_UNROLL
-    for (int v = 0; v < QV_; ++v) acc[kk][v] = hn::Zero(d);
-  const A* krow = k + c0 * dim;
-  for (std::size_t x = 0; x < dim; ++x) {
-    hn::Vec<D> q[QV_];
-    ATTN_UNROLL
-    for (int v = 0; v < QV_; ++v) q[v] = hn::Load(d, qt + x * R + r0 + v * N);
-    ATTN_UNROLL
-    for (int kk = 0; kk < RK_; ++kk) {
-      const auto kb = hn::Set(d, krow[kk * dim + x]);
-      ATTN_UNROLL
-      for (int v = 0; v < QV_; ++v) acc[kk][v] = hn::MulAdd(kb, q[v], acc[kk][v]);
-    }
-  }
-  const auto scale = hn::Set(d, static_cast<A>(ep.scale));
-  const auto cap = hn::Set(d, static_cast<A>(ep.softcap));
-  const auto neg_inf = hn::Set(d, -std::numeric_limits<A>::infinity());
-  ATTN_UNROLL
-  for (int v = 0; v < QV_; ++v) {
-    const std::size_t r = r0 + v * N;
-    auto mx = hn::Load(d, rows.mtile + r);
-    ATTN_UNROLL
-    for (int kk = 0; kk < RK_; ++kk) {
-      auto sc = hn::Mul(acc[kk][v], scale);
-      if (ep.softcap > 0) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
-      const auto c = hn::Set(d, static_cast<A>(c0 + kk));
-      if (ep.alibi) sc = hn::NegMulAdd(hn::Load(d, rows.slope + r), hn::Abs(hn::Sub(hn::Load(d, rows.dist + r), c)), sc);
-      if (ep.mask) {
-        const auto hidden = hn::Or(hn::Lt(c, hn::Load(d, rows.lo + r)), hn::Ge(c, hn::Load(d, rows.hi + r)));
-        sc = hn::IfThenElse(hidden, neg_inf, sc);
-      }
-      mx = hn::Max(mx, sc);
-      hn::Store(sc, d, s + (c0 + kk) * R + r);
-    }
-    hn::Store(mx, d, rows.mtile + r);
-  }
-}
-
-// Calls ScoreBlock with compile-time block sizes for the tails (rk <= kRK keys, qv <= kQV vectors).
-template <int RK_, int QV_, class D, class A>
-HWY_INLINE void ScoreDispatchQv(D d, int qv, const A* qt, std::size_t R, const A* k, std::size_t dim,
-                                std::size_t c0, std::size_t r0, A* s, const Rows<A>& rows, const Epilogue& ep) {
-  if constexpr (QV_ >= 1) {
-    if (qv == QV_) return ScoreBlock<RK_, QV_>(d, qt, R, k, dim, c0, r0, s, rows, ep);
-    return ScoreDispatchQv<RK_, QV_ - 1>(d, qv, qt, R, k, dim, c0, r0, s, rows, ep);
-  }
-}
-template <int RK_, class D, class A>
-HWY_INLINE void ScoreDispatch(D d, int rk, int qv, const A* qt, std::size_t R, const A* k, std::size_t dim,
-                              std::size_t c0, std::size_t r0, A* s, const Rows<A>& rows, const Epilogue& ep) {
-  if constexpr (RK_ >= 1) {
-    if (rk == RK_) return ScoreDispatchQv<RK_, kQV>(d, qv, qt, R, k, dim, c0, r0, s, rows, ep);
-    return ScoreDispatch<RK_ - 1>(d, rk, qv, qt, R, k, dim, c0, r0, s, rows, ep);
-  }
-}
 
 // O[r0 + r][x0 .. x0 + CV_ N) = O * alpha[r] + sum_c P^T[c][r0 + r] V[c][x0 ..]: the only place the
 // fold's o-update is re-expressed (as one fused multiply-add chain per register).
@@ -249,6 +159,29 @@ HWY_INLINE void PrefetchRow(const TensorView& t, std::int64_t b, std::int64_t s,
   for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 2);  // to L2
 }
 
+// S^T = K Q^T with the epilogue for one key tile of n keys; the query block outer so its Q^T columns
+// stay in L1. The next tile's K and V rows (next_n of them from key `next`) lie a head stride apart: no
+// hardware prefetcher follows them, so the packing would wait on every line. They are requested while
+// this tile computes. Not inlined: on AVX-512 targets the score code carries the avx512bf16 attribute
+// (ATTN_SCORE_ATTR), which RunTask, run on every CPU of the target, must not.
+template <bool Dp, class T, class D, class A = hn::TFromD<D>>
+ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTask& task, const ScoreOperands<A>& op, std::int64_t n,
+                          std::int64_t next, std::int64_t next_n, A* s, const Rows<A>& rows, const Epilogue& ep) {
+  const std::size_t N = hn::Lanes(d), R = op.R;
+  for (std::size_t r0 = 0; r0 < R; r0 += kQV * N) {
+    const int qv = static_cast<int>(std::min<std::size_t>(kQV, (R - r0) / N));
+    for (std::int64_t c0 = 0; c0 < n; c0 += kRK) {
+      const int rk = static_cast<int>(std::min<std::int64_t>(kRK, n - c0));
+      if (r0 == 0)
+        for (std::int64_t c = c0; c < std::min<std::int64_t>(c0 + kRK, next_n); ++c) {
+          PrefetchRow<T>(p.k, task.b, next + c, task.kv_head, op.dim);
+          PrefetchRow<T>(p.v, task.b, next + c, task.kv_head, op.dim);
+        }
+      ScoreDispatch<kRK, Dp>(d, rk, qv, op, static_cast<std::size_t>(c0), r0, s, rows, ep);
+    }
+  }
+}
+
 // One thread's scratch, carved from a single aligned block (sizes in accumulator elements).
 template <class A>
 struct Scratch {
@@ -282,11 +215,23 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
   auto head_of = [&](std::size_t r) { return task.kv_head * g + static_cast<std::int64_t>(r) / rows_h; };
   auto query_of = [&](std::size_t r) { return i0 + static_cast<std::int64_t>(r) % rows_h; };
 
+  // bf16 with AVX512-BF16: the scores take bf16 pairs (core/dpbf16.hpp); otherwise the accumulator type.
+  constexpr bool kMayDp = std::is_same_v<T, bf16_t> && static_cast<bool>(ATTN_DPBF16_TARGET);
+  const bool use_dp = kMayDp && cpu_has_avx512bf16();
+  const ScoreOperands<A> op{w.qt, w.k, R, dim};
+
   // Q^T, zero for the padding rows; the states reset to the neutral element.
   std::fill(w.qt, w.qt + dim * R, A(0));
   std::fill(w.o, w.o + R * dp, A(0));
   for (std::size_t r = 0; r < real; ++r) {
     const T* src = row_ptr<const T>(p.q, b, query_of(r), head_of(r));
+    if constexpr (kMayDp) {
+      if (use_dp) {
+        auto* qt2 = reinterpret_cast<std::uint32_t*>(w.qt);  // [dim2][R] fits in [dim][R] floats
+        for (std::size_t x = 0; x < (dim + 1) / 2; ++x) qt2[x * R + r] = Bf16Pair(src, x, dim, p.q.strides[3]);
+        continue;
+      }
+    }
     for (std::size_t x = 0; x < dim; ++x) w.qt[x * R + r] = load<A>(src[x * p.q.strides[3]]);
   }
   for (std::size_t r = 0; r < R; ++r) {
@@ -302,7 +247,8 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
   const std::int64_t bc = plan.k_tile;
   for (std::int64_t j0 = k_begin; j0 < k_end; j0 += bc) {
     const std::int64_t n = std::min(bc, k_end - j0);
-    PackRows<T>(d, w.k, dim, p.k, b, j0, n, task.kv_head, dim);
+    if (use_dp) PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, b, j0, n, task.kv_head, dim);
+    else PackRows<T>(d, w.k, dim, p.k, b, j0, n, task.kv_head, dim);
     PackRows<T>(d, w.v, dp, p.v, b, j0, n, task.kv_head, dim);
     Epilogue ep = base;
     for (std::size_t r = 0; r < R; ++r) {
@@ -319,22 +265,9 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
       rw.mtile[r] = -std::numeric_limits<A>::infinity();
     }
 
-    // S^T = K Q^T with the epilogue; the query block outer so its Q^T columns stay in L1.
     const std::int64_t next = j0 + bc, next_n = std::min(bc, k_end - next);
-    for (std::size_t r0 = 0; r0 < R; r0 += kQV * N) {
-      const int qv = static_cast<int>(std::min<std::size_t>(kQV, (R - r0) / N));
-      for (std::int64_t c0 = 0; c0 < n; c0 += kRK) {
-        const int rk = static_cast<int>(std::min<std::int64_t>(kRK, n - c0));
-        // The next tile's K and V rows lie a head stride apart: no hardware prefetcher follows them,
-        // so the packing would wait on every line. Request them while this tile computes.
-        if (r0 == 0)
-          for (std::int64_t c = c0; c < std::min<std::int64_t>(c0 + kRK, next_n); ++c) {
-            PrefetchRow<T>(p.k, b, next + c, task.kv_head, dim);
-            PrefetchRow<T>(p.v, b, next + c, task.kv_head, dim);
-          }
-        ScoreDispatch<kRK>(d, rk, qv, w.qt, R, w.k, dim, static_cast<std::size_t>(c0), r0, w.s, rw, ep);
-      }
-    }
+    if (use_dp) ScoreTile<kMayDp, T>(d, p, task, op, n, next, next_n, w.s, rw, ep);
+    else ScoreTile<false, T>(d, p, task, op, n, next, next_n, w.s, rw, ep);
 
     // The online-softmax step, lane-wise over queries. The rescale factor is attn::rescale_factor's.
     for (std::size_t r = 0; r < R; ++r) {
