@@ -5,10 +5,9 @@
 // GFLOP/s counts 4 seq_q seq_k head_dim heads (two matrix products), halved for causal: the useful work,
 // the same count for attn and the textbook method (which computes the masked half and throws it away).
 #include <CLI/CLI.hpp>
-
-#include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
