@@ -11,19 +11,13 @@
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
 #include "core/mask.hpp"
+#include "core/validate.hpp"
 
 namespace attn::detail {
 
-struct Problem {
+struct Problem : ResolvedOptions {  // scale, window, softcap, ALiBi, threads
   std::int64_t batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim;
   DType dtype;
-  double scale;
-  bool causal;
-  std::int64_t window_left, window_right;  // -1 = unbounded; causal folded into window_right = 0
-  double softcap;                          // 0 = off
-  const float* alibi_slopes;               // nullptr = off
-  std::int64_t alibi_batch_stride;
-  int num_threads;
   TensorView q, k, v, out;
   const TensorView* lse;  // nullptr when not requested
 

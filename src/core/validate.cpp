@@ -94,7 +94,7 @@ void require_equal(std::string_view who, std::string_view arg, const char* dim, 
                        "), got " + std::to_string(got));
 }
 
-double check_options(std::string_view who, const AttentionOptions& opts, std::int64_t head_dim) {
+ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& opts, std::int64_t head_dim) {
   const double scale = opts.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
   if (!std::isfinite(scale)) fail(who, "softmax_scale", "must be finite, got " + std::to_string(scale));
   if (opts.num_threads < 0)
@@ -105,7 +105,8 @@ double check_options(std::string_view who, const AttentionOptions& opts, std::in
     fail(who, "softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(opts.softcap));
   if (opts.alibi_slopes && opts.alibi_batch_stride < 0)
     fail(who, "alibi_batch_stride", "must be >= 0, got " + std::to_string(opts.alibi_batch_stride));
-  return scale;
+  return {scale,          opts.window_left,  opts.causal ? 0 : opts.window_right, opts.softcap,
+          opts.alibi_slopes, opts.alibi_batch_stride, opts.num_threads};
 }
 
 Problem validate(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -149,9 +150,8 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   }
   if (overlaps(so, sl)) fail(who, "lse", "overlaps out");
 
-  const double scale = check_options(who, opts, q.shape[3]);
-
   Problem p{};
+  static_cast<ResolvedOptions&>(p) = resolve_options(who, opts, q.shape[3]);
   p.batch = q.shape[0];
   p.seqlen_q = q.shape[1];
   p.seqlen_k = k.shape[1];
@@ -159,14 +159,6 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   p.kv_heads = k.shape[2];
   p.head_dim = q.shape[3];
   p.dtype = q.dtype;
-  p.scale = scale;
-  p.causal = opts.causal;
-  p.window_left = opts.window_left;
-  p.window_right = opts.causal ? 0 : opts.window_right;
-  p.softcap = opts.softcap;
-  p.alibi_slopes = opts.alibi_slopes;
-  p.alibi_batch_stride = opts.alibi_batch_stride;
-  p.num_threads = opts.num_threads;
   p.q = q;
   p.k = k;
   p.v = v;

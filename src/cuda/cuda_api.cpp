@@ -73,6 +73,17 @@ int sm_count() {
   return n;
 }
 
+// The resolved options, as the kernels' parameter blocks (FwdParams, DecodeParams) spell them.
+template <class Params>
+void set_options(Params& f, const detail::ResolvedOptions& o) {
+  f.scale = o.scale;
+  f.window_left = o.window_left;
+  f.window_right = o.window_right;
+  f.softcap = o.softcap;
+  f.alibi = o.alibi_slopes;
+  f.alibi_bstride = o.alibi_batch_stride;
+}
+
 cuda_detail::FwdParams forward_params(const detail::Problem& p, const TensorView* lse) {
   cuda_detail::FwdParams f{};
   f.q = p.q.data;
@@ -91,12 +102,7 @@ cuda_detail::FwdParams forward_params(const detail::Problem& p, const TensorView
   f.heads = p.heads;
   f.kv_heads = p.kv_heads;
   f.head_dim = p.head_dim;
-  f.scale = p.scale;
-  f.window_left = p.window_left;
-  f.window_right = p.window_right;
-  f.softcap = p.softcap;
-  f.alibi = p.alibi_slopes;
-  f.alibi_bstride = p.alibi_batch_stride;
+  set_options(f, p);
   return f;
 }
 
@@ -231,12 +237,7 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   d.block_table = cache.block_table;
   d.bt_stride = bt_stride;
   d.page_size = cache.k.shape[1];
-  d.scale = p.scale;
-  d.window_left = p.window_left;
-  d.window_right = p.window_right;
-  d.softcap = p.softcap;
-  d.alibi = p.alibi_slopes;
-  d.alibi_bstride = p.alibi_batch_stride;
+  set_options(d, p);
   d.row_blocks = (p.group() * p.seqlen_q + 15) / 16;
   if (dec.k_new) {
     d.k_new = dec.k_new->data;

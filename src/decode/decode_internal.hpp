@@ -12,20 +12,15 @@
 
 #include "attn/decode.hpp"
 #include "core/mask.hpp"
+#include "core/validate.hpp"
 
 namespace attn::detail {
 
-struct DecodeProblem {
+struct DecodeProblem : ResolvedOptions {  // scale, window, softcap, ALiBi, threads
   std::int64_t batch, seqlen_q, heads, kv_heads, head_dim, seqlen_new;
   DType cache_dtype, q_dtype;
   bool paged;
   std::int64_t page_size;  // paged: slots per page; contiguous: unused
-  double scale;
-  std::int64_t window_left, window_right;  // causal folded into window_right = 0
-  double softcap;
-  const float* alibi_slopes;
-  std::int64_t alibi_batch_stride;
-  int num_threads;
   std::int64_t num_splits;  // 0 = automatic, per sequence
   TensorView q, k, v, out;
   const TensorView* lse;

@@ -180,10 +180,11 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   }
 
   // Options.
-  const double scale = check_options(who, opts, d);
+  const ResolvedOptions resolved = resolve_options(who, opts, d);
   if (dec.num_splits < 0) fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + str(dec.num_splits));
 
   DecodeProblem p{};
+  static_cast<ResolvedOptions&>(p) = resolved;
   p.batch = batch;
   p.seqlen_q = sqn;
   p.heads = heads;
@@ -194,13 +195,6 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   p.q_dtype = q.dtype;
   p.paged = paged;
   p.page_size = page_size;
-  p.scale = scale;
-  p.window_left = opts.window_left;
-  p.window_right = opts.causal ? 0 : opts.window_right;
-  p.softcap = opts.softcap;
-  p.alibi_slopes = opts.alibi_slopes;
-  p.alibi_batch_stride = opts.alibi_batch_stride;
-  p.num_threads = opts.num_threads;
   p.num_splits = dec.num_splits;
   p.q = q;
   p.k = cache.k;
