@@ -188,6 +188,7 @@ void run(const DecodeProblem& p) {
       if (!q_hi.empty()) {
         a.q_hi = q_hi.data() + b * p.heads * p.seqlen_q * d;
         a.q_lo = q_exact ? nullptr : q_lo.data() + b * p.heads * p.seqlen_q * d;
+        a.bf16_out = p.q_dtype == DType::bf16;
       }
       const std::int64_t lo = s.lo + range.begin, hi = s.lo + range.end;
       for (std::int64_t j0 = lo; j0 < hi; j0 += kChunk) {

@@ -76,6 +76,9 @@ struct ChunkArgs {
   // same layout as q: the bf16 dot-product path of decode_simd.cpp uses them when the CPU has it.
   const std::uint16_t* q_hi = nullptr;
   const std::uint16_t* q_lo = nullptr;
+  // The output is bf16: that path may also round p to bf16 for P V (flash-attn's rule; l stays the
+  // sum of the f32 p, so the LSE keeps f32 accuracy).
+  bool bf16_out = false;
 };
 
 inline std::int64_t state_stride_for(std::int64_t head_dim) { return (head_dim + 15) / 16 * 16 + 16; }

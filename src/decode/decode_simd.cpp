@@ -269,9 +269,9 @@ void Chunk(const ChunkArgs<float>& a) {
 // instruction with no widening of K. q is split into
 // q_hi + q_lo (both bf16) when it is not exactly a bf16 value, so an f32 q loses nothing that matters
 // (|q_lo| <= 2^-9 |q|, and the rounding of q_lo is 2^-17 |q|, far below f32 accumulation error).
-// P V stays in f32 FMAs; V is widened two bf16 per 32-bit lane at a time (even elements by a shift,
-// odd ones by a mask), so o is kept per 32-element block as 16 even lanes then 16 odd lanes, and
-// FinishDp restores the order.
+// P V: with a bf16 output, p is rounded to bf16 and VDPBF16PS does two keys per instruction (PVDp2);
+// otherwise f32 FMAs on V widened by unpacking (PVDp). Both leave o in the unpack order, which
+// FinishDispatch restores once per work item.
 #define ATTN_DPBF16 1
 
 ATTN_DPBF16_ATTR HWY_INLINE __m128 Sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
@@ -284,21 +284,23 @@ ATTN_DPBF16_ATTR HWY_INLINE __m128 Sum4(__m512 a0, __m512 a1, __m512 a2, __m512 
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// o_r (permuted, NB blocks of 32 from x) += sum_c p[r][c] v_c.
+// o is kept per 32-element block in the order VPUNPCK{L,H}WD leaves it: lanes 0-15 hold elements
+// {0-3, 8-11, 16-19, 24-27}, lanes 16-31 elements {4-7, 12-15, 20-23, 28-31} (FinishDispatch restores).
+// o_r (permuted, NB blocks of 32 from x) += sum_c p[r][c] v_c, f32 FMAs on V widened by unpacking.
 template <int NR, int NB>
 ATTN_DPBF16_ATTR HWY_INLINE void PVDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
                                       std::int64_t n, float* o, std::int64_t S, std::int64_t x) {
   __m512 acc[NR][2 * NB];
   for (int r = 0; r < NR; ++r)
     for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
-  const __m512i odd = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m512i zero = _mm512_setzero_si512();
   for (std::int64_t c = 0; c < n; ++c) {
     const std::uint16_t* vr = vrows[c] + vhs + x;
     __m512 vv[2 * NB];
     for (int b = 0; b < NB; ++b) {
       const __m512i raw = _mm512_loadu_si512(vr + 32 * b);
-      vv[2 * b] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
-      vv[2 * b + 1] = _mm512_castsi512_ps(_mm512_and_si512(raw, odd));
+      vv[2 * b] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
+      vv[2 * b + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
     }
     for (int r = 0; r < NR; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * kChunk + c]);
@@ -309,10 +311,53 @@ ATTN_DPBF16_ATTR HWY_INLINE void PVDp(const float* p, const std::uint16_t* const
     for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(o + r * S + x + 16 * v, acc[r][v]);
 }
 
+// The same sum with p rounded to bf16 and two keys per VDPBF16PS: pb[r][j] holds (p[r][2j], p[r][2j + 1])
+// as bf16, V rows 2j and 2j + 1 are interleaved by VPUNPCK{L,H}WD (the o order above). An odd tail
+// pairs the last key with a zero row, never with a real one (0 x NaN is NaN).
+template <int NR, int NB>
+ATTN_DPBF16_ATTR HWY_INLINE void PVDp2(const std::uint32_t* pb, const std::uint16_t* const* vrows, std::int64_t vhs,
+                                       std::int64_t n, float* o, std::int64_t S, std::int64_t x) {
+  __m512 acc[NR][2 * NB];
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
+  for (std::int64_t c = 0; c < n; c += 2) {
+    const std::uint16_t* v0 = vrows[c] + vhs + x;
+    const std::uint16_t* v1 = c + 1 < n ? vrows[c + 1] + vhs + x : nullptr;
+    __m512bh vv[2 * NB];
+    for (int b = 0; b < NB; ++b) {
+      const __m512i a = _mm512_loadu_si512(v0 + 32 * b);
+      const __m512i z = v1 ? _mm512_loadu_si512(v1 + 32 * b) : _mm512_setzero_si512();
+      vv[2 * b] = (__m512bh)_mm512_unpacklo_epi16(a, z);
+      vv[2 * b + 1] = (__m512bh)_mm512_unpackhi_epi16(a, z);
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh pr = (__m512bh)_mm512_set1_epi32(static_cast<int>(pb[r * (kChunk / 2) + c / 2]));
+      for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], pr, vv[v]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(o + r * S + x + 16 * v, acc[r][v]);
+}
+
 template <int NR>
 ATTN_DPBF16_ATTR HWY_INLINE void PVRowsDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
-                                          std::int64_t n, float* o, std::int64_t S, std::int64_t d) {
+                                          std::int64_t n, float* o, std::int64_t S, std::int64_t d, bool bf16_p) {
   std::int64_t x = 0;
+  if (bf16_p) {
+    // p rows [0, n) rounded to bf16 (round to nearest even), zero past n: pairs are 32-bit words.
+    alignas(64) std::uint32_t pb[NR * (kChunk / 2)];
+    for (int r = 0; r < NR; ++r) {
+      const float* pr = p + r * kChunk;
+      auto* dst = reinterpret_cast<__m256bh*>(pb + r * (kChunk / 2));
+      for (std::int64_t c = 0; c < kChunk; c += 16) {
+        const __mmask16 live = c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
+        dst[c / 16] = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, pr + c));
+      }
+    }
+    for (; x + 64 <= d; x += 64) PVDp2<NR, 2>(pb, vrows, vhs, n, o, S, x);
+    if (x < d) PVDp2<NR, 1>(pb, vrows, vhs, n, o, S, x);
+    return;
+  }
   for (; x + 64 <= d; x += 64) PVDp<NR, 2>(p, vrows, vhs, n, o, S, x);
   if (x < d) PVDp<NR, 1>(p, vrows, vhs, n, o, S, x);
 }
@@ -375,7 +420,7 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
     const std::int64_t vh = g * a.v_head_stride;
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
       PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st, [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
-        PVRowsDp<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d);
+        PVRowsDp<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d, a.bf16_out);
       });
   }
 }
@@ -393,9 +438,9 @@ void FinishDispatch(const ChunkArgs<float>& a, DType t) {
   for (std::int64_t r = 0; r < a.kv_heads * a.group * a.seqlen_q; ++r)
     for (std::int64_t x = 0; x < a.head_dim; x += 32) {
       float* o = a.states + r * a.state_stride + x;
-      for (int i = 0; i < 16; ++i) {
-        tmp[2 * i] = o[i];
-        tmp[2 * i + 1] = o[16 + i];
+      for (int i = 0; i < 16; ++i) {  // lane i of each half: element 8 (i / 4) + i % 4 (+ 4 in the upper half)
+        tmp[8 * (i / 4) + i % 4] = o[i];
+        tmp[8 * (i / 4) + i % 4 + 4] = o[16 + i];
       }
       std::memcpy(o, tmp, sizeof tmp);
     }
