@@ -385,64 +385,14 @@ ATTN_DPBF16_ATTR HWY_INLINE void DotsDp1(const std::uint16_t* qh, const std::uin
   else DotsDp1Impl<NR, false>(qh, ql, d, k, dots);
 }
 
-// The same for 4 keys at once: per row, the 4 keys' sums reduce to one vector of 4 scores that is
-// stored as is (no per-key scatter of single floats).
-template <int NR, bool kLo>
-ATTN_DPBF16_ATTR HWY_INLINE void Dots4KeysImpl(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
-                                               const std::uint16_t* const (&k)[4], float* out, std::int64_t ld) {
-  __m512 acc[NR][4];
-  for (int r = 0; r < NR; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
-  for (std::int64_t x = 0; x < d; x += 32) {
-    __m512bh kv[4];
-    for (int j = 0; j < 4; ++j) kv[j] = (__m512bh)_mm512_loadu_si512(k[j] + x);
-    for (int r = 0; r < NR; ++r) {
-      const __m512bh qv = (__m512bh)_mm512_loadu_si512(qh + r * d + x);
-      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv, kv[j]);
-      if constexpr (kLo) {
-        const __m512bh lv = (__m512bh)_mm512_loadu_si512(ql + r * d + x);
-        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], lv, kv[j]);
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r) _mm_storeu_ps(out + r * ld, Sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
-}
-
-template <int NR>
-ATTN_DPBF16_ATTR HWY_INLINE void Dots4Keys(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
-                                           const std::uint16_t* const (&k)[4], float* out, std::int64_t ld) {
-  if (ql) Dots4KeysImpl<NR, true>(qh, ql, d, k, out, ld);
-  else Dots4KeysImpl<NR, false>(qh, ql, d, k, out, ld);
-}
-
 ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
   const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride, n = a.n;
   float* scores = a.scratch;  // [kv_heads][R][kChunk]
   float* probs = a.scratch + a.kv_heads * R * kChunk;
   const auto* const* krows = reinterpret_cast<const std::uint16_t* const*>(a.k_rows);
   const auto* const* vrows = reinterpret_cast<const std::uint16_t* const*>(a.v_rows);
-  // Scores in key order, as in Chunk<T>: groups of 4 keys, every kv head of a group before the next.
-  std::int64_t c = 0;
-  for (; c + 4 <= n; c += 4)
-    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
-      const std::uint16_t* kr[4];
-      for (int j = 0; j < 4; ++j) {
-        PrefetchV<bf16_t>(a, c + j, g);
-        kr[j] = krows[c + j] + g * a.k_head_stride;
-      }
-      for (std::int64_t r0 = 0; r0 < R; r0 += 4) {
-        const std::uint16_t* qr = a.q_hi + (g * R + r0) * d;
-        const std::uint16_t* lr = a.q_lo ? a.q_lo + (g * R + r0) * d : nullptr;
-        float* out = scores + (g * R + r0) * kChunk + c;
-        switch (std::min<std::int64_t>(4, R - r0)) {
-          case 4: Dots4Keys<4>(qr, lr, d, kr, out, kChunk); break;
-          case 3: Dots4Keys<3>(qr, lr, d, kr, out, kChunk); break;
-          case 2: Dots4Keys<2>(qr, lr, d, kr, out, kChunk); break;
-          default: Dots4Keys<1>(qr, lr, d, kr, out, kChunk); break;
-        }
-      }
-    }
-  for (; c < n; ++c) {
+  // Scores in key order, as in Chunk<T>.
+  for (std::int64_t c = 0; c < n; ++c) {
     for (std::int64_t g = 0; g < a.kv_heads; ++g) {
       PrefetchV<bf16_t>(a, c, g);
       const std::uint16_t* kr = krows[c] + g * a.k_head_stride;
