@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <hwy/targets.h>
 
 namespace attn::cli {
 
@@ -46,6 +49,19 @@ inline std::string machine_name() {
     if (line.rfind("processor", 0) == 0) ++cpus;
   }
   return model + " (" + std::to_string(cpus) + " logical CPUs)";
+}
+
+// The kernel paths this CPU gets: the Highway target that runtime dispatch picks, and whether bf16
+// inputs take the VDPBF16PS dot products (AVX512-BF16; otherwise they are widened to f32).
+inline std::string kernel_paths() {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();  // best first
+  std::string s = std::string("SIMD ") + (targets.empty() ? "none" : hwy::TargetName(targets.front()));
+  bool dp = false;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  dp = __builtin_cpu_supports("avx512bf16") && !targets.empty() &&
+       (targets.front() == HWY_AVX3 || targets.front() == HWY_AVX3_DL);
+#endif
+  return s + (dp ? ", bf16 dot products (AVX512-BF16)" : ", bf16 widened to f32");
 }
 
 }  // namespace attn::cli

@@ -180,7 +180,8 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
                                          {"page_size", cs.page_size}, {"threads", t}, {"seconds", tm.median_s},
                                          {"gflops", flops / tm.median_s / 1e9}, {"gbps", gbps},
                                          {"read_bandwidth_gbps", bw}, {"bandwidth_fraction", fraction},
-                                         {"reps", tm.reps}, {"machine", machine_name()}}.dump().c_str());
+                                         {"reps", tm.reps}, {"machine", machine_name()},
+                                         {"kernels", kernel_paths()}}.dump().c_str());
     } else {
       std::printf("%-28s %7d %10.3f ms %8.1f GB/s %8.1f GB/s %7.0f%%  %6.1f GFLOP/s\n", cs.name.c_str(), t,
                   tm.median_s * 1e3, gbps, bw, 100 * fraction, flops / tm.median_s / 1e9);
@@ -221,8 +222,9 @@ void add_bench_decode(CLI::App& bench) {
       cases.push_back({"b16 1k..64k paged16", 16, spread(16, 1024, 65536), 16});
     }
     if (!args->json) {
-      std::printf("attn bench decode: %s, 32 heads, 8 kv heads, d = 128, %s cache, seq_q = %lld\n",
-                  machine_name().c_str(), std::string(dtype_name(dt)).c_str(), static_cast<long long>(seq_q));
+      std::printf("attn bench decode: %s; %s; 32 heads, 8 kv heads, d = 128, %s cache, seq_q = %lld\n",
+                  machine_name().c_str(), kernel_paths().c_str(), std::string(dtype_name(dt)).c_str(),
+                  static_cast<long long>(seq_q));
       std::printf("%-28s %7s %13s %13s %13s %8s\n", "case", "threads", "median", "KV read", "probe read",
                   "of probe");
     }

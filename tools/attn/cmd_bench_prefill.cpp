@@ -112,7 +112,8 @@ void run(const Args& a) {
   std::map<int, double> peak;
   for (auto t : threads) peak[static_cast<int>(t)] = fma_peak_gflops(static_cast<int>(t));
   if (!args.json) {
-    std::printf("attn bench prefill: %s; batch %lld, %lld heads, %lld kv heads\n", machine_name().c_str(),
+    std::printf("attn bench prefill: %s; %s; batch %lld, %lld heads, %lld kv heads\n", machine_name().c_str(),
+                kernel_paths().c_str(),
                 static_cast<long long>(batch), static_cast<long long>(heads), static_cast<long long>(kv_heads));
     for (auto [t, g] : peak) std::printf("  measured FMA peak (f32): %.1f GFLOP/s with %d thread%s\n", g, t, t > 1 ? "s" : "");
     std::printf("  textbook = OpenBLAS sgemm + vectorised softmax + sgemm (f32), same run; x = textbook s / attn s\n");
@@ -162,7 +163,7 @@ void run(const Args& a) {
               nlohmann::json j{{"kind", "prefill"}, {"batch", batch}, {"seq_q", sq}, {"seq_k", sk}, {"heads", heads},
                                {"kv_heads", kv_heads}, {"head_dim", d}, {"dtype", std::string(dtype_name(dt))},
                                {"causal", causal}, {"threads", t}, {"seconds", tm.median_s}, {"reps", tm.reps},
-                               {"gflops", gf}, {"peak_gflops", pk}, {"peak_fraction", gf / pk}, {"machine", machine_name()}};
+                               {"gflops", gf}, {"peak_gflops", pk}, {"peak_fraction", gf / pk}, {"machine", machine_name()}, {"kernels", kernel_paths()}};
               if (textbook > 0) {
                 j["textbook_seconds"] = textbook;
                 j["textbook_gflops"] = flops / textbook / 1e9;
