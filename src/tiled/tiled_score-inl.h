@@ -97,9 +97,9 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreEpilogue(D d, hn::Vec<D> (&acc)[RK_][QV_], 
   }
 }
 
-// Where the packed operands of the scores live (packed by RunTask; the pairs by Bf16Pair and PackKPairs below): Q^T [dim][R] and K [n][dim]
-// in the accumulator type, or, on the bf16 dot-product path, Q^T as [dim/2][R] pairs and K as
-// [n][dim/2] pairs of raw bf16 (one 32-bit lane = elements 2x and 2x + 1).
+// Where the packed operands of the scores live (packed by RunTask): Q^T [dim][R] and K [n][dim] in the
+// accumulator type, or, on the bf16 dot-product path, Q^T as [dim/2][R] pairs and K as [n][dim/2] pairs
+// of raw bf16 (one 32-bit lane = elements 2x and 2x + 1; Bf16Pair and PackKPairs below).
 template <class A>
 struct ScoreOperands {
   const A* qt;
