@@ -43,6 +43,32 @@ Tensor<double> to_f64(const Tensor<T>& t) {
   return r;
 }
 
+// A problem's shape and flash-attn mask options, as the parameterised tests list them.
+struct Shape {
+  std::int64_t b, sq, sk, h, hk, d;
+  bool causal;
+  std::int64_t left = -1, right = -1;
+  double softcap = 0;
+  bool alibi = false;
+};
+
+// The AttentionOptions of a Shape. With alibi, the slopes are slope_base / (1 + x) per (batch, head),
+// stored in `slopes`, which must outlive the options.
+inline AttentionOptions options_of(const Shape& s, float slope_base, std::vector<float>& slopes) {
+  AttentionOptions o;
+  o.causal = s.causal;
+  o.window_left = s.left;
+  o.window_right = s.right;
+  o.softcap = s.softcap;
+  slopes.clear();
+  for (std::int64_t x = 0; x < s.b * s.h; ++x) slopes.push_back(slope_base / float(1 + x));
+  if (s.alibi) {
+    o.alibi_slopes = slopes.data();
+    o.alibi_batch_stride = s.h;
+  }
+  return o;
+}
+
 template <class T, class U>
 double max_abs_diff(const std::vector<T>& a, const std::vector<U>& b) {
   double m = 0;

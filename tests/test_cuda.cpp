@@ -89,13 +89,7 @@ double lse_err(const std::vector<float>& got, const std::vector<double>& want) {
   return m;
 }
 
-struct Case {
-  std::int64_t b, sq, sk, h, hk, d;
-  bool causal;
-  std::int64_t left = -1, right = -1;
-  double softcap = 0;
-  bool alibi = false;
-};
+struct Case : test::Shape {};
 
 void PrintTo(const Case&, std::ostream* os) { *os << "(see the name)"; }
 
@@ -108,21 +102,11 @@ void check_forward(const Case& c) {
   SCOPED_TRACE("seed " + std::to_string(seed) + " d " + std::to_string(c.d) + " causal " + std::to_string(c.causal));
   auto q = test::random_tensor<T>(c.b, c.sq, c.h, c.d, seed, 2.0), k = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 1, 2.0),
        v = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 2);
-  AttentionOptions o;
-  o.causal = c.causal;
-  o.window_left = c.left;
-  o.window_right = c.right;
-  o.softcap = c.softcap;
   std::vector<float> slopes;
-  for (std::int64_t x = 0; x < c.b * c.h; ++x) slopes.push_back(0.3f / float(1 + x));
+  const AttentionOptions o_cpu = test::options_of(c, 0.3f, slopes);
   Dev<float> d_slopes(slopes);
-  AttentionOptions o_cpu = o;
-  if (c.alibi) {
-    o_cpu.alibi_slopes = slopes.data();
-    o_cpu.alibi_batch_stride = c.h;
-    o.alibi_slopes = d_slopes.ptr;
-    o.alibi_batch_stride = c.h;
-  }
+  AttentionOptions o = o_cpu;
+  if (c.alibi) o.alibi_slopes = d_slopes.ptr;
   auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
   std::vector<double> oracle(q.data.size()), oracle_lse(static_cast<std::size_t>(c.b * c.h * c.sq));
   TensorView olv = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);

@@ -73,13 +73,7 @@ std::vector<double> naive(const Tensor<double>& q, const Tensor<double>& k, cons
   return out;
 }
 
-struct Shape {
-  std::int64_t b, sq, sk, h, hk, d;
-  bool causal;
-  std::int64_t left = -1, right = -1;
-  double softcap = 0;
-  bool alibi = false;
-};
+using test::Shape;
 
 class Semantics : public ::testing::TestWithParam<Shape> {};
 
@@ -87,17 +81,8 @@ TEST_P(Semantics, EveryAlgorithmMatchesTheNaiveDefinition) {
   const Shape s = GetParam();
   auto q = random_tensor<double>(s.b, s.sq, s.h, s.d, 100), k = random_tensor<double>(s.b, s.sk, s.hk, s.d, 101),
        v = random_tensor<double>(s.b, s.sk, s.hk, s.d, 102);
-  AttentionOptions o;
-  o.causal = s.causal;
-  o.window_left = s.left;
-  o.window_right = s.right;
-  o.softcap = s.softcap;
   std::vector<float> slopes;
-  for (std::int64_t x = 0; x < s.b * s.h; ++x) slopes.push_back(0.25f / float(1 + x));
-  if (s.alibi) {
-    o.alibi_slopes = slopes.data();
-    o.alibi_batch_stride = s.h;
-  }
+  AttentionOptions o = test::options_of(s, 0.25f, slopes);
   std::vector<double> want_lse;
   const auto want = naive(q, k, v, o, &want_lse);
   for (Algo a : {Algo::reference, Algo::tiled, Algo::splitk}) {

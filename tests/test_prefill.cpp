@@ -43,18 +43,10 @@ void expect_accurate(const Case& c) {
   auto q = random_tensor<T>(c.b, c.sq, c.h, c.d, 11, 2.0), k = random_tensor<T>(c.b, c.sk, c.hk, c.d, 12, 2.0),
        v = random_tensor<T>(c.b, c.sk, c.hk, c.d, 13);
   auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
-  AttentionOptions o;
-  o.causal = c.causal;
-  o.window_left = c.left;
-  o.window_right = c.right;
-  o.softcap = c.softcap;
-  o.num_threads = c.threads;
   std::vector<float> slopes;
-  for (std::int64_t x = 0; x < c.b * c.h; ++x) slopes.push_back(0.5f / float(1 + x));
-  if (c.alibi) {
-    o.alibi_slopes = slopes.data();
-    o.alibi_batch_stride = c.h;
-  }
+  AttentionOptions o = test::options_of({c.b, c.sq, c.sk, c.h, c.hk, c.d, c.causal, c.left, c.right, c.softcap, c.alibi},
+                                        0.5f, slopes);
+  o.num_threads = c.threads;
   TileOptions t;
   if (c.q_tile) t.q_tile = c.q_tile;
   if (c.k_tile) t.k_tile = c.k_tile;
