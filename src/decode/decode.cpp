@@ -159,6 +159,7 @@ void run(const DecodeProblem& p) {
     a.seqlen_q = p.seqlen_q;
     a.head_dim = d;
     a.state_stride = S;
+    a.bf16_out = p.q_dtype == DType::bf16;
     a.scratch = scratch.data();
     // Pointers to kv head 0's K and V rows of keys [j, j + n) of sequence b (any layout, any page size).
     auto fill = [&](std::int64_t b, std::int64_t j, std::int64_t n) {
@@ -188,7 +189,6 @@ void run(const DecodeProblem& p) {
       if (!q_hi.empty()) {
         a.q_hi = q_hi.data() + b * p.heads * p.seqlen_q * d;
         a.q_lo = q_exact ? nullptr : q_lo.data() + b * p.heads * p.seqlen_q * d;
-        a.bf16_out = p.q_dtype == DType::bf16;
       }
       const std::int64_t lo = s.lo + range.begin, hi = s.lo + range.end;
       for (std::int64_t j0 = lo; j0 < hi; j0 += kChunk) {
