@@ -5,7 +5,11 @@
 //   bytes = 2 x cache_len x kv_heads x head_dim x element bytes   (summed over the batch)
 //   seconds >= bytes / read bandwidth.
 // Each case reports the median seconds of attention_decode, its GB/s of KV read, the probe's GB/s
-// (read_bandwidth_gbps, mean of one probe right before and one right after the case) and the ratio.
+// (read_bandwidth_gbps, mean of one probe right before and one right after the case) and the ratio,
+// then the layout probe: the same K and V rows summed in the order the kernel reads them (every key's
+// K row and V row, key after key, sequence after sequence) with no other work (rows_read_gbps). The
+// sequential probe is the machine's ceiling; the layout probe is the ceiling of this cache layout
+// (a paged cache with pages in random order reads slower than one long stream, kernel or not).
 // Cases (default): batch 1, 32 heads, 8 kv heads, d = 128, bf16 cache at 32k and 128k keys; batch 16
 // with cache lengths spread geometrically from 1k to 64k in a paged cache (page size 16, pages in a
 // shuffled order); each at 1 and 2 threads. --quick: 8k keys and a batch of 4 (1k..8k), in seconds.
@@ -158,6 +162,18 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
     cache.v = view4(vbuf.get(), dt, B, max_len, HK, D);
   }
   const TensorView q = view4(qbuf.get(), dt, B, seq_q, H, D), out = view4(obuf.get(), dt, B, seq_q, H, D);
+  // Every key's K row and V row (all kv heads), in the kernel's order, for the layout probe.
+  const std::size_t row_bytes = static_cast<std::size_t>(HK * D) * es;
+  std::vector<const void*> kv_rows;
+  kv_rows.reserve(static_cast<std::size_t>(2 * total_keys));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t j = 0; j < cs.lengths[static_cast<std::size_t>(b)]; ++j) {
+      const std::int64_t r = cs.page_size > 0
+          ? std::int64_t{table[static_cast<std::size_t>(b * cache.max_pages + j / cs.page_size)]} * cs.page_size + j % cs.page_size
+          : b * max_len + j;
+      kv_rows.push_back(static_cast<const unsigned char*>(kbuf.get()) + static_cast<std::size_t>(r) * row_bytes);
+      kv_rows.push_back(static_cast<const unsigned char*>(vbuf.get()) + static_cast<std::size_t>(r) * row_bytes);
+    }
   const double bytes = 2.0 * static_cast<double>(total_keys) * HK * D * static_cast<double>(es);
   const double flops = 4.0 * static_cast<double>(seq_q * total_keys) * H * D;
   DecodeOptions dec;
@@ -171,6 +187,7 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
     const Timing tm = time_it([&] { attention_decode(q, cache, out, o, dec); }, args.quick ? 3 : 7,
                               args.quick ? 0.1 : 1.0, 200);
     const double bw = 0.5 * (bw_before + read_bandwidth_gbps(t));
+    const double layout = rows_read_gbps(kv_rows, row_bytes, t);
     const double gbps = bytes / tm.median_s / 1e9, fraction = gbps / bw;
     if (args.json) {
       std::printf("%s\n", nlohmann::json{{"kind", "decode"}, {"case", cs.name}, {"batch", B}, {"seq_q", seq_q},
@@ -180,11 +197,13 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
                                          {"page_size", cs.page_size}, {"threads", t}, {"seconds", tm.median_s},
                                          {"gflops", flops / tm.median_s / 1e9}, {"gbps", gbps},
                                          {"read_bandwidth_gbps", bw}, {"bandwidth_fraction", fraction},
+                                         {"layout_read_gbps", layout}, {"layout_fraction", gbps / layout},
                                          {"reps", tm.reps}, {"machine", machine_name()},
                                          {"kernels", kernel_paths()}}.dump().c_str());
     } else {
-      std::printf("%-28s %7d %10.3f ms %8.1f GB/s %8.1f GB/s %7.0f%%  %6.1f GFLOP/s\n", cs.name.c_str(), t,
-                  tm.median_s * 1e3, gbps, bw, 100 * fraction, flops / tm.median_s / 1e9);
+      std::printf("%-22s %7d %10.3f ms %8.1f GB/s %8.1f GB/s %7.0f%% %8.1f GB/s %7.0f%%  %6.1f GFLOP/s\n",
+                  cs.name.c_str(), t, tm.median_s * 1e3, gbps, bw, 100 * fraction, layout, 100 * gbps / layout,
+                  flops / tm.median_s / 1e9);
     }
     std::fflush(stdout);
   }
@@ -225,8 +244,8 @@ void add_bench_decode(CLI::App& bench) {
       std::printf("attn bench decode: %s; %s; 32 heads, 8 kv heads, d = 128, %s cache, seq_q = %lld\n",
                   machine_name().c_str(), kernel_paths().c_str(), std::string(dtype_name(dt)).c_str(),
                   static_cast<long long>(seq_q));
-      std::printf("%-28s %7s %13s %13s %13s %8s\n", "case", "threads", "median", "KV read", "probe read",
-                  "of probe");
+      std::printf("%-22s %7s %13s %13s %13s %8s %13s %8s\n", "case", "threads", "median", "KV read", "probe read",
+                  "of probe", "layout read", "of layout");
     }
     for (const auto& cs : cases) run_case(cs, *args, dt, threads, splits, seq_q);
   });
