@@ -12,7 +12,8 @@
 // (a paged cache with pages in random order reads slower than one long stream, kernel or not).
 // Cases (default): batch 1, 32 heads, 8 kv heads, d = 128, bf16 cache at 32k and 128k keys; batch 16
 // with cache lengths spread geometrically from 1k to 64k in a paged cache (page size 16, pages in a
-// shuffled order); each at 1 and 2 threads. --quick: 8k keys and a batch of 4 (1k..8k), in seconds.
+// shuffled order); each at 1 and 2 threads. --quick: 8k keys and a batch of 4 (1k..8k), in seconds
+// (a smoke test: 32 MiB of cache stays partly in a 32 MiB L3, so its layout column reads from cache).
 // --cache N: the single batch-1 case at N keys (what bench/peers/peers.py --mode decode runs).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
