@@ -11,6 +11,7 @@
 #include <string>
 
 #include "attn/decode.hpp"
+#include "core/element.hpp"
 #include "support.hpp"
 
 namespace attn {
@@ -407,6 +408,44 @@ TEST(Int32Limits, OverflowingShapesAndUnknownDtypesAreRejected) {
       EXPECT_NE(std::string(e.what()).find("dtype"), std::string::npos) << e.what();
     }
     for (float x : out) EXPECT_EQ(x, 7.0f) << a.name;
+  }
+}
+
+// float -> bf16 (core/element.hpp, used for every bf16 output and for decode's q split) against an
+// independent rule: the nearest of the two bf16 neighbours by value, computed in double (the one above
+// the largest finite bf16 is 2^128, so values past the halfway point round to infinity), ties to the
+// even mantissa; NaN stays NaN with its sign.
+double bf16_magnitude(std::uint32_t b) {  // b < 0x8000, as if the exponent were unbounded
+  const int e = static_cast<int>(b >> 7), m = static_cast<int>(b & 127u);
+  return e == 0 ? std::ldexp(m, -133) : std::ldexp(128 + m, e - 134);
+}
+
+TEST(Conversions, FloatToBf16RoundsToNearestEvenAndKeepsNaN) {
+  auto check = [](std::uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    const std::uint16_t got = detail::float_to_bf16(f).bits;
+    if (std::isnan(f)) {
+      ASSERT_EQ(got & 0x8000u, (u >> 16) & 0x8000u) << std::hex << u;
+      ASSERT_TRUE((got & 0x7f80u) == 0x7f80u && (got & 0x7fu) != 0) << std::hex << u << " -> " << got;
+      return;
+    }
+    const std::uint32_t lo = (u >> 16) & 0x7fffu, hi = lo + 1;
+    const double x = std::fabs(static_cast<double>(f)), dlo = x - bf16_magnitude(lo), dhi = bf16_magnitude(hi) - x;
+    const std::uint32_t want =
+        std::isinf(f) || dlo < dhi || (dlo == dhi && (lo & 1u) == 0) ? lo : hi;  // infinity is exact
+    ASSERT_EQ(got, static_cast<std::uint16_t>(want | ((u >> 16) & 0x8000u))) << std::hex << u;
+  };
+  for (std::uint32_t b = 0; b < 0x10000u; ++b) {  // every bf16 value, exactly, and the halfway points
+    check(b << 16);
+    check((b << 16) | 0x8000u);
+    check((b << 16) | 0x7fffu);
+    check((b << 16) | 0x8001u);
+  }
+  std::uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int i = 0; i < 1 << 20; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    check(static_cast<std::uint32_t>(x >> 32));
   }
 }
 

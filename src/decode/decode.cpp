@@ -119,13 +119,15 @@ void run(const DecodeProblem& p) {
     if (p.cache_dtype == DType::bf16) {
       q_hi.resize(q.size());
       q_lo.resize(q.size());
+      std::uint32_t inexact = 0;  // any q_lo other than +-0 (a NaN q gives a NaN q_lo)
       for (std::size_t e = 0; e < q.size(); ++e) {
         const bf16_t hi = float_to_bf16(q[e]);
         const bf16_t lo = float_to_bf16(q[e] - bf16_to_float(hi));
         q_hi[e] = hi.bits;
         q_lo[e] = lo.bits;
-        q_exact = q_exact && bf16_to_float(lo) == 0.0f;
+        inexact |= lo.bits & 0x7fffu;
       }
+      q_exact = inexact == 0;
     }
   }
   if (p.alibi_slopes)
