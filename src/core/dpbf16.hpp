@@ -2,8 +2,9 @@
 // One instruction multiplies 32 bf16 pairs and adds each lane's two products to an f32 accumulator:
 // the products of two bf16 values are exact in f32 and each is added with one f32 rounding, as an FMA
 // on widened values would, except that subnormal inputs and outputs are flushed to zero. Kernels use it
-// for q . k only (a flushed subnormal logit changes a score by < 1e-37); values go through f32 FMAs,
-// so subnormal outputs survive.
+// for q . k (a flushed subnormal logit changes a score by < 1e-37) and, in decode with a bf16 output,
+// for P V on p rounded to bf16 (flash-attn's rule); f32 outputs keep P V in f32 FMAs, so their
+// subnormal values survive.
 //
 // Usage, inside a Highway per-target namespace: guard the code with ATTN_DPBF16_TARGET (true only while
 // compiling an AVX-512 target with GCC/Clang), mark every function that contains the intrinsic or

@@ -1,8 +1,8 @@
 // read_bandwidth_gbps: a STREAM-like read probe. `threads` threads each sum their own contiguous part
 // of a 512 MiB buffer (16x a 32 MiB L3, so every pass comes from DRAM) with independent vector
 // accumulators; the figure is bytes read / median seconds per pass: the ceiling decode is compared with.
-// rows_read_gbps: the same summing loop over a given list of rows in a given order (a decode case's K
-// and V rows, in the order the kernel reads them), with no arithmetic besides the sum: the ceiling of
+// rows_read_gbps: the same threads and timing over a given list of rows in a given order (a decode
+// case's K and V rows, in the order the kernel reads them), summed with no other work: the ceiling of
 // that particular layout, e.g. a paged cache whose pages lie in random order.
 #include <cstdint>
 #include <cstdlib>
@@ -64,45 +64,40 @@ std::int32_t sum_row(const unsigned char* p, std::size_t vecs) {
   return r;
 }
 
+// `threads` threads, thread t returning part_sum(t); `bytes` read per pass / median seconds, in GB/s.
+template <class PartSum>
+double timed_parallel_read(int threads, double bytes, PartSum part_sum) {
+  volatile std::int32_t sink = 0;
+  auto pass = [&] {
+    std::vector<std::thread> pool;
+    std::vector<std::int32_t> part(static_cast<std::size_t>(threads));
+    for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { part[static_cast<std::size_t>(t)] = part_sum(t); });
+    for (auto& th : pool) th.join();
+    for (auto x : part) sink = sink + x;
+  };
+  const Timing t = time_it(pass, 5, 0.3, 50);
+  return bytes / t.median_s / 1e9;
+}
+
 }  // namespace
 
 double rows_read_gbps(const std::vector<const void*>& rows, std::size_t row_bytes, int threads) {
   if (threads < 1) threads = 1;
   const std::size_t n = rows.size(), vecs = row_bytes / 64, T = static_cast<std::size_t>(threads);
-  volatile std::int32_t sink = 0;
-  auto pass = [&] {
-    std::vector<std::thread> pool;
-    std::vector<std::int32_t> part(T);
-    for (std::size_t t = 0; t < T; ++t)
-      pool.emplace_back([&, t] {
-        std::int32_t acc = 0;
-        for (std::size_t i = n * t / T; i < n * (t + 1) / T; ++i)
-          acc += sum_row(static_cast<const unsigned char*>(rows[i]), vecs);
-        part[t] = acc;
-      });
-    for (auto& th : pool) th.join();
-    for (auto x : part) sink = sink + x;
-  };
-  const Timing t = time_it(pass, 5, 0.3, 50);
-  return static_cast<double>(n * vecs * 64) / t.median_s / 1e9;
+  return timed_parallel_read(threads, static_cast<double>(n * vecs * 64), [&](int t) {
+    std::int32_t acc = 0;
+    for (std::size_t i = n * static_cast<std::size_t>(t) / T; i < n * static_cast<std::size_t>(t + 1) / T; ++i)
+      acc += sum_row(static_cast<const unsigned char*>(rows[i]), vecs);
+    return acc;
+  });
 }
 
 double read_bandwidth_gbps(int threads) {
   if (threads < 1) threads = 1;
   const V16* buf = buffer();
-  volatile std::int32_t sink = 0;
-  auto pass = [&] {
-    std::vector<std::thread> pool;
-    std::vector<std::int32_t> part(static_cast<std::size_t>(threads));
-    const std::size_t per = kVecs / static_cast<std::size_t>(threads) / 4 * 4;
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] { part[static_cast<std::size_t>(t)] = sum_range(buf + per * static_cast<std::size_t>(t), per); });
-    for (auto& th : pool) th.join();
-    for (auto x : part) sink = sink + x;
-  };
-  const Timing t = time_it(pass, 5, 0.3, 50);
-  const double bytes = static_cast<double>(kVecs / static_cast<std::size_t>(threads) / 4 * 4 * sizeof(V16)) * threads;
-  return bytes / t.median_s / 1e9;
+  const std::size_t per = kVecs / static_cast<std::size_t>(threads) / 4 * 4;  // vectors per thread
+  return timed_parallel_read(threads, static_cast<double>(per * sizeof(V16)) * threads,
+                             [&](int t) { return sum_range(buf + per * static_cast<std::size_t>(t), per); });
 }
 
 }  // namespace attn::cli
