@@ -152,7 +152,8 @@ void run(const DecodeProblem& p) {
 #pragma omp parallel num_threads(threads)
   {
     std::vector<const void*> ptrs(2 * kChunk);
-    std::vector<A> scratch(static_cast<std::size_t>((p.kv_heads + 1) * R * kChunk + kChunk * d));
+    std::vector<A> scratch(static_cast<std::size_t>((p.kv_heads + 1) * R * kChunk + kChunk * d +
+                                                  p.kv_heads * ((R + 3) / 4 * 4) * kChunk));
     ChunkArgs<A> a{};
     a.k_head_stride = p.k.strides[2];
     a.v_head_stride = p.v.strides[2];

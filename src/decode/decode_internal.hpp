@@ -71,7 +71,8 @@ struct ChunkArgs {
   const A* slopes;  // [kv_heads * group] ALiBi slope per query head, 0 = none
   A* states;        // [kv_heads][group * seqlen_q][state_stride]: o[head_dim], then m, l
   std::int64_t state_stride;
-  A* scratch;       // (kv_heads + 1) * group * seqlen_q * kChunk + kChunk * head_dim values
+  A* scratch;       // (kv_heads + 1) * R * kChunk + kChunk * head_dim + kv_heads * ceil4(R) * kChunk values,
+                   // R = group * seqlen_q, ceil4(R) = R rounded up to a multiple of 4
   // q rounded to bf16 (q_hi) and the bf16 rounding of the remainder (q_lo, nullptr when q_hi is exact),
   // same layout as q: the bf16 dot-product path of decode_simd.cpp uses them when the CPU has it.
   const std::uint16_t* q_hi = nullptr;

@@ -362,61 +362,103 @@ ATTN_DPBF16_ATTR HWY_INLINE void PVRowsDp(const float* p, const std::uint16_t* c
   if (x < d) PVDp<NR, 1>(p, vrows, vhs, n, o, S, x);
 }
 
-// dots[r] = q_r . k for NR <= 4 query rows and one key row (bf16, d a multiple of 32).
-template <int NR, bool kLo>
-ATTN_DPBF16_ATTR HWY_INLINE void DotsDp1Impl(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
-                                             const std::uint16_t* k, float* dots) {
-  __m512 acc[1][4];
-  for (int r = 0; r < 4; ++r) acc[0][r] = _mm512_setzero_ps();
-  for (std::int64_t x = 0; x < d; x += 32) {
+// Sum4 of q_r . k for NR <= 4 query rows (stride d) and one key row (bf16, d a multiple of 32): lane r
+// holds row r's dot (lanes past NR: 0). D > 0 is d at compile time (64, 128, 256: the loop unrolls).
+template <int NR, int D, bool kLo>
+ATTN_DPBF16_ATTR HWY_INLINE __m128 DotsDp(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
+                                          const std::uint16_t* k) {
+  __m512 acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
+  const std::int64_t dd = D > 0 ? D : d;
+#pragma GCC unroll 8
+  for (std::int64_t x = 0; x < dd; x += 32) {
     const __m512bh kv = (__m512bh)_mm512_loadu_si512(k + x);
     for (int r = 0; r < NR; ++r) {
-      acc[0][r] = _mm512_dpbf16_ps(acc[0][r], (__m512bh)_mm512_loadu_si512(qh + r * d + x), kv);
-      if constexpr (kLo) acc[0][r] = _mm512_dpbf16_ps(acc[0][r], (__m512bh)_mm512_loadu_si512(ql + r * d + x), kv);
+      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(qh + r * dd + x), kv);
+      if constexpr (kLo) acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(ql + r * dd + x), kv);
     }
   }
-  _mm_storeu_ps(dots, Sum4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]));
+  return Sum4(acc[0], acc[1], acc[2], acc[3]);
 }
 
-template <int NR>
-ATTN_DPBF16_ATTR HWY_INLINE void DotsDp1(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
-                                         const std::uint16_t* k, float* dots) {
-  if (ql) DotsDp1Impl<NR, true>(qh, ql, d, k, dots);
-  else DotsDp1Impl<NR, false>(qh, ql, d, k, dots);
-}
-
-ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
-  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride, n = a.n;
-  float* scores = a.scratch;  // [kv_heads][R][kChunk]
-  float* probs = a.scratch + a.kv_heads * R * kChunk;
+// The key walk: q . k for every key of the chunk, every kv head of key c before key c + 1 (K read front
+// to back), each kv head's V row prefetched as its K row is consumed. The dots of query rows
+// 4b .. 4b + 3 of kv head g for key c go to dots4[((g * RB + b) * kChunk + c) * 4 ...] as one vector
+// store. The walk is latency-bound (each K row's four dot-product chains and the reduction after them
+// wait on the row's load), so its instructions per key are kept few -- no loop over d, no stores
+// through general registers -- and the out-of-order core overlaps more keys.
+template <int D, bool kLo>
+ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
+  const std::int64_t d = D > 0 ? D : a.head_dim, R = a.group * a.seqlen_q, RB = (R + 3) / 4;
   const auto* const* krows = reinterpret_cast<const std::uint16_t* const*>(a.k_rows);
-  const auto* const* vrows = reinterpret_cast<const std::uint16_t* const*>(a.v_rows);
-  // Scores in key order, as in Chunk<T>.
-  for (std::int64_t c = 0; c < n; ++c) {
+  const auto* const* vrows = reinterpret_cast<const char* const*>(a.v_rows);
+  const std::int64_t row_bytes = d * 2, vstride = a.v_head_stride * 2;
+  for (std::int64_t c = 0; c < a.n; ++c) {
+    const std::uint16_t* kc = krows[c];
+    const char* vc = vrows[c];
     for (std::int64_t g = 0; g < a.kv_heads; ++g) {
-      PrefetchV<bf16_t>(a, c, g);
-      const std::uint16_t* kr = krows[c] + g * a.k_head_stride;
-      for (std::int64_t r0 = 0; r0 < R; r0 += 4) {
-        const std::int64_t nr = std::min<std::int64_t>(4, R - r0);
-        float dots[4];
-        const std::uint16_t* qr = a.q_hi + (g * R + r0) * d;
-        const std::uint16_t* lr = a.q_lo ? a.q_lo + (g * R + r0) * d : nullptr;
-        switch (nr) {
-          case 4: DotsDp1<4>(qr, lr, d, kr, dots); break;
-          case 3: DotsDp1<3>(qr, lr, d, kr, dots); break;
-          case 2: DotsDp1<2>(qr, lr, d, kr, dots); break;
-          default: DotsDp1<1>(qr, lr, d, kr, dots); break;
+      const char* vr = vc + g * vstride;
+      for (std::int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(vr + x, 0, 2);
+      const std::uint16_t* kr = kc + g * a.k_head_stride;
+      for (std::int64_t b = 0; b < RB; ++b) {
+        const std::uint16_t* qh = a.q_hi + (g * R + 4 * b) * d;
+        const std::uint16_t* ql = kLo ? a.q_lo + (g * R + 4 * b) * d : nullptr;
+        float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
+        switch (std::min<std::int64_t>(4, R - 4 * b)) {
+          case 4: _mm_storeu_ps(dst, DotsDp<4, D, kLo>(qh, ql, d, kr)); break;
+          case 3: _mm_storeu_ps(dst, DotsDp<3, D, kLo>(qh, ql, d, kr)); break;
+          case 2: _mm_storeu_ps(dst, DotsDp<2, D, kLo>(qh, ql, d, kr)); break;
+          default: _mm_storeu_ps(dst, DotsDp<1, D, kLo>(qh, ql, d, kr)); break;
         }
-        for (std::int64_t t = 0; t < nr; ++t) scores[(g * R + r0 + t) * kChunk + c] = dots[t];
       }
     }
   }
+}
+
+// dots4 (the key walk's layout) -> scores[g][r][0 .. kChunk): a 4 x 16 transpose per 16 keys. Lanes
+// past n are copied too (they are overwritten with -inf before use).
+ATTN_DPBF16_ATTR HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, float* scores) {
+  const std::int64_t R = a.group * a.seqlen_q, RB = (R + 3) / 4;
+  // After a per-register 4 x 4 transpose, 128-bit lane j of each register holds row j of 4 keys.
+  const __m512i by_row = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  for (std::int64_t g = 0; g < a.kv_heads; ++g)
+    for (std::int64_t b = 0; b < RB; ++b) {
+      const float* src = dots4 + (g * RB + b) * kChunk * 4;
+      const std::int64_t nr = std::min<std::int64_t>(4, R - 4 * b);
+      float* dst = scores + (g * R + 4 * b) * kChunk;
+      for (std::int64_t c = 0; c < a.n; c += 16) {
+        __m512 v[4];
+        for (int i = 0; i < 4; ++i) v[i] = _mm512_permutexvar_ps(by_row, _mm512_loadu_ps(src + (c + 4 * i) * 4));
+        // v[i] lane j = row j of keys c + 4i ... c + 4i + 3; gather lane j of every v[i] into row j.
+        const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
+        const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
+        const __m512 rows[4] = {_mm512_shuffle_f32x4(t0, t2, 0x88), _mm512_shuffle_f32x4(t0, t2, 0xDD),
+                                _mm512_shuffle_f32x4(t1, t3, 0x88), _mm512_shuffle_f32x4(t1, t3, 0xDD)};
+        for (std::int64_t t = 0; t < nr; ++t) _mm512_storeu_ps(dst + t * kChunk + c, rows[t]);
+      }
+    }
+}
+
+ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
+  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride;
+  float* scores = a.scratch;  // [kv_heads][R][kChunk]
+  float* probs = a.scratch + a.kv_heads * R * kChunk;
+  float* dots4 = probs + R * kChunk + kChunk * d;  // [kv_heads][ceil(R / 4)][kChunk][4]
+  const auto* const* vrows = reinterpret_cast<const std::uint16_t* const*>(a.v_rows);
+  const bool lo = a.q_lo != nullptr;
+  switch (d) {
+    case 64: lo ? ScoreKeysDp<64, true>(a, dots4) : ScoreKeysDp<64, false>(a, dots4); break;
+    case 128: lo ? ScoreKeysDp<128, true>(a, dots4) : ScoreKeysDp<128, false>(a, dots4); break;
+    case 256: lo ? ScoreKeysDp<256, true>(a, dots4) : ScoreKeysDp<256, false>(a, dots4); break;
+    default: lo ? ScoreKeysDp<0, true>(a, dots4) : ScoreKeysDp<0, false>(a, dots4); break;
+  }
+  UntangleDots(a, dots4, scores);
   TransformScores(a, scores);
   for (std::int64_t g = 0; g < a.kv_heads; ++g) {
     const std::int64_t gs = g * R * kChunk;
     float* st = a.states + g * R * S;
     for (std::int64_t r = 0; r < R; ++r)
-      FoldRow(scores + gs + r * kChunk, probs + r * kChunk, n, st + r * S, st + r * S + S - 2, st + r * S + S - 1, d);
+      FoldRow(scores + gs + r * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2, st + r * S + S - 1, d);
     const std::int64_t vh = g * a.v_head_stride;
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
       PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st, [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
