@@ -8,6 +8,8 @@
 #include <numeric>
 #include <random>
 
+#include <hwy/targets.h>
+
 #include "attn/decode.hpp"
 #include "support.hpp"
 
@@ -226,8 +228,8 @@ TEST(Decode, AppendWritesTheNewKeysAndNothingElse) {
 // flash-attn's accuracy rule (tests/test_features.cpp): error against the f64 oracle at most twice the
 // textbook method's at the same precision, plus a tiny slack.
 template <class T, class Q = T>
-void check_precision(std::int64_t page, double slack) {
-  Scenario<T, Q> s(2, 2, 8, 2, 64, {700, 129}, page, 1, 5, 7);
+void check_precision(std::int64_t page, double slack, std::int64_t h = 8, std::int64_t hk = 2, std::int64_t d = 64) {
+  Scenario<T, Q> s(2, 2, h, hk, d, {700, 129}, page, 1, 5, 7);
   for (bool causal : {false, true}) {
     AttentionOptions o;
     o.causal = causal;
@@ -238,7 +240,8 @@ void check_precision(std::int64_t page, double slack) {
     Scenario<T, Q> fresh = s;
     fresh.run(out, o, 0);
     const double err = max_abs_diff(out, oracle), base = max_abs_diff(textbook, oracle);
-    EXPECT_LE(err, 2 * base + slack) << "causal " << causal << " err " << err << " textbook " << base;
+    EXPECT_LE(err, 2 * base + slack) << "causal " << causal << " h " << h << "/" << hk << " d " << d << " err " << err
+                                     << " textbook " << base;
   }
 }
 
@@ -250,6 +253,30 @@ TEST(Decode, ReducedPrecisionMeetsTheAccuracyRule) {
     check_precision<bf16_t, float>(page, 1e-6);  // f32 activations over a bf16 cache
     check_precision<f16_t, float>(page, 1e-6);
   }
+}
+
+// Every SIMD target that is compiled in and that this CPU runs (AVX-512 with and without the bf16 dot
+// products, AVX2, SSE4, ...) is held to the accuracy rule, on shapes whose query rows per kv head
+// (2 queries x the group: 2, 6, 8) fill the kernels' 4-row blocks wholly and partly, with head dims the
+// kernels unroll at compile time (64, 128, 256) and one they do not (80).
+TEST(Decode, EverySimdTargetMeetsTheAccuracyRule) {
+  struct Shape {
+    std::int64_t h, hk, d;
+  };
+  const Shape shapes[] = {{8, 2, 64}, {12, 4, 128}, {3, 3, 80}, {2, 2, 256}};
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  EXPECT_GE(targets.size(), 1u);
+  for (const std::int64_t target : targets) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    for (const Shape& x : shapes) {
+      check_precision<float>(0, 1e-6, x.h, x.hk, x.d);
+      check_precision<bf16_t>(16, 1e-3, x.h, x.hk, x.d);
+      check_precision<f16_t>(0, 1e-4, x.h, x.hk, x.d);
+      check_precision<bf16_t, float>(0, 1e-6, x.h, x.hk, x.d);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 // With a bf16 output the kernel may round p to bf16 for P V (flash-attn does; l stays the f32 sum).

@@ -57,22 +57,59 @@ HWY_INLINE VF LoadRow(DF df, const T* row, std::int64_t x) {
   }
 }
 
-// dots[r] = q_r . k for NR query rows (stride d) and one key row.
-template <int NR, class T>
-HWY_INLINE void Dots(const float* q, std::int64_t d, const T* k, float* dots) {
-  const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  VF acc[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
-  std::int64_t x = 0;
-  for (; x + N <= d; x += N) {
-    const VF kv = LoadRow(df, k, x);
-    for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * d + x), kv, acc[r]);
+#if !(HWY_TARGET == HWY_SCALAR || HWY_HAVE_SCALABLE)
+// The 128-bit blocks of v added together.
+template <class D>
+HWY_INLINE hn::Vec<hn::Full128<float>> FoldBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(d) <= 4) {
+    return v;
+  } else {
+    const hn::Half<D> dh;
+    return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
   }
-  for (int r = 0; r < NR; ++r) dots[r] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
-  for (; x < d; ++x) {
+}
+#endif
+
+// dst[r] = the sum of the lanes of a_r, r < 4: one transposing tree (two interleave levels inside each
+// 128-bit block, then the blocks added) instead of four horizontal sums, whose latency chains the key
+// walk would wait on.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE void StoreSum4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT dst) {
+#if HWY_TARGET == HWY_SCALAR || HWY_HAVE_SCALABLE
+  dst[0] = hn::GetLane(hn::SumOfLanes(d, a0));
+  dst[1] = hn::GetLane(hn::SumOfLanes(d, a1));
+  dst[2] = hn::GetLane(hn::SumOfLanes(d, a2));
+  dst[3] = hn::GetLane(hn::SumOfLanes(d, a3));
+#else
+  // Per block: t0 = (a0[0] + a0[2], a1[0] + a1[2], a0[1] + a0[3], a1[1] + a1[3]), t1 likewise for a2, a3;
+  // the 64-bit halves of t0 and t1 then add up to (sum a0, sum a1, sum a2, sum a3).
+  const V t0 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const V t1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const hn::Repartition<std::uint64_t, D> d64;
+  const auto w0 = hn::BitCast(d64, t0), w1 = hn::BitCast(d64, t1);
+  const V u = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w0, w1)), hn::BitCast(d, hn::InterleaveUpper(d64, w0, w1)));
+  hn::StoreU(FoldBlocks(d, u), hn::Full128<float>(), dst);
+#endif
+}
+
+// dst[r] = q_r . k for NR <= 4 query rows (stride d) and one key row; dst[NR ..] = 0. D > 0 is d at
+// compile time (64, 128, 256: the loop unrolls and the out-of-order core overlaps more keys).
+template <int NR, int D, class T>
+HWY_INLINE void Dots4(const float* q, std::int64_t d, const T* k, float* dst) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), dd = D > 0 ? D : d;
+  VF acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = hn::Zero(df);
+  std::int64_t x = 0;
+#pragma GCC unroll 16
+  for (; x + N <= dd; x += N) {
+    const VF kv = LoadRow(df, k, x);
+    for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * dd + x), kv, acc[r]);
+  }
+  StoreSum4(df, acc[0], acc[1], acc[2], acc[3], dst);
+  for (; x < dd; ++x) {
     const float kx = load<float>(k[x]);
-    for (int r = 0; r < NR; ++r) dots[r] += q[r * d + x] * kx;
+    for (int r = 0; r < NR; ++r) dst[r] += q[r * dd + x] * kx;
   }
 }
 
@@ -224,32 +261,66 @@ HWY_INLINE void PrefetchV(const ChunkArgs<float>& a, std::int64_t c, std::int64_
   for (std::int64_t b = 0; b < a.head_dim * static_cast<std::int64_t>(sizeof(T)); b += 64) __builtin_prefetch(vr + b, 0, 2);
 }
 
-// Scores in key order (every kv head of key c before key c + 1), so K is read front to back: the
-// pattern the hardware prefetcher streams best (about twice the head-by-head order on Zen 4).
+// The key walk's output layout: the dots of query rows 4b .. 4b + 3 of kv head g with key c are one
+// 4-float group at dots4[((g * RB + b) * kChunk + c) * 4], RB = ceil(R / 4), written by one vector store.
+// This de-interleaves them to scores[g][r][0 .. kChunk) (lanes past n are copied too; they are set to
+// -inf before use).
+HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, float* scores) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), R = a.group * a.seqlen_q, RB = (R + 3) / 4;
+  for (std::int64_t g = 0; g < a.kv_heads; ++g)
+    for (std::int64_t b = 0; b < RB; ++b) {
+      const float* src = dots4 + (g * RB + b) * kChunk * 4;
+      const std::int64_t nr = std::min<std::int64_t>(4, R - 4 * b);
+      float* dst = scores + (g * R + 4 * b) * kChunk;
+      for (std::int64_t c = 0; c < a.n; c += N) {
+        VF rows[4];
+        hn::LoadInterleaved4(df, src + c * 4, rows[0], rows[1], rows[2], rows[3]);
+        for (std::int64_t t = 0; t < nr; ++t) hn::StoreU(rows[t], df, dst + t * kChunk + c);
+      }
+    }
+}
+
+// The key walk (every kv head of key c before key c + 1, so K is read front to back: the pattern the
+// hardware prefetcher streams best, about twice the head-by-head order on Zen 4), each kv head's V row
+// prefetched as its K row is consumed. It is latency-bound -- each K row's dot-product chains and the
+// reduction after them wait on the row's load -- so its instructions per key are kept few (no loop over
+// d, one vector store of four dots) and the out-of-order core overlaps more keys.
+template <class T, int D>
+void ScoreKeys(const ChunkArgs<float>& a, float* dots4) {
+  const std::int64_t d = D > 0 ? D : a.head_dim, R = a.group * a.seqlen_q, RB = (R + 3) / 4;
+  const T* const* krows = reinterpret_cast<const T* const*>(a.k_rows);
+  for (std::int64_t c = 0; c < a.n; ++c)
+    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+      PrefetchV<T>(a, c, g);
+      const T* kr = krows[c] + g * a.k_head_stride;
+      for (std::int64_t b = 0; b < RB; ++b) {
+        const float* q = a.q + (g * R + 4 * b) * d;
+        float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
+        switch (std::min<std::int64_t>(4, R - 4 * b)) {
+          case 4: Dots4<4, D>(q, d, kr, dst); break;
+          case 3: Dots4<3, D>(q, d, kr, dst); break;
+          case 2: Dots4<2, D>(q, d, kr, dst); break;
+          default: Dots4<1, D>(q, d, kr, dst); break;
+        }
+      }
+    }
+}
+
 template <class T>
 void Chunk(const ChunkArgs<float>& a) {
   const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride, n = a.n;
   float* scores = a.scratch;  // [kv_heads][R][kChunk]
   float* probs = a.scratch + a.kv_heads * R * kChunk;
-  const T* const* krows = reinterpret_cast<const T* const*>(a.k_rows);
+  float* dots4 = probs + R * kChunk + kChunk * d;  // [kv_heads][ceil(R / 4)][kChunk][4]
   const T* const* vrows = reinterpret_cast<const T* const*>(a.v_rows);
-  for (std::int64_t c = 0; c < n; ++c)
-    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
-      PrefetchV<T>(a, c, g);
-      const T* kr = krows[c] + g * a.k_head_stride;
-      for (std::int64_t r0 = 0; r0 < R; r0 += 4) {
-        const std::int64_t nr = std::min<std::int64_t>(4, R - r0);
-        float dots[4];
-        const float* qr = a.q + (g * R + r0) * d;
-        switch (nr) {
-          case 4: Dots<4>(qr, d, kr, dots); break;
-          case 3: Dots<3>(qr, d, kr, dots); break;
-          case 2: Dots<2>(qr, d, kr, dots); break;
-          default: Dots<1>(qr, d, kr, dots); break;
-        }
-        for (std::int64_t t = 0; t < nr; ++t) scores[(g * R + r0 + t) * kChunk + c] = dots[t];
-      }
-    }
+  switch (d) {
+    case 64: ScoreKeys<T, 64>(a, dots4); break;
+    case 128: ScoreKeys<T, 128>(a, dots4); break;
+    case 256: ScoreKeys<T, 256>(a, dots4); break;
+    default: ScoreKeys<T, 0>(a, dots4); break;
+  }
+  UntangleDots(a, dots4, scores);
   TransformScores(a, scores);
   for (std::int64_t g = 0; g < a.kv_heads; ++g) {
     float* st = a.states + g * R * S;
@@ -273,16 +344,6 @@ void Chunk(const ChunkArgs<float>& a) {
 // otherwise f32 FMAs on V widened by unpacking (PVDp). Both leave o in the unpack order, which
 // FinishDispatch restores once per work item.
 #define ATTN_DPBF16 1
-
-ATTN_DPBF16_ATTR HWY_INLINE __m128 Sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
-  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
-  const __m512 u = _mm512_add_ps(
-      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))),
-      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
 
 // o is kept per 32-element block in the order VPUNPCK{L,H}WD leaves it: lanes 0-15 hold elements
 // {0-3, 8-11, 16-19, 24-27}, lanes 16-31 elements {4-7, 12-15, 20-23, 28-31} (FinishDispatch restores).
@@ -365,8 +426,8 @@ ATTN_DPBF16_ATTR HWY_INLINE void PVRowsDp(const float* p, const std::uint16_t* c
 // Sum4 of q_r . k for NR <= 4 query rows (stride d) and one key row (bf16, d a multiple of 32): lane r
 // holds row r's dot (lanes past NR: 0). D > 0 is d at compile time (64, 128, 256: the loop unrolls).
 template <int NR, int D, bool kLo>
-ATTN_DPBF16_ATTR HWY_INLINE __m128 DotsDp(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
-                                          const std::uint16_t* k) {
+ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
+                                        const std::uint16_t* k, float* dst) {
   __m512 acc[4];
   for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
   const std::int64_t dd = D > 0 ? D : d;
@@ -378,7 +439,7 @@ ATTN_DPBF16_ATTR HWY_INLINE __m128 DotsDp(const std::uint16_t* qh, const std::ui
       if constexpr (kLo) acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(ql + r * dd + x), kv);
     }
   }
-  return Sum4(acc[0], acc[1], acc[2], acc[3]);
+  StoreSum4(DF(), VF{acc[0]}, VF{acc[1]}, VF{acc[2]}, VF{acc[3]}, dst);
 }
 
 // The key walk: q . k for every key of the chunk, every kv head of key c before key c + 1 (K read front
@@ -405,38 +466,14 @@ ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
         const std::uint16_t* ql = kLo ? a.q_lo + (g * R + 4 * b) * d : nullptr;
         float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
         switch (std::min<std::int64_t>(4, R - 4 * b)) {
-          case 4: _mm_storeu_ps(dst, DotsDp<4, D, kLo>(qh, ql, d, kr)); break;
-          case 3: _mm_storeu_ps(dst, DotsDp<3, D, kLo>(qh, ql, d, kr)); break;
-          case 2: _mm_storeu_ps(dst, DotsDp<2, D, kLo>(qh, ql, d, kr)); break;
-          default: _mm_storeu_ps(dst, DotsDp<1, D, kLo>(qh, ql, d, kr)); break;
+          case 4: DotsDp<4, D, kLo>(qh, ql, d, kr, dst); break;
+          case 3: DotsDp<3, D, kLo>(qh, ql, d, kr, dst); break;
+          case 2: DotsDp<2, D, kLo>(qh, ql, d, kr, dst); break;
+          default: DotsDp<1, D, kLo>(qh, ql, d, kr, dst); break;
         }
       }
     }
   }
-}
-
-// dots4 (the key walk's layout) -> scores[g][r][0 .. kChunk): a 4 x 16 transpose per 16 keys. Lanes
-// past n are copied too (they are overwritten with -inf before use).
-ATTN_DPBF16_ATTR HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, float* scores) {
-  const std::int64_t R = a.group * a.seqlen_q, RB = (R + 3) / 4;
-  // After a per-register 4 x 4 transpose, 128-bit lane j of each register holds row j of 4 keys.
-  const __m512i by_row = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  for (std::int64_t g = 0; g < a.kv_heads; ++g)
-    for (std::int64_t b = 0; b < RB; ++b) {
-      const float* src = dots4 + (g * RB + b) * kChunk * 4;
-      const std::int64_t nr = std::min<std::int64_t>(4, R - 4 * b);
-      float* dst = scores + (g * R + 4 * b) * kChunk;
-      for (std::int64_t c = 0; c < a.n; c += 16) {
-        __m512 v[4];
-        for (int i = 0; i < 4; ++i) v[i] = _mm512_permutexvar_ps(by_row, _mm512_loadu_ps(src + (c + 4 * i) * 4));
-        // v[i] lane j = row j of keys c + 4i ... c + 4i + 3; gather lane j of every v[i] into row j.
-        const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
-        const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
-        const __m512 rows[4] = {_mm512_shuffle_f32x4(t0, t2, 0x88), _mm512_shuffle_f32x4(t0, t2, 0xDD),
-                                _mm512_shuffle_f32x4(t1, t3, 0x88), _mm512_shuffle_f32x4(t1, t3, 0xDD)};
-        for (std::int64_t t = 0; t < nr; ++t) _mm512_storeu_ps(dst + t * kChunk + c, rows[t]);
-      }
-    }
 }
 
 ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
