@@ -449,5 +449,55 @@ TEST(Conversions, FloatToBf16RoundsToNearestEvenAndKeepsNaN) {
   }
 }
 
+// f16 conversions (element.hpp: float arithmetic and bit operations) against the compiler's _Float16,
+// an independent implementation (libgcc's soft-float routines): every f16 value both ways, every
+// halfway point between neighbouring f16 values and its two neighbouring floats, the overflow edge,
+// and 2^20 random floats.
+TEST(Conversions, F16MatchesTheCompilersHalfType) {
+  auto check_down = [](std::uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    const std::uint16_t got = detail::float_to_f16(f).bits;
+    const _Float16 h = static_cast<_Float16>(f);
+    std::uint16_t want;
+    std::memcpy(&want, &h, 2);
+    if (std::isnan(f)) {
+      ASSERT_EQ(got & 0x8000u, want & 0x8000u) << std::hex << u;
+      ASSERT_TRUE((got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) != 0) << std::hex << u << " -> " << got;
+      return;
+    }
+    ASSERT_EQ(got, want) << std::hex << u << " = " << f;
+  };
+  for (std::uint32_t b = 0; b < 0x10000u; ++b) {
+    _Float16 h;
+    const std::uint16_t bits = static_cast<std::uint16_t>(b);
+    std::memcpy(&h, &bits, 2);
+    const float want = static_cast<float>(h), got = detail::f16_to_float(f16_t{bits});
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got)) << std::hex << b;
+      ASSERT_EQ(std::signbit(got), std::signbit(want)) << std::hex << b;
+    } else {
+      ASSERT_EQ(detail::float_bits(got), detail::float_bits(want)) << std::hex << b;
+    }
+    check_down(detail::float_bits(want));
+    if (std::isfinite(want) && (b & 0x7fffu) != 0x7bffu) {  // up to the largest finite magnitude
+      std::uint16_t next_bits = static_cast<std::uint16_t>(b + 1);
+      _Float16 next;
+      std::memcpy(&next, &next_bits, 2);
+      const float mid = static_cast<float>((static_cast<double>(want) + static_cast<double>(static_cast<float>(next))) / 2);
+      check_down(detail::float_bits(mid));
+      check_down(detail::float_bits(mid) + 1);
+      check_down(detail::float_bits(mid) - 1);
+    }
+  }
+  for (float f : {65504.0f, 65519.99f, 65520.0f, 65536.0f, 1e30f, 0x1.0p-24f, 0x1.0p-25f, 0x1.8p-25f, 0x1.0p-26f, 1e-30f})
+    for (float s : {1.0f, -1.0f}) check_down(detail::float_bits(f * s));
+  std::uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int i = 0; i < 1 << 20; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    check_down(static_cast<std::uint32_t>(x >> 32));
+  }
+}
+
 }  // namespace
 }  // namespace attn
