@@ -15,10 +15,14 @@
 // shuffled order); each at 1 and 2 threads. --quick: 8k keys and a batch of 4 (1k..8k), in seconds
 // (a smoke test: 32 MiB of cache stays partly in a 32 MiB L3, so its layout column reads from cache).
 // --cache N: the single batch-1 case at N keys (what bench/peers/peers.py --mode decode runs).
+// --layout kv-heads: the cache stored kv-head-major ([batch or page, kv_heads, keys, d], Hugging Face's
+// order) through strides instead of flash-attn's [batch or page, keys, kv_heads, d]; the kernels then
+// walk it kv head by kv head, and the layout probe reads its rows in that order, per chunk of 64 keys.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -48,7 +52,7 @@ struct Case {
 
 struct Args {
   bool quick = false, json = false;
-  std::string threads = "1,2", dtype = "bf16", num_splits = "0", seq_q = "1", cache;
+  std::string threads = "1,2", dtype = "bf16", num_splits = "0", seq_q = "1", cache, layout = "keys";
 };
 
 DType parse_dtype(const std::string& s) {
@@ -112,19 +116,22 @@ struct Buffer {
   void* get() const { return bytes.get(); }
 };
 
-TensorView view4(void* data, DType t, std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+// [a, b, c, d] over dense storage; swap_bc: stored as [a, c, b, d] (a kv-head-major cache).
+TensorView view4(void* data, DType t, std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d,
+                 bool swap_bc = false) {
   TensorView v;
   v.data = data;
   v.dtype = t;
   v.rank = 4;
   v.shape = {a, b, c, d};
-  v.strides = {b * c * d, c * d, d, 1};
+  v.strides = swap_bc ? std::array<std::int64_t, 4>{b * c * d, d, b * d, 1} : std::array<std::int64_t, 4>{b * c * d, c * d, d, 1};
   return v;
 }
 
 void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>& threads, std::int64_t splits,
               std::int64_t seq_q) {
   const std::int64_t H = 32, HK = 8, D = 128, B = cs.batch;
+  const bool kv_heads_major = args.layout == "kv-heads";
   const std::size_t es = dtype_size(dt);
   std::int64_t total_keys = 0, max_len = 0, pages = 0;
   for (auto n : cs.lengths) {
@@ -154,26 +161,40 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t j = 0; j < (cs.lengths[static_cast<std::size_t>(b)] + cs.page_size - 1) / cs.page_size; ++j)
         table[static_cast<std::size_t>(b * max_pages + j)] = order[next++];
-    cache.k = view4(kbuf.get(), dt, pages, cs.page_size, HK, D);
-    cache.v = view4(vbuf.get(), dt, pages, cs.page_size, HK, D);
+    cache.k = view4(kbuf.get(), dt, pages, cs.page_size, HK, D, kv_heads_major);
+    cache.v = view4(vbuf.get(), dt, pages, cs.page_size, HK, D, kv_heads_major);
     cache.block_table = table.data();
     cache.max_pages = max_pages;
   } else {
-    cache.k = view4(kbuf.get(), dt, B, max_len, HK, D);
-    cache.v = view4(vbuf.get(), dt, B, max_len, HK, D);
+    cache.k = view4(kbuf.get(), dt, B, max_len, HK, D, kv_heads_major);
+    cache.v = view4(vbuf.get(), dt, B, max_len, HK, D, kv_heads_major);
   }
   const TensorView q = view4(qbuf.get(), dt, B, seq_q, H, D), out = view4(obuf.get(), dt, B, seq_q, H, D);
-  // Every key's K row and V row (all kv heads), in the kernel's order, for the layout probe.
-  const std::size_t row_bytes = static_cast<std::size_t>(HK * D) * es;
+  // The K and V rows in the kernel's order, for the layout probe: every key's rows of all kv heads, key
+  // after key; for a kv-head-major cache each kv head's row of each key, kv head by kv head per chunk of
+  // 64 keys.
+  const std::size_t head_bytes = static_cast<std::size_t>(D) * es;
+  const std::size_t row_bytes = kv_heads_major ? head_bytes : static_cast<std::size_t>(HK) * head_bytes;
+  const std::int64_t slots = cs.page_size > 0 ? cs.page_size : max_len;  // keys per page or sequence
   std::vector<const void*> kv_rows;
-  kv_rows.reserve(static_cast<std::size_t>(2 * total_keys));
+  kv_rows.reserve(static_cast<std::size_t>(2 * total_keys * (kv_heads_major ? HK : 1)));
+  auto add = [&](std::int64_t b, std::int64_t j, std::int64_t g) {
+    const std::int64_t page = cs.page_size > 0 ? table[static_cast<std::size_t>(b * cache.max_pages + j / cs.page_size)] : b;
+    const std::int64_t slot = cs.page_size > 0 ? j % cs.page_size : j;
+    const std::size_t off = kv_heads_major
+        ? static_cast<std::size_t>((page * HK + g) * slots + slot) * head_bytes
+        : static_cast<std::size_t>(page * slots + slot) * row_bytes;
+    kv_rows.push_back(static_cast<const unsigned char*>(kbuf.get()) + off);
+    kv_rows.push_back(static_cast<const unsigned char*>(vbuf.get()) + off);
+  };
   for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t j = 0; j < cs.lengths[static_cast<std::size_t>(b)]; ++j) {
-      const std::int64_t r = cs.page_size > 0
-          ? std::int64_t{table[static_cast<std::size_t>(b * cache.max_pages + j / cs.page_size)]} * cs.page_size + j % cs.page_size
-          : b * max_len + j;
-      kv_rows.push_back(static_cast<const unsigned char*>(kbuf.get()) + static_cast<std::size_t>(r) * row_bytes);
-      kv_rows.push_back(static_cast<const unsigned char*>(vbuf.get()) + static_cast<std::size_t>(r) * row_bytes);
+    for (std::int64_t j0 = 0; j0 < cs.lengths[static_cast<std::size_t>(b)]; j0 += 64) {
+      const std::int64_t j1 = std::min(j0 + 64, cs.lengths[static_cast<std::size_t>(b)]);
+      if (!kv_heads_major)
+        for (std::int64_t j = j0; j < j1; ++j) add(b, j, 0);
+      else
+        for (std::int64_t g = 0; g < HK; ++g)
+          for (std::int64_t j = j0; j < j1; ++j) add(b, j, g);
     }
   const double bytes = 2.0 * static_cast<double>(total_keys) * HK * D * static_cast<double>(es);
   const double flops = 4.0 * static_cast<double>(seq_q * total_keys) * H * D;
@@ -194,7 +215,7 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
       std::printf("%s\n", nlohmann::json{{"kind", "decode"}, {"case", cs.name}, {"batch", B}, {"seq_q", seq_q},
                                          {"seq_k", max_len}, {"total_keys", total_keys}, {"heads", H},
                                          {"kv_heads", HK}, {"head_dim", D}, {"dtype", std::string(dtype_name(dt))},
-                                         {"causal", o.causal}, {"paged", cs.page_size > 0},
+                                         {"causal", o.causal}, {"paged", cs.page_size > 0}, {"layout", args.layout},
                                          {"page_size", cs.page_size}, {"threads", t}, {"seconds", tm.median_s},
                                          {"gflops", flops / tm.median_s / 1e9}, {"gbps", gbps},
                                          {"read_bandwidth_gbps", bw}, {"bandwidth_fraction", fraction},
@@ -222,8 +243,13 @@ void add_bench_decode(CLI::App& bench) {
   c->add_option("--num-splits", args->num_splits, "key slices per sequence (0 = automatic)")->capture_default_str();
   c->add_option("--seq-q", args->seq_q, "queries per sequence (causal among them when > 1)")->capture_default_str();
   c->add_option("--cache", args->cache, "one case instead of the table: batch 1, a contiguous cache of this many keys");
+  c->add_option("--layout", args->layout,
+                "cache layout: keys ([.., keys, kv_heads, d], flash-attn) or kv-heads ([.., kv_heads, keys, d])")
+      ->capture_default_str();
   c->callback([args] {
     const DType dt = parse_dtype(args->dtype);
+    if (args->layout != "keys" && args->layout != "kv-heads")
+      throw UsageError("--layout: must be keys or kv-heads, got '" + args->layout + "'");
     const auto threads = parse_threads(args->threads);
     const std::int64_t splits = parse_count(args->num_splits, "--num-splits");
     const std::int64_t seq_q = parse_count(args->seq_q, "--seq-q");
@@ -242,8 +268,9 @@ void add_bench_decode(CLI::App& bench) {
       cases.push_back({"b16 1k..64k paged16", 16, spread(16, 1024, 65536), 16});
     }
     if (!args->json) {
-      std::printf("attn bench decode: %s; %s; 32 heads, 8 kv heads, d = 128, %s cache, seq_q = %lld\n",
+      std::printf("attn bench decode: %s; %s; 32 heads, 8 kv heads, d = 128, %s cache (%s), seq_q = %lld\n",
                   machine_name().c_str(), kernel_paths().c_str(), std::string(dtype_name(dt)).c_str(),
+                  args->layout == "keys" ? "[.., keys, kv_heads, d]" : "[.., kv_heads, keys, d]",
                   static_cast<long long>(seq_q));
       std::printf("%-22s %7s %13s %13s %13s %8s %13s %8s\n", "case", "threads", "median", "KV read", "probe read",
                   "of probe", "layout read", "of layout");
