@@ -329,9 +329,9 @@ TEST(Decode, BitwiseIdenticalForAnyThreadCount) {
 
 TEST(Decode, PaddedAndStridedLayoutsGiveTheSameResult) {
   // The cache with 8 spare elements after each kv head's row and 3 spare rows per page, stored key-major
-  // ([.., keys, kv_heads, d], flash-attn's) or kv-head-major ([.., kv_heads, keys, d], which the kernels
-  // walk kv head by kv head); q and out head-major [b, h, s, d]. The same values as a dense problem, so
-  // the outputs must match bitwise.
+  // ([.., keys, kv_heads, d], flash-attn's) or kv-head-major ([.., kv_heads, keys, d], Hugging Face's);
+  // q and out head-major [b, h, s, d]. The same values as a dense problem, so the outputs must match
+  // bitwise.
   for (std::int64_t page : {0, 3})
     for (bool bf : {false, true})
       for (bool kv_head_major : {false, true}) {

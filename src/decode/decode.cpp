@@ -15,7 +15,6 @@
 // thread count.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -164,7 +163,6 @@ void run(const DecodeProblem& p) {
     a.head_dim = d;
     a.state_stride = S;
     a.bf16_out = p.q_dtype == DType::bf16;
-    a.head_major = std::abs(p.k.strides[2]) > std::abs(p.k.strides[1]);
     a.scratch = scratch.data();
     // Pointers to kv head 0's K and V rows of keys [j, j + n) of sequence b (any layout, any page size).
     auto fill = [&](std::int64_t b, std::int64_t j, std::int64_t n) {

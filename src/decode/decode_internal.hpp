@@ -80,9 +80,6 @@ struct ChunkArgs {
   // The output is bf16: that path may also round p to bf16 for P V (flash-attn's rule; l stays the
   // sum of the f32 p, so the LSE keeps f32 accuracy).
   bool bf16_out = false;
-  // The cache stores each kv head's keys together (kv-head-major, |kv head stride| > |key stride| in K):
-  // the key walk goes kv head by kv head, the order that reads K front to back.
-  bool head_major = false;
 };
 
 inline std::int64_t state_stride_for(std::int64_t head_dim) { return (head_dim + 15) / 16 * 16 + 16; }

@@ -281,43 +281,30 @@ HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, floa
     }
 }
 
-// Calls f(c, g) for every key c of the chunk and kv head g in the order the cache stores them, so that K
-// is read front to back: key by key (every kv head of key c before key c + 1) for flash-attn's layout
-// [.., keys, kv_heads, d], kv head by kv head for a kv-head-major cache [.., kv_heads, keys, d]. Key
-// order streams about twice as fast as the head-by-head order over flash-attn's layout on Zen 4.
-template <class F>
-HWY_INLINE void ForEachKeyHead(const ChunkArgs<float>& a, F&& f) {
-  if (a.head_major) {
-    for (std::int64_t g = 0; g < a.kv_heads; ++g)
-      for (std::int64_t c = 0; c < a.n; ++c) f(c, g);
-  } else {
-    for (std::int64_t c = 0; c < a.n; ++c)
-      for (std::int64_t g = 0; g < a.kv_heads; ++g) f(c, g);
-  }
-}
-
-// The key walk (K read front to back, see ForEachKeyHead), each kv head's V row prefetched as its K row
-// is consumed. It is latency-bound -- each K row's dot-product chains and the
+// The key walk (every kv head of key c before key c + 1, so K is read front to back: the pattern the
+// hardware prefetcher streams best, about twice the head-by-head order on Zen 4), each kv head's V row
+// prefetched as its K row is consumed. It is latency-bound -- each K row's dot-product chains and the
 // reduction after them wait on the row's load -- so its instructions per key are kept few (no loop over
 // d, one vector store of four dots) and the out-of-order core overlaps more keys.
 template <class T, int D>
 void ScoreKeys(const ChunkArgs<float>& a, float* dots4) {
   const std::int64_t d = D > 0 ? D : a.head_dim, R = a.group * a.seqlen_q, RB = (R + 3) / 4;
   const T* const* krows = reinterpret_cast<const T* const*>(a.k_rows);
-  ForEachKeyHead(a, [&](std::int64_t c, std::int64_t g) {
-    PrefetchV<T>(a, c, g);
-    const T* kr = krows[c] + g * a.k_head_stride;
-    for (std::int64_t b = 0; b < RB; ++b) {
-      const float* q = a.q + (g * R + 4 * b) * d;
-      float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
-      switch (std::min<std::int64_t>(4, R - 4 * b)) {
-        case 4: Dots4<4, D>(q, d, kr, dst); break;
-        case 3: Dots4<3, D>(q, d, kr, dst); break;
-        case 2: Dots4<2, D>(q, d, kr, dst); break;
-        default: Dots4<1, D>(q, d, kr, dst); break;
+  for (std::int64_t c = 0; c < a.n; ++c)
+    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+      PrefetchV<T>(a, c, g);
+      const T* kr = krows[c] + g * a.k_head_stride;
+      for (std::int64_t b = 0; b < RB; ++b) {
+        const float* q = a.q + (g * R + 4 * b) * d;
+        float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
+        switch (std::min<std::int64_t>(4, R - 4 * b)) {
+          case 4: Dots4<4, D>(q, d, kr, dst); break;
+          case 3: Dots4<3, D>(q, d, kr, dst); break;
+          case 2: Dots4<2, D>(q, d, kr, dst); break;
+          default: Dots4<1, D>(q, d, kr, dst); break;
+        }
       }
     }
-  });
 }
 
 template <class T>
@@ -455,29 +442,38 @@ ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint
   StoreSum4(DF(), VF{acc[0]}, VF{acc[1]}, VF{acc[2]}, VF{acc[3]}, dst);
 }
 
-// ScoreKeys for the bf16 dot products: the same walk (ForEachKeyHead), the same dots4 layout.
+// The key walk: q . k for every key of the chunk, every kv head of key c before key c + 1 (K read front
+// to back), each kv head's V row prefetched as its K row is consumed. The dots of query rows
+// 4b .. 4b + 3 of kv head g for key c go to dots4[((g * RB + b) * kChunk + c) * 4 ...] as one vector
+// store. The walk is latency-bound (each K row's four dot-product chains and the reduction after them
+// wait on the row's load), so its instructions per key are kept few -- no loop over d, no stores
+// through general registers -- and the out-of-order core overlaps more keys.
 template <int D, bool kLo>
 ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
   const std::int64_t d = D > 0 ? D : a.head_dim, R = a.group * a.seqlen_q, RB = (R + 3) / 4;
   const auto* const* krows = reinterpret_cast<const std::uint16_t* const*>(a.k_rows);
   const auto* const* vrows = reinterpret_cast<const char* const*>(a.v_rows);
   const std::int64_t row_bytes = d * 2, vstride = a.v_head_stride * 2;
-  ForEachKeyHead(a, [&](std::int64_t c, std::int64_t g) {
-    const char* vr = vrows[c] + g * vstride;
-    for (std::int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(vr + x, 0, 2);
-    const std::uint16_t* kr = krows[c] + g * a.k_head_stride;
-    for (std::int64_t b = 0; b < RB; ++b) {
-      const std::uint16_t* qh = a.q_hi + (g * R + 4 * b) * d;
-      const std::uint16_t* ql = kLo ? a.q_lo + (g * R + 4 * b) * d : nullptr;
-      float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
-      switch (std::min<std::int64_t>(4, R - 4 * b)) {
-        case 4: DotsDp<4, D, kLo>(qh, ql, d, kr, dst); break;
-        case 3: DotsDp<3, D, kLo>(qh, ql, d, kr, dst); break;
-        case 2: DotsDp<2, D, kLo>(qh, ql, d, kr, dst); break;
-        default: DotsDp<1, D, kLo>(qh, ql, d, kr, dst); break;
+  for (std::int64_t c = 0; c < a.n; ++c) {
+    const std::uint16_t* kc = krows[c];
+    const char* vc = vrows[c];
+    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+      const char* vr = vc + g * vstride;
+      for (std::int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(vr + x, 0, 2);
+      const std::uint16_t* kr = kc + g * a.k_head_stride;
+      for (std::int64_t b = 0; b < RB; ++b) {
+        const std::uint16_t* qh = a.q_hi + (g * R + 4 * b) * d;
+        const std::uint16_t* ql = kLo ? a.q_lo + (g * R + 4 * b) * d : nullptr;
+        float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
+        switch (std::min<std::int64_t>(4, R - 4 * b)) {
+          case 4: DotsDp<4, D, kLo>(qh, ql, d, kr, dst); break;
+          case 3: DotsDp<3, D, kLo>(qh, ql, d, kr, dst); break;
+          case 2: DotsDp<2, D, kLo>(qh, ql, d, kr, dst); break;
+          default: DotsDp<1, D, kLo>(qh, ql, d, kr, dst); break;
+        }
       }
     }
-  });
+  }
 }
 
 ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {

@@ -16,8 +16,9 @@
 // (a smoke test: 32 MiB of cache stays partly in a 32 MiB L3, so its layout column reads from cache).
 // --cache N: the single batch-1 case at N keys (what bench/peers/peers.py --mode decode runs).
 // --layout kv-heads: the cache stored kv-head-major ([batch or page, kv_heads, keys, d], Hugging Face's
-// order) through strides instead of flash-attn's [batch or page, keys, kv_heads, d]; the kernels then
-// walk it kv head by kv head, and the layout probe reads its rows in that order, per chunk of 64 keys.
+// order) through strides instead of flash-attn's [batch or page, keys, kv_heads, d]; the kernels walk
+// it key by key as well (walking it kv head by kv head was no faster on Zen 4, docs/decode.md), and the
+// layout probe reads its rows in that order.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -170,9 +171,8 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
     cache.v = view4(vbuf.get(), dt, B, max_len, HK, D, kv_heads_major);
   }
   const TensorView q = view4(qbuf.get(), dt, B, seq_q, H, D), out = view4(obuf.get(), dt, B, seq_q, H, D);
-  // The K and V rows in the kernel's order, for the layout probe: every key's rows of all kv heads, key
-  // after key; for a kv-head-major cache each kv head's row of each key, kv head by kv head per chunk of
-  // 64 keys.
+  // The K and V rows in the kernel's order, for the layout probe: key after key, each key's rows of all
+  // kv heads (one row of kv_heads x d elements, or, kv-head-major, kv_heads rows of d elements).
   const std::size_t head_bytes = static_cast<std::size_t>(D) * es;
   const std::size_t row_bytes = kv_heads_major ? head_bytes : static_cast<std::size_t>(HK) * head_bytes;
   const std::int64_t slots = cs.page_size > 0 ? cs.page_size : max_len;  // keys per page or sequence
@@ -188,14 +188,8 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
     kv_rows.push_back(static_cast<const unsigned char*>(vbuf.get()) + off);
   };
   for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t j0 = 0; j0 < cs.lengths[static_cast<std::size_t>(b)]; j0 += 64) {
-      const std::int64_t j1 = std::min(j0 + 64, cs.lengths[static_cast<std::size_t>(b)]);
-      if (!kv_heads_major)
-        for (std::int64_t j = j0; j < j1; ++j) add(b, j, 0);
-      else
-        for (std::int64_t g = 0; g < HK; ++g)
-          for (std::int64_t j = j0; j < j1; ++j) add(b, j, g);
-    }
+    for (std::int64_t j = 0; j < cs.lengths[static_cast<std::size_t>(b)]; ++j)
+      for (std::int64_t g = 0; g < (kv_heads_major ? HK : 1); ++g) add(b, j, g);
   const double bytes = 2.0 * static_cast<double>(total_keys) * HK * D * static_cast<double>(es);
   const double flops = 4.0 * static_cast<double>(seq_q * total_keys) * H * D;
   DecodeOptions dec;
