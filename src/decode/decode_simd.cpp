@@ -423,8 +423,8 @@ ATTN_DPBF16_ATTR HWY_INLINE void PVRowsDp(const float* p, const std::uint16_t* c
   if (x < d) PVDp<NR, 1>(p, vrows, vhs, n, o, S, x);
 }
 
-// Sum4 of q_r . k for NR <= 4 query rows (stride d) and one key row (bf16, d a multiple of 32): lane r
-// holds row r's dot (lanes past NR: 0). D > 0 is d at compile time (64, 128, 256: the loop unrolls).
+// Dots4 with VDPBF16PS: dst[r] = q_r . k for NR <= 4 query rows (q_hi + q_lo, stride d) and one key row
+// (bf16, d a multiple of 32); dst[NR ..] = 0.
 template <int NR, int D, bool kLo>
 ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
                                         const std::uint16_t* k, float* dst) {
@@ -442,25 +442,15 @@ ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint
   StoreSum4(DF(), VF{acc[0]}, VF{acc[1]}, VF{acc[2]}, VF{acc[3]}, dst);
 }
 
-// The key walk: q . k for every key of the chunk, every kv head of key c before key c + 1 (K read front
-// to back), each kv head's V row prefetched as its K row is consumed. The dots of query rows
-// 4b .. 4b + 3 of kv head g for key c go to dots4[((g * RB + b) * kChunk + c) * 4 ...] as one vector
-// store. The walk is latency-bound (each K row's four dot-product chains and the reduction after them
-// wait on the row's load), so its instructions per key are kept few -- no loop over d, no stores
-// through general registers -- and the out-of-order core overlaps more keys.
+// ScoreKeys with DotsDp: the same walk, the same dots4 layout.
 template <int D, bool kLo>
 ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
   const std::int64_t d = D > 0 ? D : a.head_dim, R = a.group * a.seqlen_q, RB = (R + 3) / 4;
   const auto* const* krows = reinterpret_cast<const std::uint16_t* const*>(a.k_rows);
-  const auto* const* vrows = reinterpret_cast<const char* const*>(a.v_rows);
-  const std::int64_t row_bytes = d * 2, vstride = a.v_head_stride * 2;
   for (std::int64_t c = 0; c < a.n; ++c) {
-    const std::uint16_t* kc = krows[c];
-    const char* vc = vrows[c];
     for (std::int64_t g = 0; g < a.kv_heads; ++g) {
-      const char* vr = vc + g * vstride;
-      for (std::int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(vr + x, 0, 2);
-      const std::uint16_t* kr = kc + g * a.k_head_stride;
+      PrefetchV<bf16_t>(a, c, g);
+      const std::uint16_t* kr = krows[c] + g * a.k_head_stride;
       for (std::int64_t b = 0; b < RB; ++b) {
         const std::uint16_t* qh = a.q_hi + (g * R + 4 * b) * d;
         const std::uint16_t* ql = kLo ? a.q_lo + (g * R + 4 * b) * d : nullptr;
