@@ -101,23 +101,29 @@ void run(const DecodeProblem& p) {
   }
 
   // q in the accumulator type, [batch][heads][seqlen_q][d] = per kv head [group * seqlen_q][d]; slopes.
-  std::vector<A> q(static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d));
+  // For the bf16 dot-product kernel also q = q_hi + q_lo in bf16 (q_lo dropped when every q is a bf16
+  // value): a bf16 q is its own q_hi.
+  const std::size_t q_size = static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d);
+  const bool split_q = std::is_same_v<A, float> && p.cache_dtype == DType::bf16;
+  std::vector<A> q(q_size);
+  std::vector<std::uint16_t> q_hi(split_q ? q_size : 0), q_lo;
   std::vector<A> slopes(static_cast<std::size_t>(p.batch * p.heads), A(0));
   dispatch_dtype(p.q_dtype, [&]<class Q>() {
     for (std::int64_t b = 0; b < p.batch; ++b)
       for (std::int64_t h = 0; h < p.heads; ++h)
         for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
           const Q* src = row_ptr<const Q>(p.q, b, i, h);
-          A* dst = q.data() + ((b * p.heads + h) * p.seqlen_q + i) * d;
+          const std::int64_t at = ((b * p.heads + h) * p.seqlen_q + i) * d;
+          A* dst = q.data() + at;
           for (std::int64_t c = 0; c < d; ++c) dst[c] = load<A>(src[c * p.q.strides[3]]);
+          if constexpr (std::is_same_v<Q, bf16_t>)
+            if (split_q)
+              for (std::int64_t c = 0; c < d; ++c) q_hi[static_cast<std::size_t>(at + c)] = src[c * p.q.strides[3]].bits;
         }
   });
-  // For the bf16 dot-product kernel: q = q_hi + q_lo in bf16 (q_lo dropped when every q is a bf16 value).
-  std::vector<std::uint16_t> q_hi, q_lo;
   bool q_exact = true;
   if constexpr (std::is_same_v<A, float>) {
-    if (p.cache_dtype == DType::bf16) {
-      q_hi.resize(q.size());
+    if (split_q && p.q_dtype != DType::bf16) {
       q_lo.resize(q.size());
       std::uint32_t inexact = 0;  // any q_lo other than +-0 (a NaN q gives a NaN q_lo)
       for (std::size_t e = 0; e < q.size(); ++e) {
@@ -151,9 +157,14 @@ void run(const DecodeProblem& p) {
 
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<const void*> ptrs(2 * kChunk);
-    std::vector<A> scratch(static_cast<std::size_t>((p.kv_heads + 1) * R * kChunk + kChunk * d +
-                                                  p.kv_heads * ((R + 3) / 4 * 4) * kChunk));
+    // Per-thread buffers kept across calls (OpenMP reuses its threads): a short cache's call would
+    // otherwise spend a fifth of its time allocating and zeroing them.
+    static thread_local std::vector<const void*> ptrs;
+    static thread_local std::vector<A> scratch;
+    ptrs.resize(2 * kChunk);
+    const auto scratch_size = static_cast<std::size_t>((p.kv_heads + 1) * R * kChunk + kChunk * d +
+                                                       p.kv_heads * ((R + 3) / 4 * 4) * kChunk);
+    if (scratch.size() < scratch_size) scratch.resize(scratch_size);
     ChunkArgs<A> a{};
     a.k_head_stride = p.k.strides[2];
     a.v_head_stride = p.v.strides[2];
