@@ -1,7 +1,8 @@
 // GPU benchmark of attn's CUDA kernels with CUDA events (median of many repetitions after warm-up),
 // next to the device-to-device copy bandwidth measured in the same run. One JSON object per line on
 // stdout; bench/gpu/torch_bench.py measures the PyTorch side and bench/gpu/table.py prints the table.
-// Usage: attn_gpu_bench [--quick]
+// Usage: attn_gpu_bench [--quick] [--sweep]   (--sweep: decode also at num_splits 8 ... 1056, as
+// "decode_sweep" lines that the table ignores)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -68,7 +69,11 @@ double median_ms(F&& f, int warmup, int reps, int inner = 1) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  bool quick = false, sweep = false;
+  for (int i = 1; i < argc; ++i) {
+    quick = quick || std::string(argv[i]) == "--quick";
+    sweep = sweep || std::string(argv[i]) == "--sweep";
+  }
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("{\"what\":\"device\",\"name\":\"%s\",\"sms\":%d}\n", prop.name, prop.multiProcessorCount);
@@ -127,6 +132,15 @@ int main(int argc, char** argv) {
     const double bytes = 2.0 * N * HK * D * 2;
     std::printf("{\"what\":\"decode\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
                 static_cast<long long>(splits), ms, bytes / ms / 1e6);
+    for (std::int64_t sp : {8, 16, 33, 66, 132, 264, 528, 1056}) {
+      if (!sweep) break;
+      attn::DecodeOptions dec;
+      dec.num_splits = sp;
+      const double t = median_ms([&] { attn::cuda::attention_decode(qv, cache, ov, {}, dec, nullptr, nullptr, mirror); }, 5,
+                                 quick ? 5 : 30, 10);
+      std::printf("{\"what\":\"decode_sweep\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
+                  static_cast<long long>(sp), t, bytes / t / 1e6);
+    }
     for (void* p : {kc, vc, q, o}) CHECK(cudaFree(p));
     CHECK(cudaFree(dseq));
   }
