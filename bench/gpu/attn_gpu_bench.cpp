@@ -132,15 +132,15 @@ int main(int argc, char** argv) {
     const double bytes = 2.0 * N * HK * D * 2;
     std::printf("{\"what\":\"decode\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
                 static_cast<long long>(splits), ms, bytes / ms / 1e6);
-    for (std::int64_t sp : {8, 16, 33, 66, 132, 264, 528, 1056}) {
-      if (!sweep) break;
-      attn::DecodeOptions dec;
-      dec.num_splits = sp;
-      const double t = median_ms([&] { attn::cuda::attention_decode(qv, cache, ov, {}, dec, nullptr, nullptr, mirror); }, 5,
-                                 quick ? 5 : 30, 10);
-      std::printf("{\"what\":\"decode_sweep\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
-                  static_cast<long long>(sp), t, bytes / t / 1e6);
-    }
+    if (sweep)
+      for (std::int64_t sp : {8, 16, 33, 66, 132, 264, 528, 1056}) {
+        attn::DecodeOptions dec;
+        dec.num_splits = sp;
+        const double t = median_ms([&] { attn::cuda::attention_decode(qv, cache, ov, {}, dec, nullptr, nullptr, mirror); },
+                                   5, quick ? 5 : 30, 10);
+        std::printf("{\"what\":\"decode_sweep\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
+                    static_cast<long long>(sp), t, bytes / t / 1e6);
+      }
     for (void* p : {kc, vc, q, o}) CHECK(cudaFree(p));
     CHECK(cudaFree(dseq));
   }

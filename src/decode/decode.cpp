@@ -162,8 +162,7 @@ void run(const DecodeProblem& p) {
     static thread_local std::vector<const void*> ptrs;
     static thread_local std::vector<A> scratch;
     ptrs.resize(2 * kChunk);
-    const auto scratch_size = static_cast<std::size_t>((p.kv_heads + 1) * R * kChunk + kChunk * d +
-                                                       p.kv_heads * ((R + 3) / 4 * 4) * kChunk);
+    const auto scratch_size = static_cast<std::size_t>(chunk_scratch_size(p.kv_heads, R, d));
     if (scratch.size() < scratch_size) scratch.resize(scratch_size);
     ChunkArgs<A> a{};
     a.k_head_stride = p.k.strides[2];

@@ -71,8 +71,7 @@ struct ChunkArgs {
   const A* slopes;  // [kv_heads * group] ALiBi slope per query head, 0 = none
   A* states;        // [kv_heads][group * seqlen_q][state_stride]: o[head_dim], then m, l
   std::int64_t state_stride;
-  A* scratch;       // (kv_heads + 1) * R * kChunk + kChunk * head_dim + kv_heads * ceil4(R) * kChunk values,
-                   // R = group * seqlen_q, ceil4(R) = R rounded up to a multiple of 4
+  A* scratch;       // chunk_scratch_size(kv_heads, group * seqlen_q, head_dim) values (layout below)
   // q rounded to bf16 (q_hi) and the bf16 rounding of the remainder (q_lo, nullptr when q_hi is exact),
   // same layout as q: the bf16 dot-product path of decode_simd.cpp uses them when the CPU has it.
   const std::uint16_t* q_hi = nullptr;
@@ -83,6 +82,17 @@ struct ChunkArgs {
 };
 
 inline std::int64_t state_stride_for(std::int64_t head_dim) { return (head_dim + 15) / 16 * 16 + 16; }
+
+// A chunk kernel's scratch, for R = group x seqlen_q query rows per kv head, in values. The SIMD kernels:
+// scores [kv_heads][R][kChunk], probabilities [R][kChunk], kChunk x head_dim unused, and from
+// chunk_dots4_offset the key walk's dots [kv_heads][ceil(R / 4)][kChunk][4]. The f64 kernel (one kv head
+// at a time) keeps its scores and probabilities in the first 2 R kChunk values and its packed V after.
+inline std::int64_t chunk_dots4_offset(std::int64_t kv_heads, std::int64_t R, std::int64_t head_dim) {
+  return (kv_heads + 1) * R * kChunk + kChunk * head_dim;
+}
+inline std::int64_t chunk_scratch_size(std::int64_t kv_heads, std::int64_t R, std::int64_t head_dim) {
+  return chunk_dots4_offset(kv_heads, R, head_dim) + kv_heads * ((R + 3) / 4 * 4) * kChunk;
+}
 
 // f32/bf16/f16 caches (Highway, runtime dispatch to the best ISA). A kernel may keep o in its own lane
 // order between chunks; decode_finish_simd puts it back in order once an item's last chunk is done.

@@ -312,7 +312,7 @@ void Chunk(const ChunkArgs<float>& a) {
   const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride, n = a.n;
   float* scores = a.scratch;  // [kv_heads][R][kChunk]
   float* probs = a.scratch + a.kv_heads * R * kChunk;
-  float* dots4 = probs + R * kChunk + kChunk * d;  // [kv_heads][ceil(R / 4)][kChunk][4]
+  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
   const T* const* vrows = reinterpret_cast<const T* const*>(a.v_rows);
   switch (d) {
     case 64: ScoreKeys<T, 64>(a, dots4); break;
@@ -470,7 +470,7 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
   const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride;
   float* scores = a.scratch;  // [kv_heads][R][kChunk]
   float* probs = a.scratch + a.kv_heads * R * kChunk;
-  float* dots4 = probs + R * kChunk + kChunk * d;  // [kv_heads][ceil(R / 4)][kChunk][4]
+  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
   const auto* const* vrows = reinterpret_cast<const std::uint16_t* const*>(a.v_rows);
   const bool lo = a.q_lo != nullptr;
   switch (d) {
