@@ -226,10 +226,8 @@ TEST(Decode, AppendWritesTheNewKeysAndNothingElse) {
 }
 
 // flash-attn's accuracy rule (tests/test_features.cpp): error against the f64 oracle at most twice the
-// textbook method's at the same precision, plus a tiny slack.
-// The kernel's error against the f64 oracle is at most twice the textbook method's at the same precision
-// (plus `slack`). With `targets`, the kernel runs once per SIMD target (hwy target bits), each against
-// the same oracle; without, on the best target.
+// textbook method's at the same precision, plus `slack`. With `targets`, the kernel runs once per SIMD
+// target (hwy target bits), each against the same oracle; without, on the best target.
 template <class T, class Q = T>
 void check_precision(std::int64_t page, double slack, std::int64_t h = 8, std::int64_t hk = 2, std::int64_t d = 64,
                      const std::vector<std::int64_t>& targets = {0}) {
