@@ -15,23 +15,6 @@ template <class T> struct AccumulatorOf { using type = float; };
 template <> struct AccumulatorOf<double> { using type = double; };
 template <class T> using Acc = typename AccumulatorOf<T>::type;
 
-inline float bf16_to_float(bf16_t x) {
-  const std::uint32_t u = static_cast<std::uint32_t>(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline bf16_t float_to_bf16(float f) {  // round to nearest even; NaN stays NaN (quieted)
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  // Both results, then a select: no branch, so loops over arrays vectorise.
-  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
-  return {static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded)};
-}
-// f16 <-> f32 with float arithmetic and integer bit operations only: no branch, no call. (GCC turns a
-// _Float16 conversion into a libgcc call unless the whole build targets F16C, and those calls were 15%
-// of a short f16 decode.) Tested against _Float16 on every f16 value, every halfway point and 2^20
-// random floats.
 inline std::uint32_t float_bits(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -42,6 +25,17 @@ inline float bits_float(std::uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+inline float bf16_to_float(bf16_t x) { return bits_float(static_cast<std::uint32_t>(x.bits) << 16); }
+inline bf16_t float_to_bf16(float f) {  // round to nearest even; NaN stays NaN (quieted)
+  const std::uint32_t u = float_bits(f);
+  // Both results, then a select: no branch, so loops over arrays vectorise.
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
+  return {static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded)};
+}
+// f16 <-> f32 with float arithmetic and integer bit operations only: no branch, no call. (GCC turns a
+// _Float16 conversion into a libgcc call unless the whole build targets F16C, and those calls were 15%
+// of a short f16 decode.) Tested against _Float16 on every f16 value, every halfway point and 2^20
+// random floats.
 inline float f16_to_float(f16_t x) {
   const std::uint32_t w = static_cast<std::uint32_t>(x.bits) << 16, sign = w & 0x80000000u, mag = w << 1;
   // Normal, Inf, NaN: exponent and mantissa moved into f32 position with the exponent raised by 224,
