@@ -181,6 +181,15 @@ TEST(CudaSwizzle, BijectiveAndConflictFreeForLdmatrix) {
   }
 }
 
+TEST(CudaSwizzle, LaneOffsetsEqualTheSwizzle) {
+  for (int dim : {64, 128, 256})
+    for (int row = 0; row < 128; ++row)
+      for (int c0 = 0; c0 < 2; ++c0)
+        for (int kk = 0; kk < dim / 16; ++kk)
+          ASSERT_EQ(tiled_byte_offset(row, c0, kk, dim), 2 * swizzle(row, 16 * kk + 8 * c0, dim))
+              << "dim " << dim << " row " << row << " c0 " << c0 << " kk " << kk;
+}
+
 // ---- tile schedule ----------------------------------------------------------------------------------
 
 TEST(CudaTiles, ScheduleSkipsOnlyInvisibleTilesAndMasksOnlyWhereNeeded) {

@@ -1,162 +1,23 @@
-// FlashAttention-2 forward on tensor cores (Dao 2023, Algorithm 1 on a GPU).
-//
-// One block per (row block of BR queries, query head, sequence); WARPS warps, each owning MT slabs of
-// 16 query rows. The block walks the key tiles its rows can see (key_tiles: causal tiles above the
-// diagonal are skipped), K and V tiles of BC keys double-buffered in shared memory with cp.async so the
-// next tile streams in while this one is multiplied. Per tile and slab: S = Q K^T (mma.sync m16n8k16,
-// f32 accumulators), scale/transform/mask (only tiles that straddle a mask edge pay for masking), the
-// online-softmax step (attn::rescale_factor), P cast to 16 bits straight from the accumulator
-// registers into the A operand of O += P V. The epilogue divides by l and writes out and the LSE.
-#include <cuda_runtime.h>
-
-#include "cuda/params.hpp"
-#include "cuda/tile.cuh"
+// The library's forward configurations (docs/cuda.md) and the dispatch over dtype and head dim. The
+// kernel itself is in forward_kernel.cuh.
+#include "cuda/forward_kernel.cuh"
 
 namespace attn::cuda_detail {
 namespace {
 
-template <int D>
-struct FwdConfig;
-//                      warps  slabs/warp  keys/tile        smem (2 stages, 16-bit)
-template <> struct FwdConfig<64> { static constexpr int WARPS = 4, MT = 2, BC = 64; };   // 16 + 32 KB
-template <> struct FwdConfig<128> { static constexpr int WARPS = 8, MT = 1, BC = 64; };  // 32 + 64 KB
-template <> struct FwdConfig<256> { static constexpr int WARPS = 4, MT = 1, BC = 32; };  // 32 + 64 KB
-
-template <int D>
-constexpr int fwd_smem_bytes() {
-  using C = FwdConfig<D>;
-  return (C::WARPS * 16 * C::MT + 4 * C::BC) * D * 2;
-}
-
-template <class E, int D>
-__global__ void __launch_bounds__(FwdConfig<D>::WARPS * 32) forward_kernel(const FwdParams p) {
-  using C = FwdConfig<D>;
-  constexpr int THREADS = C::WARPS * 32, BR = C::WARPS * 16 * C::MT, BC = C::BC, NT = BC / 8, DT = D / 8;
-  extern __shared__ __align__(128) std::uint16_t smem[];
-  std::uint16_t* sQ = smem;
-  std::uint16_t* sK = sQ + BR * D;  // [2][BC][D]
-  std::uint16_t* sV = sK + 2 * BC * D;
-
-  const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = std::int64_t{blockIdx.x} * BR;
-  std::int64_t sq = p.seqlen_q, sk = p.seqlen_k, q_off = 0, k_off = 0;
-  if (p.cu_q) {
-    q_off = p.cu_q[b];
-    sq = p.cu_q[b + 1] - q_off;
-    k_off = p.cu_k[b];
-    sk = p.cu_k[b + 1] - k_off;
-  }
-  if (i0 >= sq) return;
-  const std::int64_t kvh = h / (p.heads / p.kv_heads);
-  const std::uint16_t* q = static_cast<const std::uint16_t*>(p.q) + (p.cu_q ? 0 : b * p.qs[0]) + q_off * p.qs[1] + h * p.qs[2];
-  const std::uint16_t* k = static_cast<const std::uint16_t*>(p.k) + (p.cu_q ? 0 : b * p.ks[0]) + k_off * p.ks[1] + kvh * p.ks[2];
-  const std::uint16_t* v = static_cast<const std::uint16_t*>(p.v) + (p.cu_q ? 0 : b * p.vs[0]) + k_off * p.vs[1] + kvh * p.vs[2];
-
-  const detail::Mask mask{sq, sk, p.window_left, p.window_right, p.scale, p.softcap};
-  const TileRange tiles = key_tiles(mask, i0, BR, BC);
-  const float scale = static_cast<float>(p.scale);
-  const float slope = p.alibi ? p.alibi[b * p.alibi_bstride + h] : 0.f;
-  const bool transform = p.softcap > 0 || slope != 0.f;
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  auto load_kv = [&](std::uint16_t* dst, const std::uint16_t* base, std::int64_t stride, std::int64_t t) {
-    load_tile<D, THREADS>(dst, BC, p.k, [&](int r) -> const std::uint16_t* {
-      const std::int64_t j = t * BC + r;
-      return j < sk ? base + j * stride : nullptr;
-    });
-  };
-  if (tiles.first < tiles.end) {
-    load_tile<D, THREADS>(sQ, BR, p.q, [&](int r) -> const std::uint16_t* {
-      return i0 + r < sq ? q + (i0 + r) * p.qs[1] : nullptr;
-    });
-    load_kv(sK, k, p.ks[1], tiles.first);
-    cp_async_commit();
-    load_kv(sV, v, p.vs[1], tiles.first);
-    cp_async_commit();
-  }
-
-  float o[C::MT][DT][4];
-  float m[C::MT][2], l[C::MT][2];
-#pragma unroll
-  for (int mt = 0; mt < C::MT; ++mt) {
-#pragma unroll
-    for (int d = 0; d < DT; ++d)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][d][e] = 0.f;
-    m[mt][0] = m[mt][1] = kNegInf;
-    l[mt][0] = l[mt][1] = 0.f;
-  }
-
-  for (std::int64_t t = tiles.first; t < tiles.end; ++t) {
-    const int stage = static_cast<int>((t - tiles.first) & 1);
-    cp_async_wait<1>();  // K(t) (and Q) landed; V(t) may still be in flight
-    __syncthreads();
-    if (t + 1 < tiles.end) load_kv(sK + (stage ^ 1) * BC * D, k, p.ks[1], t + 1);
-    cp_async_commit();
-
-    const bool need_mask = tile_needs_mask(mask, i0, BR, BC, t);
-    float s[C::MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt) {
-      const int row0 = (warp * C::MT + mt) * 16;
-      warp_qk<E, D, NT>(s[mt], sQ, row0, sK + stage * BC * D, 0);
-      score_slab<NT>(
-          s[mt], mask, scale, transform, slope, slope, need_mask,
-          [&](int half) { return i0 + row0 + lane / 4 + 8 * half; },
-          [&](int n, int e) { return t * BC + n * 8 + (lane % 4) * 2 + (e & 1); },
-          [&](int, std::int64_t i, std::int64_t j) { return visible(mask, i, j); });
-      softmax_step<NT, DT>(s[mt], m[mt], l[mt], o[mt]);
-    }
-
-    cp_async_wait<1>();  // V(t) landed; K(t+1) may still be in flight
-    __syncthreads();
-    if (t + 1 < tiles.end) load_kv(sV + (stage ^ 1) * BC * D, v, p.vs[1], t + 1);
-    cp_async_commit();
-#pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt) warp_pv<E, D, NT>(o[mt], s[mt], sV + stage * BC * D, 0);
-  }
-  cp_async_wait<0>();
-
-  // Epilogue: out = o / l (0 for a row that saw nothing), lse = m + log l (-inf), as attn::finalize.
-#pragma unroll
-  for (int mt = 0; mt < C::MT; ++mt)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const std::int64_t i = i0 + (warp * C::MT + mt) * 16 + lane / 4 + 8 * half;
-      const float lsum = quad_sum(l[mt][half]);
-      if (i >= sq) continue;
-      const float inv = lsum == 0.f ? 0.f : 1.f / lsum;
-      std::uint16_t* out = static_cast<std::uint16_t*>(p.out) + (p.cu_q ? 0 : b * p.os[0]) + (q_off + i) * p.os[1] + h * p.os[2];
-#pragma unroll
-      for (int d = 0; d < DT; ++d) {
-        const int c = d * 8 + (lane % 4) * 2;
-        *reinterpret_cast<std::uint32_t*>(out + c) = pack2<E>(o[mt][d][2 * half] * inv, o[mt][d][2 * half + 1] * inv);
-      }
-      if (p.lse && lane % 4 == 0)
-        p.lse[(p.cu_q ? 0 : b * p.ls[0]) + h * p.ls[1] + (q_off + i) * p.ls[2]] =
-            lsum == 0.f ? kNegInf : m[mt][half] + logf(lsum);
-    }
-}
-
-template <class E, int D>
-int launch(const FwdParams& p, std::int64_t max_seqlen_q, cudaStream_t stream) {
-  using C = FwdConfig<D>;
-  constexpr int BR = C::WARPS * 16 * C::MT, smem = fwd_smem_bytes<D>();
-  auto kernel = forward_kernel<E, D>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
-  const dim3 grid(static_cast<unsigned>((max_seqlen_q + BR - 1) / BR), static_cast<unsigned>(p.heads),
-                  static_cast<unsigned>(p.batch));
-  kernel<<<grid, C::WARPS * 32, smem, stream>>>(p);
-  return cudaGetLastError();
-}
+//                    D   warps  slabs/warp  keys/tile     smem (Q + 2 stages of K, V; 16-bit)
+using Fwd64 = FwdTraits<64, 4, 2, 64>;     // 16 + 32 KB
+using Fwd128 = FwdTraits<128, 8, 1, 64>;   // 32 + 64 KB
+using Fwd256 = FwdTraits<256, 4, 1, 32>;   // 32 + 64 KB
 
 }  // namespace
 
 int launch_forward(const FwdParams& p, DType t, std::int64_t max_seqlen_q, CUstream_st* stream) {
   const bool bf = t == DType::bf16;
   switch (p.head_dim) {
-    case 64: return bf ? launch<Bf16, 64>(p, max_seqlen_q, stream) : launch<F16, 64>(p, max_seqlen_q, stream);
-    case 128: return bf ? launch<Bf16, 128>(p, max_seqlen_q, stream) : launch<F16, 128>(p, max_seqlen_q, stream);
-    case 256: return bf ? launch<Bf16, 256>(p, max_seqlen_q, stream) : launch<F16, 256>(p, max_seqlen_q, stream);
+    case 64: return bf ? launch_forward_with<Bf16, Fwd64>(p, max_seqlen_q, stream) : launch_forward_with<F16, Fwd64>(p, max_seqlen_q, stream);
+    case 128: return bf ? launch_forward_with<Bf16, Fwd128>(p, max_seqlen_q, stream) : launch_forward_with<F16, Fwd128>(p, max_seqlen_q, stream);
+    case 256: return bf ? launch_forward_with<Bf16, Fwd256>(p, max_seqlen_q, stream) : launch_forward_with<F16, Fwd256>(p, max_seqlen_q, stream);
   }
   return cudaErrorInvalidValue;
 }

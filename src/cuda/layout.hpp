@@ -62,6 +62,16 @@ ATTN_HOST_DEVICE constexpr int swizzle(int row, int col, int dim) {
   return row * dim + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
 }
 
+// What the kernels compute instead of calling swizzle() per ldmatrix: a lane's row is fixed (plus
+// multiples of 8, which keep row % 8), and at k-step kk it reads chunk 2 kk + c0 (c0 = 0 or 1). Since
+// (2 kk + c0) ^ (row % 8) = 8 (kk / 4) + ((2 (kk % 4) + c0) ^ (row % 8)), a lane keeps the four byte
+// offsets of kk % 4 = 0..3 (lane_chunk_bytes) and the rest is a compile-time constant that ldmatrix takes
+// as an immediate. tiled_byte_offset is that sum; tests/test_cuda_layout.cpp checks it equals 2 x swizzle.
+ATTN_HOST_DEVICE constexpr int lane_chunk_bytes(int row, int c0, int kk_mod4) { return ((2 * kk_mod4 + c0) ^ (row & 7)) << 4; }
+ATTN_HOST_DEVICE constexpr int tiled_byte_offset(int row, int c0, int kk, int dim) {
+  return row * dim * 2 + lane_chunk_bytes(row, c0, kk % 4) + (kk / 4) * 128;
+}
+
 // ---- key-tile schedule ----------------------------------------------------------------------------
 // A block of query rows [i0, i0 + rows) of one (seqlen_q, seqlen_k) pair visits the key tiles
 // [first, end) of size k_tile, starting at key 0; tiles outside every row's visible keys are skipped

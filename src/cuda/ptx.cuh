@@ -1,6 +1,10 @@
 // Thin wrappers over the inline PTX the kernels use (sm_80 and later): tensor-core mma.sync
-// m16n8k16 with f32 accumulation, ldmatrix, cp.async, and 16-bit packing. Fragment layouts are
-// documented (and tested on the CPU) in layout.hpp.
+// m16n8k16 with f32 accumulation, ldmatrix, cp.async, and 16-bit packing; and the two CUDA-C
+// constructs that need a spelling of their own, the dynamic shared-memory array and a kernel launch.
+// Fragment layouts are documented (and tested on the CPU) in layout.hpp.
+//
+// With ATTN_CUDA_EMULATION the same names come from tests/cuda_emu/emu_ptx.hpp, which runs them on the
+// CPU (a warp's lanes as fibers), so that the kernels' tests also run without a GPU (docs/cuda.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,6 +17,18 @@ namespace attn::cuda_detail {
 
 struct Bf16 {};  // element tags: which mma variant and which conversions
 struct F16 {};
+
+}  // namespace attn::cuda_detail
+
+#if defined(ATTN_CUDA_EMULATION)
+#include "emu_ptx.hpp"
+#else
+
+// The block's dynamic shared memory, as an array `name` of T; a kernel launch.
+#define ATTN_DYNAMIC_SMEM(T, name) extern __shared__ __align__(128) T name[]
+#define ATTN_LAUNCH(kernel, grid, block, smem_bytes, stream) kernel<<<grid, block, smem_bytes, stream>>>
+
+namespace attn::cuda_detail {
 
 // D = A B + D; a: 4 regs (16x16 row), b: 2 regs (16x8 col), d: 4 f32 (16x8).
 template <class E>
@@ -69,23 +85,7 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
     return *reinterpret_cast<std::uint32_t*>(&v);
   }
 }
-template <class E>
-__device__ __forceinline__ float2 unpack2(std::uint32_t x) {
-  if constexpr (std::is_same_v<E, Bf16>) {
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
-  } else {
-    return __half22float2(*reinterpret_cast<__half2*>(&x));
-  }
-}
-template <class E>
-__device__ __forceinline__ std::uint16_t to_bits(float x) {
-  if constexpr (std::is_same_v<E, Bf16>) {
-    __nv_bfloat16 v = __float2bfloat16_rn(x);
-    return *reinterpret_cast<std::uint16_t*>(&v);
-  } else {
-    __half v = __float2half_rn(x);
-    return *reinterpret_cast<std::uint16_t*>(&v);
-  }
-}
 
 }  // namespace attn::cuda_detail
+
+#endif  // ATTN_CUDA_EMULATION

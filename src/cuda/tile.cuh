@@ -1,6 +1,7 @@
 // Device building blocks shared by the forward and decode kernels: loading a tile into swizzled shared
-// memory with cp.async, S = Q K^T and O += P V for one warp's 16 x n slab on tensor cores, and the
-// online-softmax step over a slab's registers (the rescale rule is attn::rescale_factor).
+// memory with cp.async, S = Q K^T and O += P V for one warp's 16 x n slab on tensor cores, the scores'
+// scale and mask, and the online-softmax step over a slab's registers (the rescale rule is
+// attn::rescale_factor).
 #pragma once
 
 #include <cstdint>
@@ -14,23 +15,45 @@ namespace attn::cuda_detail {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Loads rows [0, rows) of a [rows][D] tile: row r comes from src(r) (a pointer to D contiguous 16-bit
-// elements), or when src(r) is null is zero-filled without reading (cp.async with source size 0; it
-// still names `any_global`, a valid global address). All threads of the block take part.
-template <int D, int THREADS, class SrcFn>
-__device__ __forceinline__ void load_tile(std::uint16_t* smem, int rows, const void* any_global, SrcFn src) {
-  constexpr int kChunks = D / 8;
-  const int tid = threadIdx.x;
-  for (int c = tid; c < rows * kChunks; c += THREADS) {
+// Loads rows [0, ROWS) of a tile into a swizzled [*][D] shared-memory tile: row r comes from src(r) (a
+// pointer to D contiguous 16-bit elements) and goes to shared row dst_row(r), or when src(r) is null is
+// zero-filled without reading (cp.async with source size 0; it still names `any_global`, a valid global
+// address). All threads of the block take part; the loop is unrolled and branch-free.
+template <int D, int THREADS, int ROWS, class SrcFn, class DstFn>
+__device__ __forceinline__ void load_tile(std::uint16_t* smem, const void* any_global, SrcFn src, DstFn dst_row) {
+  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
+#pragma unroll
+  for (int k = 0; k < (kTotal + THREADS - 1) / THREADS; ++k) {
+    const int c = static_cast<int>(threadIdx.x) + k * THREADS;
+    if (kTotal % THREADS != 0 && c >= kTotal) break;
     const int r = c / kChunks, ch = c % kChunks;
     const std::uint16_t* g = src(r);
-    const std::uint32_t dst = smem_addr(smem + swizzle(r, ch * 8, D));
-    if (g) cp_async_16(dst, g + ch * 8, 16);
-    else cp_async_16(dst, any_global, 0);
+    cp_async_16(smem_addr(smem + swizzle(dst_row(r), ch * 8, D)), g ? g + ch * 8 : any_global, g ? 16 : 0);
   }
 }
+template <int D, int THREADS, int ROWS, class SrcFn>
+__device__ __forceinline__ void load_tile(std::uint16_t* smem, const void* any_global, SrcFn src) {
+  load_tile<D, THREADS, ROWS>(smem, any_global, src, [](int r) { return r; });
+}
 
-// s[n][.] = Q[q_row0 .. +16) K[k_row0 .. +8*NT)^T for one warp; Q and K are swizzled [*][D] tiles.
+// One lane's ldmatrix addresses in a swizzled [*][D] tile (layout.hpp, tiled_byte_offset): four
+// per-lane byte offsets, for k-steps kk % 4 = 0..3; row_add (a multiple of 8) and kk / 4 are constants
+// that the address takes as an immediate. Lane constants, so the compiler hoists them out of tile loops.
+template <int D>
+struct LaneOffsets {
+  std::uint32_t off[4];
+  __device__ __forceinline__ explicit LaneOffsets(RowCol rc) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) off[i] = rc.row * D * 2 + lane_chunk_bytes(rc.row, rc.col / 8, i);
+  }
+  // Address of the lane's segment in rows row_add + (lane's row) at k-step kk of the tile at `base`.
+  __device__ __forceinline__ std::uint32_t at(std::uint32_t base, int row_add, int kk) const {
+    return base + off[kk % 4] + (row_add * D * 2 + (kk / 4) * 128);
+  }
+};
+
+// s[n][.] = Q[q_row0 .. +16) K[k_row0 .. +8*NT)^T for one warp; Q and K are swizzled [*][D] tiles, and
+// q_row0, k_row0 multiples of 8 (LaneOffsets keeps row % 8).
 template <class E, int D, int NT>
 __device__ __forceinline__ void warp_qk(float (&s)[NT][4], const std::uint16_t* sq, int q_row0, const std::uint16_t* sk,
                                         int k_row0) {
@@ -40,15 +63,16 @@ __device__ __forceinline__ void warp_qk(float (&s)[NT][4], const std::uint16_t* 
   for (int n = 0; n < NT; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-  const RowCol qa = ldmatrix_a_addr(lane), kb = ldmatrix_b_addr(lane);
+  const LaneOffsets<D> qa(ldmatrix_a_addr(lane)), kb(ldmatrix_b_addr(lane));
+  const std::uint32_t q_base = smem_addr(sq + q_row0 * D), k_base = smem_addr(sk + k_row0 * D);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     std::uint32_t a[4];
-    ldmatrix_x4(a, smem_addr(sq + swizzle(q_row0 + qa.row, kk * 16 + qa.col, D)));
+    ldmatrix_x4(a, qa.at(q_base, 0, kk));
 #pragma unroll
     for (int n2 = 0; n2 < NT / 2; ++n2) {
       std::uint32_t b[4];
-      ldmatrix_x4(b, smem_addr(sk + swizzle(k_row0 + n2 * 16 + kb.row, kk * 16 + kb.col, D)));
+      ldmatrix_x4(b, kb.at(k_base, n2 * 16, kk));
       mma_16816<E>(s[2 * n2], a, b[0], b[1]);
       mma_16816<E>(s[2 * n2 + 1], a, b[2], b[3]);
     }
@@ -56,11 +80,12 @@ __device__ __forceinline__ void warp_qk(float (&s)[NT][4], const std::uint16_t* 
 }
 
 // o[d][.] += P V[v_row0 .. +8*NT) for one warp; p holds the 16 x 8*NT probabilities in C-fragment
-// layout (as warp_qk left them), V is a swizzled [*][D] tile.
+// layout (as warp_qk left them), V is a swizzled [*][D] tile, v_row0 a multiple of 8.
 template <class E, int D, int NT>
 __device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const float (&p)[NT][4], const std::uint16_t* sv, int v_row0) {
   const int lane = threadIdx.x % 32;
-  const RowCol vb = ldmatrix_bt_addr(lane);
+  const LaneOffsets<D> vb(ldmatrix_bt_addr(lane));
+  const std::uint32_t v_base = smem_addr(sv + v_row0 * D);
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     // The C fragments of n-tiles 2kk and 2kk+1 are exactly the A fragment of a 16 x 16 k-step.
@@ -70,7 +95,7 @@ __device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const float (&p)[N
 #pragma unroll
     for (int d2 = 0; d2 < D / 16; ++d2) {
       std::uint32_t b[4];
-      ldmatrix_x4_trans(b, smem_addr(sv + swizzle(v_row0 + kk * 16 + vb.row, d2 * 16 + vb.col, D)));
+      ldmatrix_x4_trans(b, vb.at(v_base, kk * 16, d2));
       mma_16816<E>(o[2 * d2], a, b[0], b[1]);
       mma_16816<E>(o[2 * d2 + 1], a, b[2], b[3]);
     }
@@ -86,10 +111,15 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Scores live in base-2 units inside the tile loops: x = log2(e) * logit, so p = 2^(x - m) is one ex2
+// per element and the common tile's scaling is one multiply (scale * log2(e)). The running max m is in
+// the same units; it leaves a kernel (to attn::merge, the LSE) multiplied by ln 2.
+constexpr float kLog2e = 1.44269504088896340736f, kLn2 = 0.693147180559945309417f;
+
 // The online-softmax step for one warp's 16 rows: the lane holds rows lane/4 (half 0) and lane/4 + 8
-// (half 1). s holds scaled, masked scores (-inf = masked) and becomes p = exp(s - m_new); m is the
-// running max, l the lane's partial row sum (summed over the quad at the end), and o is rescaled by
-// attn::rescale_factor(m_old, m_new).
+// (half 1). s holds base-2 scores (-inf = masked) and becomes p = 2^(s - m_new); m is the running max,
+// l the lane's partial row sum (summed over the quad at the end), and o is rescaled by
+// attn::rescale_factor on the natural-unit maxima.
 template <int NT, int DT>
 __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4]) {
 #pragma unroll
@@ -99,15 +129,15 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], f
     for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
     mx = quad_max(mx);
     const float m_new = fmaxf(m[half], mx);
-    const float alpha = rescale_factor(m[half], m_new);
-    const float m_use = m_new == kNegInf ? 0.f : m_new;  // a row with nothing visible yet: p = exp(-inf) = 0
+    const float alpha = rescale_factor(m[half] * kLn2, m_new * kLn2);
+    const float m_use = m_new == kNegInf ? 0.f : m_new;  // a row with nothing visible yet: p = 2^-inf = 0
     m[half] = m_new;
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float pv = __expf(s[n][2 * half + e] - m_use);
+        const float pv = exp2f(s[n][2 * half + e] - m_use);
         s[n][2 * half + e] = pv;
         sum += pv;
       }
@@ -120,21 +150,29 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], f
   }
 }
 
-// Scores of one 16 x 8*NT slab: scale (and the mask's score transform when softcap or ALiBi is on),
-// then -inf outside the mask. row_of(half) and key_of(n, e) give the query index and key index.
+// Scores of a slab whose keys are all visible to all its rows, with no score transform (the common
+// tile): x = dot * scale * log2(e). Branch-free, so the compiler can interleave it with the mma work.
+template <int NT>
+__device__ __forceinline__ void scale_scores(float (&s)[NT][4], float scale_log2) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
+}
+
+// Scores of any other slab (on a mask edge, or softcap/ALiBi on): Mask::score's transform, in base 2,
+// and -inf where visible_fn hides the key (checked only when need_mask). row_of(half) and key_of(n, e)
+// give the query and key indices. Callers take this path per tile, not per element.
 template <int NT, class RowFn, class KeyFn, class VisibleFn>
-__device__ __forceinline__ void score_slab(float (&s)[NT][4], const detail::Mask& mask, float scale, bool transform,
-                                           float slope0, float slope1, bool need_mask, RowFn row_of, KeyFn key_of,
-                                           VisibleFn visible_fn) {
+__device__ __forceinline__ void mask_scores(float (&s)[NT][4], const detail::Mask& mask, float slope0, float slope1,
+                                            bool need_mask, RowFn row_of, KeyFn key_of, VisibleFn visible_fn) {
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int half = e >> 1;
       const std::int64_t i = row_of(half), j = key_of(n, e);
-      float x = transform ? mask.score(s[n][e], i, j, half ? slope1 : slope0) : s[n][e] * scale;
-      if (need_mask && !visible_fn(half, i, j)) x = kNegInf;
-      s[n][e] = x;
+      s[n][e] = need_mask && !visible_fn(half, i, j) ? kNegInf : mask.score(s[n][e], i, j, half ? slope1 : slope0) * kLog2e;
     }
 }
 

@@ -1,0 +1,295 @@
+// Split-K decode (Flash-Decoding) on tensor cores, over contiguous or paged KV caches, templated on a
+// traits struct (DecTraits): decode.cu instantiates the library's configurations, and the GPU benchmark
+// (bench/gpu/variants.cu) times others against them.
+//
+// The query rows of one kv head -- its `group` query heads times seqlen_q -- are packed into slabs of 16
+// rows (unpack_row), so every K and V row is read from memory once per slab, not once per query head.
+// One block per (key slice, kv head x row slab, sequence): the slice's keys stream through shared memory
+// in tiles of BK keys, STAGES deep with cp.async (decode is bound by the cache's bytes, so several tiles
+// stay in flight); each of the WARPS warps takes BK / WARPS keys of a tile against all 16 rows (S = Q K^T
+// and O += P V on mma.sync) and keeps its own online-softmax state. At the end the warp states are merged
+// with attn::merge, and either finalised (one slice) or written as the slice's partial state, which the
+// merge kernel combines in slice order (attn::merge, attn::finalize).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/params.hpp"
+#include "cuda/tile.cuh"
+
+namespace attn::cuda_detail {
+
+constexpr int kRows = 16;  // query rows of one kv head per block: one mma slab
+
+// Head dim D; tiles of BK keys, STAGES deep; WARPS warps; HB kv heads per block. The warps of one kv
+// head (WARPS / HB of them) split each tile's keys, KW each. HB > 1 makes a block read HB heads' rows of
+// the same keys: with a [.., keys, kv_heads, d] cache and HB = kv_heads, a tile is one contiguous range.
+template <int D_, int BK_, int STAGES_, int WARPS_ = 4, int HB_ = 1>
+struct DecTraits {
+  static constexpr int D = D_, BK = BK_, STAGES = STAGES_, WARPS = WARPS_, HB = HB_, THREADS = WARPS * 32;
+  static constexpr int KW = BK / (WARPS / HB);
+  static_assert(WARPS % HB == 0 && KW % 16 == 0, "each warp takes whole 16-key steps of one kv head");
+  static constexpr int TILE = HB * BK;  // rows of one K (or V) stage, [HB][BK][D]
+  static constexpr int PIPE_BYTES = (HB * kRows + 2 * STAGES * TILE) * D * 2;  // Q, STAGES tiles of K and of V
+  static constexpr int MERGE_BYTES = WARPS * kRows * (D + 2) * 4;              // the warps' states, reusing it
+  static constexpr int SMEM_BYTES = PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES;
+};
+
+__device__ __forceinline__ const std::uint16_t* cache_row(const void* base, const DecodeParams& p, std::int64_t b,
+                                                          std::int64_t pos, const std::int64_t (&s)[2], std::int64_t g,
+                                                          std::int64_t head_stride) {
+  return static_cast<const std::uint16_t*>(base) +
+         cache_row_offset(b, pos, s[0], s[1], p.block_table, p.bt_stride, p.page_size) + g * head_stride;
+}
+
+template <class E, class C>
+__global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p) {
+  constexpr int D = C::D, BK = C::BK, HB = C::HB, KW = C::KW, TILE = C::TILE, NT = KW / 8, DT = D / 8,
+                STAGES = C::STAGES;
+  ATTN_DYNAMIC_SMEM(std::uint16_t, smem);
+  std::uint16_t* sQ = smem;               // [HB][kRows][D]
+  std::uint16_t* sK = sQ + HB * kRows * D;  // [STAGES][HB][BK][D]
+  std::uint16_t* sV = sK + STAGES * TILE * D;
+
+  const std::int64_t w = blockIdx.x, b = blockIdx.z;
+  const std::int64_t g0 = blockIdx.y / p.row_blocks * HB, r0 = (blockIdx.y % p.row_blocks) * kRows;
+  const std::int64_t group = p.heads / p.kv_heads, rows = group * p.seqlen_q;
+  const std::int64_t sk = std::int64_t{p.seqlens[b]} + p.seqlen_new;
+  const detail::Mask mask{p.seqlen_q, sk, p.window_left, p.window_right, p.scale, p.softcap};
+  // The slice, trimmed to the keys some query of this sequence can see.
+  const KeySlice slice = split_slice(sk, p.num_splits, w);
+  const std::int64_t lo = slice.begin > mask.first_key(0) ? slice.begin : mask.first_key(0);
+  const std::int64_t hi = slice.end < mask.end_key(p.seqlen_q - 1) ? slice.end : mask.end_key(p.seqlen_q - 1);
+  const std::int64_t n_tiles = hi > lo ? (hi - lo + BK - 1) / BK : 0;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hw = warp % HB, kw = warp / HB;  // this warp's kv head (g0 + hw) and its KW keys of each tile
+  // Tile row r is key r / HB of kv head g0 + r % HB (memory order); it lands in shared row
+  // (r % HB) * BK + r / HB, so each head's keys are consecutive rows there.
+  auto load_kv = [&](int stage, std::int64_t t) {
+    auto to_row = [](int r) { return (r % C::HB) * C::BK + r / C::HB; };
+    load_tile<D, C::THREADS, TILE>(
+        sK + stage * TILE * D, p.k,
+        [&](int r) -> const std::uint16_t* {
+          const std::int64_t j = lo + t * BK + r / HB;
+          return j < hi ? cache_row(p.k, p, b, j, p.ks, g0 + r % HB, p.k_head_stride) : nullptr;
+        },
+        to_row);
+    load_tile<D, C::THREADS, TILE>(
+        sV + stage * TILE * D, p.v,
+        [&](int r) -> const std::uint16_t* {
+          const std::int64_t j = lo + t * BK + r / HB;
+          return j < hi ? cache_row(p.v, p, b, j, p.vs, g0 + r % HB, p.v_head_stride) : nullptr;
+        },
+        to_row);
+  };
+  load_tile<D, C::THREADS, HB * kRows>(sQ, p.q, [&](int r) -> const std::uint16_t* {
+    if (r0 + r % kRows >= rows) return nullptr;
+    const PackedRow pr = unpack_row(r0 + r % kRows, g0 + r / kRows, group, p.seqlen_q);
+    return static_cast<const std::uint16_t*>(p.q) + b * p.qs[0] + pr.query * p.qs[1] + pr.head * p.qs[2];
+  });
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n_tiles) load_kv(s, s);
+    cp_async_commit();
+  }
+
+  // The lane's two rows (lane/4 and lane/4 + 8 of its head's slab): query index and ALiBi slope.
+  std::int64_t qi[2];
+  float slope[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t r = r0 + lane / 4 + 8 * half;
+    const PackedRow pr = unpack_row(r < rows ? r : rows - 1, g0 + hw, group, p.seqlen_q);
+    qi[half] = r < rows ? pr.query : p.seqlen_q;  // padding rows: past every query, fully masked
+    slope[half] = p.alibi ? p.alibi[b * p.alibi_bstride + pr.head] : 0.f;
+  }
+  const bool transform = p.softcap > 0 || slope[0] != 0.f || slope[1] != 0.f;
+  const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
+
+  float o[DT][4], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int d = 0; d < DT; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[d][e] = 0.f;
+
+  for (std::int64_t t = 0; t < n_tiles; ++t) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (t + STAGES - 1 < n_tiles) load_kv(static_cast<int>((t + STAGES - 1) % STAGES), t + STAGES - 1);
+    cp_async_commit();
+    const int stage = static_cast<int>(t % STAGES);
+    const int row0 = hw * BK + kw * KW;               // this warp's keys in the stage
+    const std::int64_t j0 = lo + t * BK + kw * KW;  // ... and their first key index
+    float s[NT][4];
+    warp_qk<E, D, NT>(s, sQ, hw * kRows, sK + stage * TILE * D, row0);
+    // Every row sees [j0, j0 + KW) unless the sub-tile runs past the slice or straddles a mask edge.
+    const bool need_mask = j0 + KW > hi || r0 + kRows > rows || !(mask.first_key(p.seqlen_q - 1) <= j0 && j0 + KW <= mask.end_key(0));
+    if (!need_mask && !transform) {
+      scale_scores<NT>(s, scale_log2);
+    } else {
+      mask_scores<NT>(
+          s, mask, slope[0], slope[1], need_mask, [&](int half) { return qi[half]; },
+          [&](int n, int e) { return j0 + n * 8 + (lane % 4) * 2 + (e & 1); },
+          [&](int, std::int64_t i, std::int64_t j) { return j < hi && visible(mask, i, j); });
+    }
+    softmax_step<NT, DT>(s, m, l, o);
+    warp_pv<E, D, NT>(o, s, sV + stage * TILE * D, row0);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline's shared memory becomes the merge buffer
+
+  // Each warp's state -> shared memory: per warp and row, o[D] then m, l.
+  float* sm = reinterpret_cast<float*>(smem);
+  constexpr int S = D + 2;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = lane / 4 + 8 * half;
+    float* st = sm + (warp * kRows + r) * S;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      st[d * 8 + (lane % 4) * 2] = o[d][2 * half];
+      st[d * 8 + (lane % 4) * 2 + 1] = o[d][2 * half + 1];
+    }
+    const float lsum = quad_sum(l[half]);
+    if (lane % 4 == 0) {
+      st[D] = m[half] * kLn2;  // back to natural units for attn::merge
+      st[D + 1] = lsum;
+    }
+  }
+  __syncthreads();
+
+  // Merge each head's warps in key order: 8 threads per row and head, D/8 columns each (the merge is
+  // column-wise, so each thread merges its columns with its own copy of m and l).
+  constexpr int COLS = D / 8;
+  for (int item = threadIdx.x; item < HB * kRows * 8; item += C::THREADS) {
+    const int hq = item / (kRows * 8), r = (item / 8) % kRows, c0 = (item % 8) * COLS;
+    if (r0 + r >= rows) continue;
+    const float* first = sm + (hq * kRows + r) * S;
+    float mm = first[D], ll = first[D + 1], oo[COLS];
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) oo[c] = first[c0 + c];
+#pragma unroll
+    for (int k = 1; k < C::WARPS / HB; ++k) {
+      float* st = sm + ((hq + k * HB) * kRows + r) * S;
+      merge(RowState<float>{&mm, &ll, oo, COLS}, RowState<float>{st + D, st + D + 1, st + c0, COLS});
+    }
+    const PackedRow pr = unpack_row(r0 + r, g0 + hq, group, p.seqlen_q);
+    const std::int64_t orow = (b * p.heads + pr.head) * p.seqlen_q + pr.query;
+    if (p.num_splits == 1) {
+      float res[COLS];
+      const float lse = finalize(RowState<float>{&mm, &ll, oo, COLS}, res);
+      std::uint16_t* out = static_cast<std::uint16_t*>(p.out) + b * p.os[0] + pr.query * p.os[1] + pr.head * p.os[2] + c0;
+#pragma unroll
+      for (int c = 0; c < COLS; c += 2) *reinterpret_cast<std::uint32_t*>(out + c) = pack2<E>(res[c], res[c + 1]);
+      if (p.lse && c0 == 0) p.lse[b * p.ls[0] + pr.head * p.ls[1] + pr.query * p.ls[2]] = lse;
+    } else {
+      float* part = p.partial + (orow * p.num_splits + w) * S;
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) part[c0 + c] = oo[c];
+      if (c0 == 0) {
+        part[D] = mm;
+        part[D + 1] = ll;
+      }
+    }
+  }
+}
+
+// One block per output row: each of its kMergeWarps warps merges a consecutive run of the row's slices
+// (split_slice over the slices) in order with attn::merge, loading the next slice while it merges
+// this one; then warp 0 merges the warps' states in order and finalises. The order is fixed, so the
+// result is deterministic, and the row's slices are read by eight chains instead of one.
+constexpr int kMergeWarps = 8;
+template <class E, int D>
+__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodeParams p) {
+  constexpr int COLS = D / 32, S = D + 2;
+  __shared__ float states[kMergeWarps][S];
+  const std::int64_t row = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* part = p.partial + row * p.num_splits * S;
+  const KeySlice mine = split_slice(p.num_splits, kMergeWarps, warp);
+  float m = kNegInf, l = 0.f, o[COLS];
+#pragma unroll
+  for (int c = 0; c < COLS; ++c) o[c] = 0.f;
+  float nm = 0.f, nl = 0.f, no[COLS];
+  auto load = [&](std::int64_t s) {
+    const float* st = part + s * S;
+    nm = st[D];
+    nl = st[D + 1];
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) no[c] = st[lane * COLS + c];
+  };
+  if (mine.begin < mine.end) load(mine.begin);
+  for (std::int64_t s = mine.begin; s < mine.end; ++s) {
+    float cm = nm, cl = nl, co[COLS];
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) co[c] = no[c];
+    if (s + 1 < mine.end) load(s + 1);
+    merge(RowState<float>{&m, &l, o, COLS}, RowState<float>{&cm, &cl, co, COLS});
+  }
+#pragma unroll
+  for (int c = 0; c < COLS; ++c) states[warp][lane * COLS + c] = o[c];
+  if (lane == 0) {
+    states[warp][D] = m;
+    states[warp][D + 1] = l;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  m = states[0][D];
+  l = states[0][D + 1];
+#pragma unroll
+  for (int c = 0; c < COLS; ++c) o[c] = states[0][lane * COLS + c];
+#pragma unroll
+  for (int ww = 1; ww < kMergeWarps; ++ww)
+    merge(RowState<float>{&m, &l, o, COLS},
+          RowState<float>{&states[ww][D], &states[ww][D + 1], &states[ww][lane * COLS], COLS});
+  const std::int64_t i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.heads, b = row / (p.seqlen_q * p.heads);
+  float res[COLS];
+  const float lse = finalize(RowState<float>{&m, &l, o, COLS}, res);
+  std::uint16_t* out = static_cast<std::uint16_t*>(p.out) + b * p.os[0] + i * p.os[1] + h * p.os[2] + lane * COLS;
+#pragma unroll
+  for (int c = 0; c < COLS; c += 2) *reinterpret_cast<std::uint32_t*>(out + c) = pack2<E>(res[c], res[c + 1]);
+  if (p.lse && lane == 0) p.lse[b * p.ls[0] + h * p.ls[1] + i * p.ls[2]] = lse;
+}
+
+// k_new/v_new -> the cache at positions seqlens[b] .. (one block per new row and sequence).
+template <int Unused = 0>
+__global__ void append_kernel(const DecodeParams p) {
+  const std::int64_t j = blockIdx.x, b = blockIdx.y, pos = std::int64_t{p.seqlens[b]} + j;
+  const std::int64_t n = p.kv_heads * p.head_dim;
+  for (std::int64_t x = threadIdx.x; x < n; x += blockDim.x) {
+    const std::int64_t g = x / p.head_dim, c = x % p.head_dim;
+    const std::int64_t ko = cache_row_offset(b, pos, p.ks[0], p.ks[1], p.block_table, p.bt_stride, p.page_size);
+    const std::int64_t vo = cache_row_offset(b, pos, p.vs[0], p.vs[1], p.block_table, p.bt_stride, p.page_size);
+    const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(p.k))[ko + g * p.k_head_stride + c] =
+        static_cast<const std::uint16_t*>(p.k_new)[b * p.kns[0] + j * p.kns[1] + g * p.kns[2] + c];
+    const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(p.v))[vo + g * p.v_head_stride + c] =
+        static_cast<const std::uint16_t*>(p.v_new)[b * p.vns[0] + j * p.vns[1] + g * p.vns[2] + c];
+  }
+}
+
+template <class E, class C>
+int launch_decode_with(const DecodeParams& p, cudaStream_t stream) {
+  constexpr int D = C::D;
+  if (p.seqlen_new > 0) {
+    ATTN_LAUNCH(append_kernel<>, dim3(static_cast<unsigned>(p.seqlen_new), static_cast<unsigned>(p.batch)), 256, 0, stream)(p);
+    if (cudaError_t e = cudaGetLastError()) return e;
+  }
+  constexpr int smem = C::SMEM_BYTES;
+  auto kernel = decode_kernel<E, C>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+  if (p.kv_heads % C::HB != 0) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.kv_heads / C::HB * p.row_blocks),
+                  static_cast<unsigned>(p.batch));
+  ATTN_LAUNCH(kernel, grid, C::THREADS, smem, stream)(p);
+  if (cudaError_t e = cudaGetLastError()) return e;
+  if (p.num_splits > 1) {
+    const std::int64_t rows = p.batch * p.heads * p.seqlen_q;
+    auto merge = merge_kernel<E, D>;
+    ATTN_LAUNCH(merge, static_cast<unsigned>(rows), kMergeWarps * 32, 0, stream)(p);
+    return cudaGetLastError();
+  }
+  return cudaSuccess;
+}
+
+}  // namespace attn::cuda_detail
