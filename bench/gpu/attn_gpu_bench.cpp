@@ -1,11 +1,17 @@
 // GPU benchmark of attn's CUDA kernels with CUDA events (median of many repetitions after warm-up),
 // next to the device-to-device copy bandwidth measured in the same run. One JSON object per line on
 // stdout; bench/gpu/torch_bench.py measures the PyTorch side and bench/gpu/table.py prints the table.
-// Usage: attn_gpu_bench [--quick] [--sweep]   (--sweep: decode also at num_splits 8 ... 1056, as
-// "decode_sweep" lines that the table ignores)
+// Decode runs on two cache layouts: flash-attn's [batch, keys, kv_heads, d] ("keys") and the
+// kv-head-major [batch, kv_heads, keys, d] that torch's SDPA reads ("kv-heads"), as a strided view.
+// Usage: attn_gpu_bench [--quick] [--sweep] [--variants]
+//   --sweep:    decode also at num_splits 8 ... 1056 ("decode_sweep" lines, not in the table)
+//   --variants: the kernel configurations of bench/gpu/variants.hpp (a build with ATTN_GPU_VARIANTS=ON),
+//               each compared with the library's output and then timed ("forward_variant" and
+//               "decode_variant" lines; bench/gpu/table.py lists them after the table)
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -13,6 +19,10 @@
 #include <vector>
 
 #include "attn/cuda.hpp"
+#if defined(ATTN_GPU_VARIANTS)
+#include "cuda/params.hpp"
+#include "gpu/variants.hpp"
+#endif
 
 namespace {
 
@@ -66,14 +76,46 @@ double median_ms(F&& f, int warmup, int reps, int inner = 1) {
   return t[t.size() / 2];
 }
 
+float bf16_value(std::uint16_t b) {
+  const std::uint32_t u = std::uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Largest |a - b| over two bf16 device buffers of n elements (infinity if either holds a NaN).
+double max_diff_bf16(const void* a, const void* b, std::size_t n) {
+  std::vector<std::uint16_t> x(n), y(n);
+  CHECK(cudaMemcpy(x.data(), a, n * 2, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(y.data(), b, n * 2, cudaMemcpyDeviceToHost));
+  double m = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double d = std::fabs(double(bf16_value(x[i])) - double(bf16_value(y[i])));
+    if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
+  }
+  return m;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, sweep = false;
+  bool quick = false, sweep = false, variants = false;
   for (int i = 1; i < argc; ++i) {
-    quick = quick || std::string(argv[i]) == "--quick";
-    sweep = sweep || std::string(argv[i]) == "--sweep";
+    const std::string a = argv[i];
+    quick = quick || a == "--quick";
+    sweep = sweep || a == "--sweep";
+    variants = variants || a == "--variants";
+    if (a != "--quick" && a != "--sweep" && a != "--variants") {
+      std::fprintf(stderr, "attn_gpu_bench: unknown argument %s (use --quick, --sweep, --variants)\n", argv[i]);
+      return 2;
+    }
   }
+#if !defined(ATTN_GPU_VARIANTS)
+  if (variants) {
+    std::fprintf(stderr, "attn_gpu_bench: --variants needs a build with -DATTN_GPU_VARIANTS=ON\n");
+    return 2;
+  }
+#endif
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("{\"what\":\"device\",\"name\":\"%s\",\"sms\":%d}\n", prop.name, prop.multiProcessorCount);
@@ -93,55 +135,103 @@ int main(int argc, char** argv) {
   for (bool causal : {false, true}) {
     const std::int64_t B = 4, S = 8192, H = 32, D = 128;
     const std::size_t n = static_cast<std::size_t>(B * S * H * D);
-    void *q = random_bf16(n, 2), *k = random_bf16(n, 3), *v = random_bf16(n, 4), *o = nullptr;
+    void *q = random_bf16(n, 2), *k = random_bf16(n, 3), *v = random_bf16(n, 4), *o = nullptr, *o2 = nullptr;
     CHECK(cudaMalloc(&o, n * 2));
     attn::AttentionOptions opts;
     opts.causal = causal;
-    auto view = [&](void* p) {
-      attn::TensorView t = attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(p), B, S, H, D);
-      return t;
-    };
-    const double ms = median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o), opts); }, 3, quick ? 3 : 15);
+    auto view = [&](void* p) { return attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(p), B, S, H, D); };
     const double flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+    const double ms = median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o), opts); }, 3, quick ? 3 : 15);
     std::printf("{\"what\":\"forward\",\"causal\":%s,\"impl\":\"attn\",\"ms\":%.4f,\"tflops\":%.1f}\n", causal ? "true" : "false",
                 ms, flops / ms / 1e9);
-    for (void* p : {q, k, v, o}) CHECK(cudaFree(p));
+#if defined(ATTN_GPU_VARIANTS)
+    // Each configuration: its output against the library's (the same bf16 inputs), then its time.
+    if (variants) {
+      CHECK(cudaMalloc(&o2, n * 2));
+      for (const auto& var : attn::cuda_detail::forward_variants()) {
+        attn::cuda_detail::launchers().forward = var.launch;
+        CHECK(cudaMemset(o2, 0xFF, n * 2));
+        attn::cuda::attention(view(q), view(k), view(v), view(o2), opts);
+        CHECK(cudaDeviceSynchronize());
+        const double diff = max_diff_bf16(o, o2, n);
+        const double t = median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o2), opts); }, 2, quick ? 3 : 7);
+        std::printf("{\"what\":\"forward_variant\",\"causal\":%s,\"name\":\"%s\",\"max_diff_vs_library\":%.3g,\"ms\":%.4f,"
+                    "\"tflops\":%.1f}\n",
+                    causal ? "true" : "false", var.name, diff, t, flops / t / 1e9);
+        std::fflush(stdout);
+      }
+      attn::cuda_detail::launchers() = {};
+    }
+#endif
+    for (void* p : {q, k, v, o, o2}) CHECK(cudaFree(p));
   }
 
-  // Decode: batch 1, 32 heads / 8 kv heads, d = 128, 128k cached keys (contiguous); bytes = K + V.
+  // Decode: batch 1, 32 heads / 8 kv heads, d = 128, 128k cached keys; bytes = K + V. Two layouts of the
+  // same cache: "keys" = [1, N, HK, D] (flash-attn's), "kv-heads" = [1, HK, N, D] (torch's), as strides.
   {
     const std::int64_t N = 131072, H = 32, HK = 8, D = 128;
-    void *kc = random_bf16(static_cast<std::size_t>(N * HK * D), 5), *vc = random_bf16(static_cast<std::size_t>(N * HK * D), 6);
-    void *q = random_bf16(static_cast<std::size_t>(H * D), 7), *o = nullptr;
+    const std::size_t cache_n = static_cast<std::size_t>(N * HK * D);
+    void *kc = random_bf16(cache_n, 5), *vc = random_bf16(cache_n, 6);
+    void *q = random_bf16(static_cast<std::size_t>(H * D), 7), *o = nullptr, *o2 = nullptr;
     CHECK(cudaMalloc(&o, H * D * 2));
+    CHECK(cudaMalloc(&o2, H * D * 2));
     const std::int32_t seqlen = static_cast<std::int32_t>(N);
     std::int32_t* dseq = nullptr;
     CHECK(cudaMalloc(&dseq, 4));
     CHECK(cudaMemcpy(dseq, &seqlen, 4, cudaMemcpyHostToDevice));
-    attn::KVCache cache;
-    cache.k = attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(kc), 1, N, HK, D);
-    cache.v = attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(vc), 1, N, HK, D);
-    cache.seqlens = dseq;
     attn::cuda::DecodeHostMirror mirror;
     mirror.seqlens = &seqlen;  // no device->host copy (and sync) per call
     const auto qv = attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(q), 1, 1, H, D);
-    const auto ov = attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(o), 1, 1, H, D);
+    auto out_view = [&](void* p) { return attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(p), 1, 1, H, D); };
     const std::int64_t splits = attn::cuda::decode_num_splits(N, 1, H, HK, 1);
-    const double ms = median_ms([&] { attn::cuda::attention_decode(qv, cache, ov, {}, {}, nullptr, nullptr, mirror); }, 5,
-                                quick ? 5 : 30, 10);
     const double bytes = 2.0 * N * HK * D * 2;
-    std::printf("{\"what\":\"decode\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
-                static_cast<long long>(splits), ms, bytes / ms / 1e6);
-    if (sweep)
-      for (std::int64_t sp : {8, 16, 33, 66, 132, 264, 528, 1056}) {
+    for (const char* layout : {"keys", "kv-heads"}) {
+      const bool head_major = std::string(layout) == "kv-heads";
+      auto cache_view = [&](void* p) {
+        return head_major ? attn::TensorView::strided(static_cast<const attn::bf16_t*>(p), {1, N, HK, D}, {HK * N * D, D, N * D, 1})
+                          : attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(p), 1, N, HK, D);
+      };
+      attn::KVCache cache;
+      cache.k = cache_view(kc);
+      cache.v = cache_view(vc);
+      cache.seqlens = dseq;
+      auto run = [&](void* out, std::int64_t sp) {
         attn::DecodeOptions dec;
         dec.num_splits = sp;
-        const double t = median_ms([&] { attn::cuda::attention_decode(qv, cache, ov, {}, dec, nullptr, nullptr, mirror); },
-                                   5, quick ? 5 : 30, 10);
-        std::printf("{\"what\":\"decode_sweep\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
-                    static_cast<long long>(sp), t, bytes / t / 1e6);
+        attn::cuda::attention_decode(qv, cache, out_view(out), {}, dec, nullptr, nullptr, mirror);
+      };
+      const double ms = median_ms([&] { run(o, 0); }, 5, quick ? 5 : 30, 10);
+      std::printf("{\"what\":\"decode\",\"layout\":\"%s\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n", layout,
+                  static_cast<long long>(splits), ms, bytes / ms / 1e6);
+      if (sweep)
+        for (std::int64_t sp : {8, 16, 33, 66, 132, 264, 528, 1056}) {
+          const double t = median_ms([&] { run(o2, sp); }, 5, quick ? 5 : 30, 10);
+          std::printf("{\"what\":\"decode_sweep\",\"layout\":\"%s\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
+                      layout, static_cast<long long>(sp), t, bytes / t / 1e6);
+        }
+#if defined(ATTN_GPU_VARIANTS)
+      if (variants) {
+        for (const auto& var : attn::cuda_detail::decode_variants()) {
+          attn::cuda_detail::launchers().decode = var.launch;
+          // The automatic split count assumes one kv head per block; a variant whose blocks read several
+          // would leave SMs idle with it, so fixed counts are timed too (0 = automatic).
+          for (std::int64_t sp : {0, 66, 132, 264}) {
+            CHECK(cudaMemset(o2, 0xFF, H * D * 2));
+            run(o2, sp);
+            CHECK(cudaDeviceSynchronize());
+            const double diff = max_diff_bf16(o, o2, static_cast<std::size_t>(H * D));
+            const double t = median_ms([&] { run(o2, sp); }, 5, quick ? 5 : 20, 10);
+            std::printf("{\"what\":\"decode_variant\",\"layout\":\"%s\",\"name\":\"%s\",\"splits\":%lld,"
+                        "\"max_diff_vs_library\":%.3g,\"ms\":%.5f,\"gbps\":%.1f}\n",
+                        layout, var.name, static_cast<long long>(sp), diff, t, bytes / t / 1e6);
+            std::fflush(stdout);
+          }
+        }
+        attn::cuda_detail::launchers() = {};
       }
-    for (void* p : {kc, vc, q, o}) CHECK(cudaFree(p));
+#endif
+    }
+    for (void* p : {kc, vc, q, o, o2}) CHECK(cudaFree(p));
     CHECK(cudaFree(dseq));
   }
   return 0;

@@ -57,8 +57,18 @@ if(ATTN_WITH_CUDA)
   target_compile_definitions(attn PUBLIC ATTN_HAS_CUDA)
 endif()
 
-# The GPU benchmark (bench/gpu/, run by scripts/gpu-check).
+# The GPU benchmark (bench/gpu/, run by scripts/gpu-check). ATTN_GPU_VARIANTS=ON also compiles the kernel
+# configurations of bench/gpu/variants.hpp into it (attn_gpu_bench --variants); off by default, so CI
+# does not compile them with nvcc (test_cuda_variants_emulated compiles and checks them on the CPU).
+option(ATTN_GPU_VARIANTS "Compile the kernel variants into attn_gpu_bench (--variants)" OFF)
 if(ATTN_WITH_CUDA)
   add_executable(attn_gpu_bench ${PROJECT_SOURCE_DIR}/bench/gpu/attn_gpu_bench.cpp)
   target_link_libraries(attn_gpu_bench PRIVATE attn CUDA::cudart)
+  if(ATTN_GPU_VARIANTS)
+    target_sources(attn_gpu_bench PRIVATE ${PROJECT_SOURCE_DIR}/bench/gpu/variants.cu)
+    target_include_directories(attn_gpu_bench PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/bench)
+    target_compile_definitions(attn_gpu_bench PRIVATE ATTN_GPU_VARIANTS)
+    target_compile_options(attn_gpu_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xptxas=-warn-spills>)
+    set_target_properties(attn_gpu_bench PROPERTIES CUDA_STANDARD 17 CUDA_RUNTIME_LIBRARY Shared)
+  endif()
 endif()

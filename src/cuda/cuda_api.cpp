@@ -15,6 +15,13 @@
 #include "cuda/params.hpp"
 #include "decode/decode_internal.hpp"
 
+namespace attn::cuda_detail {
+Launchers& launchers() {
+  static Launchers l;
+  return l;
+}
+}  // namespace attn::cuda_detail
+
 namespace attn::cuda {
 namespace {
 
@@ -131,7 +138,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
   const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
   validate_forward(who, q, k, v, out, opts, lse);
   const cuda_detail::FwdParams f = forward_params(p, lse);
-  check_cuda(who, cuda_detail::launch_forward(f, p.dtype, p.seqlen_q, stream), "kernel launch");
+  check_cuda(who, cuda_detail::launchers().forward(f, p.dtype, p.seqlen_q, stream), "kernel launch");
 }
 
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -167,7 +174,7 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   f.cu_q = vb.cu_seqlens_q;
   f.cu_k = vb.cu_seqlens_k;
   if (max_q == 0) return;
-  check_cuda(who, cuda_detail::launch_forward(f, p.dtype, max_q, stream), "kernel launch");
+  check_cuda(who, cuda_detail::launchers().forward(f, p.dtype, max_q, stream), "kernel launch");
 }
 
 std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
@@ -256,7 +263,7 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
     check_cuda(who, cudaMallocAsync(&scratch, bytes, stream), "allocating the split partials");
     d.partial = static_cast<float*>(scratch);
   }
-  const int err = cuda_detail::launch_decode(d, p.cache_dtype, stream);
+  const int err = cuda_detail::launchers().decode(d, p.cache_dtype, stream);
   if (scratch) (void)cudaFreeAsync(scratch, stream);
   check_cuda(who, err, "kernel launch");
 }

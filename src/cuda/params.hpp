@@ -53,4 +53,13 @@ struct DecodeParams {
 int launch_forward(const FwdParams& p, DType t, std::int64_t max_seqlen_q, CUstream_st* stream);
 int launch_decode(const DecodeParams& p, DType t, CUstream_st* stream);
 
+// What the entry points (cuda_api.cpp) call after validation: the library's launchers above, unless
+// a benchmark or test swaps in another configuration of the same kernels (bench/gpu/variants.hpp) to
+// run it through the public API. Not thread-safe; not for library users.
+struct Launchers {
+  int (*forward)(const FwdParams&, DType, std::int64_t, CUstream_st*) = launch_forward;
+  int (*decode)(const DecodeParams&, DType, CUstream_st*) = launch_decode;
+};
+Launchers& launchers();
+
 }  // namespace attn::cuda_detail

@@ -1,0 +1,248 @@
+// The checks of the CUDA backend against the CPU f64 oracle, shared by the GPU tests (test_cuda.cpp,
+// also built against the CPU emulation as test_cuda_emulated) and the tests of the benchmark's kernel
+// variants (test_cuda_variants.cpp). Every check draws fresh random data (the seed is in the failure
+// message), poisons the outputs (NaN) before the call, checks that every element was written, and
+// applies the project's accuracy rule (DEVELOPERS.md / check_precision): error against the f64 oracle
+// at most twice the textbook method's error at the same precision, plus a small slack.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/cuda.hpp"
+#include "support.hpp"
+
+namespace attn::test {
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(x)
+
+// A device copy of a host vector; freed on scope exit.
+template <class T>
+struct Dev {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    if (cudaMalloc(&ptr, std::max<std::size_t>(1, n) * sizeof(T)) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+    if (n && cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess) throw std::runtime_error("H2D");
+  }
+  Dev(const Dev&) = delete;
+  ~Dev() { cudaFree(ptr); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    if (n && cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) throw std::runtime_error("D2H");
+    return h;
+  }
+};
+
+template <class T>
+TensorView dview(const Dev<T>& d, std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t e) {
+  return TensorView::contiguous(d.ptr, a, b, c, e);
+}
+
+template <class T>
+std::vector<T> poisoned(std::size_t n) {
+  std::vector<T> v(n);
+  std::memset(v.data(), 0xFF, n * sizeof(T));  // NaN in bf16, f16 and f32
+  return v;
+}
+
+template <class T>
+double max_err(const std::vector<T>& got, const std::vector<double>& want, std::int64_t* not_written = nullptr) {
+  double m = 0;
+  std::int64_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = detail::load<double>(got[i]);
+    if (std::isnan(g)) {
+      ++bad;
+      m = INFINITY;
+      continue;
+    }
+    m = std::max(m, std::abs(g - want[i]));
+  }
+  if (not_written) *not_written = bad;
+  return m;
+}
+
+inline double lse_err(const std::vector<float>& got, const std::vector<double>& want) {
+  double m = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    if (std::isinf(want[i]) || std::isinf(got[i])) {
+      if (double(got[i]) != want[i]) return INFINITY;
+      continue;
+    }
+    m = std::max(m, std::abs(got[i] - want[i]));
+  }
+  return m;
+}
+
+struct Case : Shape {};
+
+inline void PrintTo(const Case&, std::ostream* os) { *os << "(see the name)"; }
+
+inline std::uint64_t fresh_seed() { return std::random_device{}(); }
+
+// Forward on the GPU against the f64 oracle; the textbook method at T's precision sets the bar.
+template <class T>
+void check_forward(const Case& c) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " d " + std::to_string(c.d) + " causal " + std::to_string(c.causal));
+  auto q = test::random_tensor<T>(c.b, c.sq, c.h, c.d, seed, 2.0), k = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 1, 2.0),
+       v = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 2);
+  std::vector<float> slopes;
+  const AttentionOptions o_cpu = test::options_of(c, 0.3f, slopes);
+  Dev<float> d_slopes(slopes);
+  AttentionOptions o = o_cpu;
+  if (c.alibi) o.alibi_slopes = d_slopes.ptr;
+  auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
+  std::vector<double> oracle(q.data.size()), oracle_lse(static_cast<std::size_t>(c.b * c.h * c.sq));
+  TensorView olv = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
+  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.d), o_cpu, &olv);
+  std::vector<T> textbook(q.data.size());
+  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.d), o_cpu);
+  const double base = max_err(textbook, oracle);
+
+  Dev<T> dq(q.data), dk(k.data), dv(v.data), dout(poisoned<T>(q.data.size()));
+  Dev<float> dlse(poisoned<float>(oracle_lse.size()));
+  TensorView lv = TensorView::contiguous(dlse.ptr, c.b, c.h, c.sq);
+  cuda::attention(dview(dq, c.b, c.sq, c.h, c.d), dview(dk, c.b, c.sk, c.hk, c.d), dview(dv, c.b, c.sk, c.hk, c.d),
+                  dview(dout, c.b, c.sq, c.h, c.d), o, &lv);
+  CUDA_OK(cudaDeviceSynchronize());
+  std::int64_t unwritten = 0;
+  const double err = max_err(dout.get(), oracle, &unwritten);
+  EXPECT_EQ(unwritten, 0) << "output elements never written";
+  const double slack = std::is_same_v<T, bf16_t> ? 1e-3 : 1e-4;
+  EXPECT_LE(err, 2 * base + slack) << "textbook error " << base;
+  EXPECT_LE(lse_err(dlse.get(), oracle_lse), 2e-3) << "lse";
+}
+
+struct DecodeCase {
+  std::int64_t batch, sq, heads, kv_heads, d, max_len;
+  bool causal, paged;
+  std::int64_t splits;  // 0 = automatic
+  std::int64_t seqlen_new = 0;
+  std::int64_t page_size = 64;
+  bool head_major = false;  // cache stored [pages, kv_heads, rows, d] (Hugging Face's), viewed with strides
+};
+
+inline void PrintTo(const DecodeCase&, std::ostream* os) { *os << "(see the name)"; }
+
+template <class T>
+void check_decode(const DecodeCase& c) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(static_cast<std::uint32_t>(seed));
+  std::vector<std::int32_t> seqlens(static_cast<std::size_t>(c.batch));
+  for (auto& s : seqlens) s = std::uniform_int_distribution<std::int32_t>(0, static_cast<std::int32_t>(c.max_len - c.seqlen_new))(rng);
+  seqlens[0] = static_cast<std::int32_t>(c.max_len - c.seqlen_new);  // one full sequence
+  const std::int64_t pages_per_seq = (c.max_len + c.page_size - 1) / c.page_size;
+  const std::int64_t num_pages = c.paged ? c.batch * pages_per_seq : c.batch;
+  const std::int64_t rows = c.paged ? c.page_size : c.max_len;
+  auto kc = test::random_tensor<T>(num_pages, rows, c.kv_heads, c.d, seed + 1, 2.0);
+  auto vc = test::random_tensor<T>(num_pages, rows, c.kv_heads, c.d, seed + 2);
+  auto q = test::random_tensor<T>(c.batch, c.sq, c.heads, c.d, seed + 3, 2.0);
+  auto kn = test::random_tensor<T>(c.batch, c.seqlen_new, c.kv_heads, c.d, seed + 4, 2.0);
+  auto vn = test::random_tensor<T>(c.batch, c.seqlen_new, c.kv_heads, c.d, seed + 5);
+  std::vector<std::int32_t> table(static_cast<std::size_t>(c.batch * pages_per_seq));
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<std::int32_t>(i);
+  std::shuffle(table.begin(), table.end(), rng);  // pages scattered through the pool
+
+  // The oracle: the CPU decode... no: the f64 reference on each sequence's gathered keys.
+  AttentionOptions o;
+  o.causal = c.causal;
+  std::vector<double> oracle(q.data.size()), oracle_lse(static_cast<std::size_t>(c.batch * c.heads * c.sq));
+  std::vector<T> textbook(q.data.size());
+  for (std::int64_t b = 0; b < c.batch; ++b) {
+    const std::int64_t n = seqlens[b] + c.seqlen_new;
+    Tensor<T> kb(1, n, c.kv_heads, c.d), vb(1, n, c.kv_heads, c.d);
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t g = 0; g < c.kv_heads; ++g)
+        for (std::int64_t x = 0; x < c.d; ++x) {
+          if (j >= seqlens[b]) {
+            kb.at(0, j, g, x) = kn.at(b, j - seqlens[b], g, x);
+            vb.at(0, j, g, x) = vn.at(b, j - seqlens[b], g, x);
+          } else if (c.paged) {
+            kb.at(0, j, g, x) = kc.at(table[b * pages_per_seq + j / c.page_size], j % c.page_size, g, x);
+            vb.at(0, j, g, x) = vc.at(table[b * pages_per_seq + j / c.page_size], j % c.page_size, g, x);
+          } else {
+            kb.at(0, j, g, x) = kc.at(b, j, g, x);
+            vb.at(0, j, g, x) = vc.at(b, j, g, x);
+          }
+        }
+    Tensor<T> qb(1, c.sq, c.heads, c.d);
+    std::copy(q.data.begin() + b * c.sq * c.heads * c.d, q.data.begin() + (b + 1) * c.sq * c.heads * c.d, qb.data.begin());
+    auto q64 = test::to_f64(qb), k64 = test::to_f64(kb), v64 = test::to_f64(vb);
+    std::vector<double> l(static_cast<std::size_t>(c.heads * c.sq));
+    TensorView lv = TensorView::contiguous(l.data(), 1, c.heads, c.sq);
+    attention_reference(q64.view(), k64.view(), v64.view(),
+                        TensorView::contiguous(oracle.data() + b * c.sq * c.heads * c.d, 1, c.sq, c.heads, c.d), o, &lv);
+    std::copy(l.begin(), l.end(), oracle_lse.begin() + b * c.heads * c.sq);
+    attention_reference(qb.view(), kb.view(), vb.view(),
+                        TensorView::contiguous(textbook.data() + b * c.sq * c.heads * c.d, 1, c.sq, c.heads, c.d), o);
+  }
+  const double base = max_err(textbook, oracle);
+
+  // The device cache: as generated ([pages, rows, kv_heads, d]), or permuted to kv-head-major.
+  auto device_layout = [&](Tensor<T>& t) {
+    if (!c.head_major) return t.data;
+    std::vector<T> hm(t.data.size());
+    for (std::int64_t pg = 0; pg < num_pages; ++pg)
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t g = 0; g < c.kv_heads; ++g)
+          for (std::int64_t x = 0; x < c.d; ++x) hm[((pg * c.kv_heads + g) * rows + r) * c.d + x] = t.at(pg, r, g, x);
+    return hm;
+  };
+  auto cache_view = [&](const Dev<T>& d) {
+    return c.head_major ? TensorView::strided(d.ptr, {num_pages, rows, c.kv_heads, c.d},
+                                              {c.kv_heads * rows * c.d, c.d, rows * c.d, 1})
+                        : dview(d, num_pages, rows, c.kv_heads, c.d);
+  };
+  Dev<T> dk(device_layout(kc)), dv(device_layout(vc)), dq(q.data), dkn(kn.data), dvn(vn.data), dout(poisoned<T>(q.data.size()));
+  Dev<float> dlse(poisoned<float>(oracle_lse.size()));
+  Dev<std::int32_t> dseq(seqlens), dtable(table);
+  KVCache cache;
+  cache.k = cache_view(dk);
+  cache.v = cache_view(dv);
+  cache.seqlens = dseq.ptr;
+  if (c.paged) {
+    cache.block_table = dtable.ptr;
+    cache.max_pages = pages_per_seq;
+  }
+  DecodeOptions dec;
+  dec.num_splits = c.splits;
+  TensorView knv = dview(dkn, c.batch, c.seqlen_new, c.kv_heads, c.d), vnv = dview(dvn, c.batch, c.seqlen_new, c.kv_heads, c.d);
+  if (c.seqlen_new > 0) {
+    dec.k_new = &knv;
+    dec.v_new = &vnv;
+  }
+  TensorView lv = TensorView::contiguous(dlse.ptr, c.batch, c.heads, c.sq);
+  cuda::attention_decode(dview(dq, c.batch, c.sq, c.heads, c.d), cache, dview(dout, c.batch, c.sq, c.heads, c.d), o, dec, &lv);
+  CUDA_OK(cudaDeviceSynchronize());
+  std::int64_t unwritten = 0;
+  const double slack = std::is_same_v<T, bf16_t> ? 1e-3 : 1e-4;
+  EXPECT_LE(max_err(dout.get(), oracle, &unwritten), 2 * base + slack) << "textbook " << base;
+  EXPECT_EQ(unwritten, 0);
+  EXPECT_LE(lse_err(dlse.get(), oracle_lse), 2e-3);
+  if (c.seqlen_new > 0) {  // the append landed where the oracle put it
+    const auto kh = dk.get();
+    for (std::int64_t b = 0; b < c.batch; ++b)
+      for (std::int64_t j = 0; j < c.seqlen_new; ++j) {
+        const std::int64_t pos = seqlens[b] + j;
+        const std::int64_t page = c.paged ? table[b * pages_per_seq + pos / c.page_size] : b;
+        const std::int64_t slot = c.paged ? pos % c.page_size : pos;
+        const std::int64_t at = c.head_major ? (page * c.kv_heads * rows + slot) * c.d : (page * rows + slot) * c.kv_heads * c.d;
+        EXPECT_EQ(kh[at].bits, kn.at(b, j, 0, 0).bits);
+      }
+  }
+}
+
+}  // namespace attn::test
