@@ -3,11 +3,14 @@
 // stdout; bench/gpu/torch_bench.py measures the PyTorch side and bench/gpu/table.py prints the table.
 // Decode runs on two cache layouts: flash-attn's [batch, keys, kv_heads, d] ("keys") and the
 // kv-head-major [batch, kv_heads, keys, d] that torch's SDPA reads ("kv-heads"), as a strided view.
-// Usage: attn_gpu_bench [--quick] [--sweep] [--variants]
+// Usage: attn_gpu_bench [--quick] [--sweep] [--variants] [--tiny]
 //   --sweep:    decode also at num_splits 8 ... 1056 ("decode_sweep" lines, not in the table)
 //   --variants: the kernel configurations of bench/gpu/variants.hpp (a build with ATTN_GPU_VARIANTS=ON),
 //               each compared with the library's output and then timed ("forward_variant" and
-//               "decode_variant" lines; bench/gpu/table.py lists them after the table)
+//               "decode_variant" lines; bench/gpu/table.py lists them after the table); exits 3 if a
+//               variant's output differs from the library's by more than 0.05 (bf16 outputs in [-1, 1])
+//   --tiny:     small shapes and one repetition: a dry run of this program on the CPU emulation of CUDA
+//               (the test emulated.gpu_bench_dry_run), not a measurement
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -54,8 +57,11 @@ void* random_bf16(std::size_t n, unsigned seed) {
 
 // Median time of one call of f; `inner` calls per timed repetition keep the device queue full, so
 // host-side work per call (validation, launch) overlaps the previous call's kernels as in real use.
+bool g_tiny = false;  // --tiny: one call per measurement
+
 template <class F>
 double median_ms(F&& f, int warmup, int reps, int inner = 1) {
+  if (g_tiny) warmup = 0, reps = 1, inner = 1;
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
@@ -99,17 +105,21 @@ double max_diff_bf16(const void* a, const void* b, std::size_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, sweep = false, variants = false;
+  bool quick = false, sweep = false, variants = false, tiny = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     quick = quick || a == "--quick";
     sweep = sweep || a == "--sweep";
     variants = variants || a == "--variants";
-    if (a != "--quick" && a != "--sweep" && a != "--variants") {
-      std::fprintf(stderr, "attn_gpu_bench: unknown argument %s (use --quick, --sweep, --variants)\n", argv[i]);
+    tiny = tiny || a == "--tiny";
+    if (a != "--quick" && a != "--sweep" && a != "--variants" && a != "--tiny") {
+      std::fprintf(stderr, "attn_gpu_bench: unknown argument %s (use --quick, --sweep, --variants, --tiny)\n", argv[i]);
       return 2;
     }
   }
+  g_tiny = tiny;
+  bool variants_agree = true;  // every variant's output within kVariantTolerance of the library's
+  constexpr double kVariantTolerance = 0.05;
 #if !defined(ATTN_GPU_VARIANTS)
   if (variants) {
     std::fprintf(stderr, "attn_gpu_bench: --variants needs a build with -DATTN_GPU_VARIANTS=ON\n");
@@ -122,7 +132,7 @@ int main(int argc, char** argv) {
 
   // Copy bandwidth: 1 GiB device to device; bytes = read + write.
   {
-    const std::size_t n = std::size_t{1} << 30;
+    const std::size_t n = std::size_t{1} << (tiny ? 20 : 30);
     void *x = random_bf16(n / 2, 1), *y = nullptr;
     CHECK(cudaMalloc(&y, n));
     const double ms = median_ms([&] { CHECK(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice)); }, 3, quick ? 5 : 30);
@@ -133,7 +143,7 @@ int main(int argc, char** argv) {
 
   // Forward: bf16, d = 128, seq 8192, batch 4 x 32 heads (4096 blocks of 128 rows: ~31 per SM).
   for (bool causal : {false, true}) {
-    const std::int64_t B = 4, S = 8192, H = 32, D = 128;
+    const std::int64_t B = tiny ? 1 : 4, S = tiny ? 256 : 8192, H = tiny ? 2 : 32, D = 128;
     const std::size_t n = static_cast<std::size_t>(B * S * H * D);
     void *q = random_bf16(n, 2), *k = random_bf16(n, 3), *v = random_bf16(n, 4), *o = nullptr, *o2 = nullptr;
     CHECK(cudaMalloc(&o, n * 2));
@@ -154,6 +164,7 @@ int main(int argc, char** argv) {
         attn::cuda::attention(view(q), view(k), view(v), view(o2), opts);
         CHECK(cudaDeviceSynchronize());
         const double diff = max_diff_bf16(o, o2, n);
+        variants_agree = variants_agree && diff <= kVariantTolerance;
         const double t = median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o2), opts); }, 2, quick ? 3 : 7);
         std::printf("{\"what\":\"forward_variant\",\"causal\":%s,\"name\":\"%s\",\"max_diff_vs_library\":%.3g,\"ms\":%.4f,"
                     "\"tflops\":%.1f}\n",
@@ -169,7 +180,7 @@ int main(int argc, char** argv) {
   // Decode: batch 1, 32 heads / 8 kv heads, d = 128, 128k cached keys; bytes = K + V. Two layouts of the
   // same cache: "keys" = [1, N, HK, D] (flash-attn's), "kv-heads" = [1, HK, N, D] (torch's), as strides.
   {
-    const std::int64_t N = 131072, H = 32, HK = 8, D = 128;
+    const std::int64_t N = tiny ? 2048 : 131072, H = 32, HK = 8, D = 128;
     const std::size_t cache_n = static_cast<std::size_t>(N * HK * D);
     void *kc = random_bf16(cache_n, 5), *vc = random_bf16(cache_n, 6);
     void *q = random_bf16(static_cast<std::size_t>(H * D), 7), *o = nullptr, *o2 = nullptr;
@@ -215,11 +226,12 @@ int main(int argc, char** argv) {
           attn::cuda_detail::launchers().decode = var.launch;
           // The automatic split count assumes one kv head per block; a variant whose blocks read several
           // would leave SMs idle with it, so fixed counts are timed too (0 = automatic).
-          for (std::int64_t sp : {0, 66, 132, 264}) {
+          for (std::int64_t sp : tiny ? std::vector<std::int64_t>{0, 5} : std::vector<std::int64_t>{0, 66, 132, 264}) {
             CHECK(cudaMemset(o2, 0xFF, H * D * 2));
             run(o2, sp);
             CHECK(cudaDeviceSynchronize());
             const double diff = max_diff_bf16(o, o2, static_cast<std::size_t>(H * D));
+            variants_agree = variants_agree && diff <= kVariantTolerance;
             const double t = median_ms([&] { run(o2, sp); }, 5, quick ? 5 : 20, 10);
             std::printf("{\"what\":\"decode_variant\",\"layout\":\"%s\",\"name\":\"%s\",\"splits\":%lld,"
                         "\"max_diff_vs_library\":%.3g,\"ms\":%.5f,\"gbps\":%.1f}\n",
@@ -233,6 +245,10 @@ int main(int argc, char** argv) {
     }
     for (void* p : {kc, vc, q, o, o2}) CHECK(cudaFree(p));
     CHECK(cudaFree(dseq));
+  }
+  if (!variants_agree) {
+    std::fprintf(stderr, "attn_gpu_bench: a variant's output differs from the library's by more than %g\n", kVariantTolerance);
+    return 3;
   }
   return 0;
 }

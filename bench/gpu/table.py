@@ -1,28 +1,50 @@
 #!/usr/bin/env python3
 """Reads the JSON lines of attn_gpu_bench and torch_bench.py and prints the table scripts/gpu-check ends
-with: forward TFLOP/s and decode GB/s as ratios to torch and to the ceilings measured in the same run."""
+with: forward TFLOP/s and decode GB/s as ratios to torch and to the ceilings measured in the same run;
+then, when attn_gpu_bench ran with --variants, every kernel configuration it timed."""
 import json, sys
 
 rows = [json.loads(l) for f in sys.argv[1:] for l in open(f) if l.startswith("{")]
 get = lambda what, impl_prefix, **kw: next((r for r in rows if r["what"] == what and r["impl"].startswith(impl_prefix)
                                             and all(r.get(k) == v for k, v in kw.items())), None)
+nan = float("nan")
+ratio = lambda a, b: a / b if b else nan
 dev = next((r for r in rows if r["what"] == "device"), {})
-copy = max((r["gbps"] for r in rows if r["what"] == "copy"), default=float("nan"))
+copy = max((r["gbps"] for r in rows if r["what"] == "copy"), default=nan)
 mm = get("matmul", "torch")
-mm_t = mm["tflops"] if mm else float("nan")
+mm_t = mm["tflops"] if mm else nan
 print(f"device: {dev.get('name', '?')}   copy ceiling {copy:.0f} GB/s (best of cudaMemcpy, torch copy_)   "
       f"bf16 matmul ceiling {mm_t:.0f} TFLOP/s")
-print(f"{'case':38} {'attn':>10} {'torch':>10} {'attn/torch':>10} {'attn/ceiling':>12}")
+print(f"{'case':44} {'attn':>10} {'torch':>10} {'attn/torch':>10} {'attn/ceiling':>12}")
 for causal in (False, True):
     a, t = get("forward", "attn", causal=causal), get("forward", "torch", causal=causal)
     if a:
-        tt = t["tflops"] if t else float("nan")
-        print(f"{'forward bf16 d128 s8192 b4 h32' + (' causal' if causal else ''):38} {a['tflops']:8.0f} TF {tt:8.0f} TF "
-              f"{a['tflops'] / tt:10.2f} {a['tflops'] / mm_t:12.2f}")
-a, t = get("decode", "attn"), get("decode", "torch")
+        tt = t["tflops"] if t else nan
+        print(f"{'forward bf16 d128 s8192 b4 h32' + (' causal' if causal else ''):44} {a['tflops']:7.0f} TF {tt:7.0f} TF "
+              f"{ratio(a['tflops'], tt):10.2f} {ratio(a['tflops'], mm_t):12.2f}")
+t = get("decode", "torch")
+tg = t["gbps"] if t else nan
+for layout in ("keys", "kv-heads"):
+    a = get("decode", "attn", layout=layout)
+    if a:
+        print(f"{'decode bf16 d128 128k 32/8 heads, ' + layout:44} {a['gbps']:5.0f} GB/s {tg:5.0f} GB/s "
+              f"{ratio(a['gbps'], tg):10.2f} {ratio(a['gbps'], copy):12.2f}")
+a = get("decode", "attn")
 if a:
-    tg = t["gbps"] if t else float("nan")
-    print(f"{'decode bf16 d128 128k 32/8 heads':38} {a['gbps']:6.0f} GB/s {tg:6.0f} GB/s {a['gbps'] / tg:10.2f} "
-          f"{a['gbps'] / copy:12.2f}")
-    print(f"  (decode splits {a.get('splits')}; torch decode impl: {t['impl'] if t else 'none ran'})")
+    print(f"  (attn decode splits {a.get('splits')}; cache layouts: keys = [1, N, 8, 128] (flash-attn), "
+          f"kv-heads = [1, 8, N, 128]; torch: {t['impl'] + ', kv-heads layout' if t else 'none ran'})")
 print("targets (issue 6): forward >= 1.0x torch flash; decode >= 0.85 of the copy ceiling")
+
+fv = [r for r in rows if r["what"] == "forward_variant"]
+if fv:
+    print("\nforward variants (bf16 d128; attn_gpu_bench --variants; diff = max |out - library out|)")
+    for r in fv:
+        base = get("forward", "attn", causal=r["causal"])
+        print(f"  {r['name']:42} {'causal' if r['causal'] else '      '} {r['tflops']:7.1f} TF "
+              f"{ratio(r['tflops'], base['tflops'] if base else 0):6.2f}x library  diff {r['max_diff_vs_library']:.3g}")
+dv = [r for r in rows if r["what"] == "decode_variant"]
+if dv:
+    print("\ndecode variants (bf16 d128 128k; splits 0 = automatic)")
+    for r in dv:
+        print(f"  {r['layout']:8} {r['name']:46} splits {r['splits']:4} {r['gbps']:7.0f} GB/s "
+              f"{ratio(r['gbps'], copy):5.2f} of copy  diff {r['max_diff_vs_library']:.3g}")

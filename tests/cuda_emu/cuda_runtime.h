@@ -70,6 +70,14 @@ cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorString(cudaError_t e);
+// Events time on the host clock (everything before them has run: the emulation is synchronous).
+struct CUevent_st;
+using cudaEvent_t = CUevent_st*;
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b);
 template <class Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel*, cudaFuncAttribute attr, int value) {
   return attr == cudaFuncAttributeMaxDynamicSharedMemorySize && (value < 0 || std::size_t(value) > kMaxDynamicSmem)
