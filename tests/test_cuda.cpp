@@ -110,6 +110,99 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(c.splits) + (c.seqlen_new ? "_append" : "") + (c.head_major ? "_headmajor" : "");
     });
 
+// ---- Non-finite inputs: the CPU's rules (docs/robustness.md) ------------------------------------------
+// A NaN or infinity in one input row reaches only the output rows that read it; every other row is
+// bitwise what it is without it. Forward, causal, B 2 x 70 x 70, 4 heads over 2 kv heads, d 64: key 3 of
+// (batch 0, kv head 1) is seen only by rows i >= 3 of heads 2 and 3 in batch 0, and it lies in a tile
+// the mask cuts, where the rows that may not see it share the tile's P V product.
+template <class T>
+void expect_forward_confined(const char* what, const std::function<void(Tensor<T>&, Tensor<T>&, Tensor<T>&)>& poison,
+                             const std::function<bool(std::int64_t b, std::int64_t i, std::int64_t h)>& may_change) {
+  const std::int64_t B = 2, S = 70, H = 4, HK = 2, D = 64;
+  auto q = random_tensor<T>(B, S, H, D, 21), k = random_tensor<T>(B, S, HK, D, 22), v = random_tensor<T>(B, S, HK, D, 23);
+  AttentionOptions o;
+  o.causal = true;
+  auto run = [&](const Tensor<T>& qq, const Tensor<T>& kk, const Tensor<T>& vv) {
+    Dev<T> dq(qq.data), dk(kk.data), dv(vv.data), dout(poisoned<T>(qq.data.size()));
+    Dev<float> dlse(poisoned<float>(static_cast<std::size_t>(B * H * S)));
+    TensorView lv = TensorView::contiguous(dlse.ptr, B, H, S);
+    cuda::attention(dview(dq, B, S, H, D), dview(dk, B, S, HK, D), dview(dv, B, S, HK, D), dview(dout, B, S, H, D), o, &lv);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return std::make_pair(dout.get(), dlse.get());
+  };
+  const auto [clean, clean_lse] = run(q, k, v);
+  auto q2 = q, k2 = k, v2 = v;
+  poison(q2, k2, v2);
+  const auto [out, lse] = run(q2, k2, v2);
+  std::int64_t changed_elsewhere = 0, nonfinite_where_allowed = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < S; ++i)
+      for (std::int64_t h = 0; h < H; ++h) {
+        const auto l = static_cast<std::size_t>((b * H + h) * S + i);
+        for (std::int64_t c = 0; c < D; ++c) {
+          const auto at = static_cast<std::size_t>(((b * S + i) * H + h) * D + c);
+          if (may_change(b, i, h)) nonfinite_where_allowed += !std::isfinite(detail::load<double>(out[at]));
+          else changed_elsewhere += out[at].bits != clean[at].bits;
+        }
+        if (!may_change(b, i, h)) changed_elsewhere += std::memcmp(&lse[l], &clean_lse[l], sizeof(float)) != 0;
+      }
+  EXPECT_EQ(changed_elsewhere, 0) << what << " changed rows that do not read it";
+  EXPECT_GT(nonfinite_where_allowed, 0) << what << " did not reach the rows that read it";
+}
+
+TEST_F(Gpu, NanOrInfInAQueryRowStaysInThatRow) {
+  for (double bad : {double(NAN), double(INFINITY)})
+    expect_forward_confined<bf16_t>("a non-finite q entry",
+                                    [bad](auto& q, auto&, auto&) { q.at(1, 2, 3, 1) = detail::store<bf16_t>(bad); },
+                                    [](auto b, auto i, auto h) { return b == 1 && i == 2 && h == 3; });
+}
+TEST_F(Gpu, NanOrInfInAKeyRowStaysInTheRowsThatSeeIt) {
+  for (double bad : {double(NAN), double(INFINITY)})
+    expect_forward_confined<bf16_t>("a non-finite k entry",
+                                    [bad](auto&, auto& k, auto&) { k.at(0, 3, 1, 0) = detail::store<bf16_t>(bad); },
+                                    [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; });
+}
+TEST_F(Gpu, NanOrInfInAValueRowStaysInTheRowsThatSeeIt) {
+  for (double bad : {double(NAN), double(INFINITY)})
+    expect_forward_confined<f16_t>("a non-finite v entry",
+                                   [bad](auto&, auto&, auto& v) { v.at(0, 3, 1, 0) = detail::store<f16_t>(bad); },
+                                   [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; });
+}
+
+// Decode, causal with 3 queries per sequence (speculative decoding): the newest key is seen only by the
+// last query, so a NaN in its value row must not reach the two earlier queries' rows.
+TEST_F(Gpu, DecodeNanInAValueRowStaysInTheQueriesThatSeeIt) {
+  const std::int64_t SQ = 3, H = 8, HK = 2, D = 128, N = 300;
+  auto q = random_tensor<bf16_t>(1, SQ, H, D, 31), kc = random_tensor<bf16_t>(1, N, HK, D, 32), vc = random_tensor<bf16_t>(1, N, HK, D, 33);
+  const std::vector<std::int32_t> seqlens = {static_cast<std::int32_t>(N)};
+  auto run = [&](const Tensor<bf16_t>& v) {
+    Dev<bf16_t> dq(q.data), dk(kc.data), dv(v.data), dout(poisoned<bf16_t>(q.data.size()));
+    Dev<std::int32_t> dseq(seqlens);
+    KVCache cache;
+    cache.k = dview(dk, 1, N, HK, D);
+    cache.v = dview(dv, 1, N, HK, D);
+    cache.seqlens = dseq.ptr;
+    AttentionOptions o;
+    o.causal = true;
+    DecodeOptions dec;
+    dec.num_splits = 2;
+    cuda::attention_decode(dview(dq, 1, SQ, H, D), cache, dview(dout, 1, SQ, H, D), o, dec);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return dout.get();
+  };
+  const auto clean = run(vc);
+  auto v2 = vc;
+  v2.at(0, N - 1, 1, 5) = detail::store<bf16_t>(NAN);
+  const auto out = run(v2);
+  for (std::int64_t i = 0; i < SQ; ++i)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t c = 0; c < D; ++c) {
+        const auto at = static_cast<std::size_t>((i * H + h) * D + c);
+        if (i == SQ - 1 && h >= 4 && c == 5) EXPECT_TRUE(std::isnan(detail::load<double>(out[at]))) << "h " << h;
+        else ASSERT_EQ(out[at].bits, clean[at].bits) << "query " << i << " head " << h << " column " << c;
+      }
+}
+
 TEST_F(Gpu, RejectsHostPointersAndUnsupportedShapesWithoutWriting) {
   auto q = test::random_tensor<bf16_t>(1, 4, 2, 128, 1), k = test::random_tensor<bf16_t>(1, 8, 2, 128, 2);
   Dev<bf16_t> dq(q.data), dk(k.data), dv(k.data), dout(poisoned<bf16_t>(q.data.size()));

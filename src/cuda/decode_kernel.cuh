@@ -134,7 +134,21 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
           [&](int, std::int64_t i, std::int64_t j) { return j < hi && visible(mask, i, j); });
     }
     softmax_step<NT, DT>(s, m, l, o);
-    warp_pv<E, D, NT>(o, s, sV + stage * TILE * D, row0);
+    std::uint16_t* vt = sV + stage * TILE * D;
+    // Some query masks some key of this tile (block-uniform): then a NaN or infinity in V must reach only
+    // the rows that see its key (tile.cuh). Keys past the slice are zero-filled, so they need nothing.
+    const std::int64_t jt = lo + t * BK;
+    const bool tile_cut = !(mask.first_key(p.seqlen_q - 1) <= jt && jt + BK <= mask.end_key(0));
+    if (tile_cut && any_nonfinite<E, D, TILE, C::THREADS>(vt)) {
+      add_nonfinite_values<E, D, NT>(o, s, vt, row0, [&](int half, int j) {
+        const std::int64_t key = j0 + j;
+        return key < hi && visible(mask, qi[half], key);
+      });
+      __syncthreads();
+      zero_nonfinite<E, D, TILE, C::THREADS>(vt);
+      __syncthreads();
+    }
+    warp_pv<E, D, NT>(o, s, vt, row0);
   }
   cp_async_wait<0>();
   __syncthreads();  // the pipeline's shared memory becomes the merge buffer

@@ -114,8 +114,20 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
     __syncthreads();
     if (t + 1 < tiles.end) load_kv(sV + (stage ^ 1) * BC * D, v, p.vs[1], t + 1);
     cp_async_commit();
+    std::uint16_t* vt = sV + stage * BC * D;
+    if (need_mask && any_nonfinite<E, D, BC, THREADS>(vt)) {  // rare: see tile.cuh
 #pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt) warp_pv<E, D, NT>(o[mt], s[mt], sV + stage * BC * D, 0);
+      for (int mt = 0; mt < C::MT; ++mt) {
+        const std::int64_t i_lane = i0 + (warp * C::MT + mt) * 16 + lane / 4;
+        add_nonfinite_values<E, D, NT>(o[mt], s[mt], vt, 0,
+                                       [&](int half, int j) { return visible(mask, i_lane + 8 * half, t * BC + j); });
+      }
+      __syncthreads();
+      zero_nonfinite<E, D, BC, THREADS>(vt);
+      __syncthreads();
+    }
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt) warp_pv<E, D, NT>(o[mt], s[mt], vt, 0);
   }
   cp_async_wait<0>();
 

@@ -74,6 +74,16 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// One 16-bit value (bits) -> float.
+template <class E>
+__device__ __forceinline__ float to_float(std::uint16_t bits) {
+  if constexpr (std::is_same_v<E, Bf16>) {
+    return __uint_as_float(std::uint32_t{bits} << 16);
+  } else {
+    return __half2float(__ushort_as_half(bits));
+  }
+}
+
 // Two floats -> one register of two 16-bit values (low half = first).
 template <class E>
 __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {

@@ -176,4 +176,63 @@ __device__ __forceinline__ void mask_scores(float (&s)[NT][4], const detail::Mas
     }
 }
 
+// ---- Non-finite values in masked tiles (docs/robustness.md) -------------------------------------------
+// The CPU skips the keys a row cannot see; the P V product above weights them by p = 0, and 0 x NaN or
+// 0 x inf would carry a value row's NaN or infinity into rows that mask its key. So in a tile the mask
+// cuts, the kernels check the V tile first (any_nonfinite); if it holds a NaN or infinity (rare), each
+// row adds p x v for exactly those elements of the keys it sees (add_nonfinite_values: NaN, +-inf, or
+// NaN for 0 x inf, as the CPU's fold does), the elements are zeroed in shared memory (zero_nonfinite),
+// and the product adds the finite rest. Rows that see no such key get bit for bit what they get
+// without it.
+template <class E>
+__device__ __forceinline__ bool is_nonfinite(std::uint16_t x) {
+  constexpr std::uint16_t kExp = std::is_same_v<E, Bf16> ? 0x7F80 : 0x7C00;  // all exponent bits set
+  return (x & kExp) == kExp;
+}
+
+// Whether rows [0, ROWS) of a [ROWS][D] shared tile hold a NaN or infinity; a barrier of the block.
+template <class E, int D, int ROWS, int THREADS>
+__device__ __forceinline__ bool any_nonfinite(const std::uint16_t* tile) {
+  int bad = 0;
+  for (int i = threadIdx.x; i < ROWS * D; i += THREADS) bad |= is_nonfinite<E>(tile[i]);
+  return __syncthreads_or(bad) != 0;
+}
+
+// Zeroes the NaN and infinite elements of rows [0, ROWS) of a [ROWS][D] shared tile; all threads.
+template <class E, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void zero_nonfinite(std::uint16_t* tile) {
+  for (int i = threadIdx.x; i < ROWS * D; i += THREADS)
+    if (is_nonfinite<E>(tile[i])) tile[i] = 0;
+}
+
+// o += p x v over the non-finite elements of V rows [v_row0, v_row0 + 8*NT) that visible_key(half, j)
+// admits for the lane's row (j: key within the slab's 8*NT keys); p in C-fragment layout as softmax_step
+// left it. One key at a time on CUDA cores: only for the rare tiles above.
+template <class E, int D, int NT, class VisibleFn>
+__device__ __noinline__ void add_nonfinite_values(float (&o)[D / 8][4], const float (&p)[NT][4], const std::uint16_t* sv,
+                                     int v_row0, VisibleFn visible_key) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float prow[8 * NT];  // the row's p for every key: the quad's four lanes hold two keys of each n-tile
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) prow[n * 8 + 2 * q + e] = __shfl_sync(0xffffffffu, p[n][2 * half + e], (lane & ~3) | q);
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = d * 8 + (lane % 4) * 2 + c;
+#pragma unroll 1
+        for (int j = 0; j < 8 * NT; ++j) {
+          const std::uint16_t x = sv[swizzle(v_row0 + j, col, D)];
+          if (is_nonfinite<E>(x) && visible_key(half, j)) o[d][2 * half + c] += prow[j] * to_float<E>(x);
+        }
+      }
+  }
+}
+
 }  // namespace attn::cuda_detail

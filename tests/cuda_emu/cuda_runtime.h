@@ -102,6 +102,7 @@ const uint3& block_idx();
 const dim3& block_dim();
 const dim3& grid_dim();
 void syncthreads();
+int syncthreads_or(int predicate);  // a barrier that returns whether any live thread passed non-zero
 std::uint8_t* dynamic_smem();
 
 // A warp collective: every lane of the calling thread's warp passes `bytes` (<= kSlotBytes) of `in` and
@@ -117,6 +118,14 @@ struct Exchange {
 Exchange warp_exchange(const void* in, std::size_t bytes, int kind);
 int lane_id();
 
+template <class T>
+T shfl(T x, int src_lane) {
+  static_assert(sizeof(T) <= kSlotBytes);
+  const Exchange e = warp_exchange(&x, sizeof(T), 1);
+  T r;
+  std::memcpy(&r, e.slots + static_cast<std::size_t>(src_lane & 31) * kSlotBytes, sizeof(T));
+  return r;
+}
 template <class T>
 T shfl_xor(T x, int lane_mask) {
   static_assert(sizeof(T) <= kSlotBytes);
@@ -157,6 +166,7 @@ using namespace attn_emu;  // the CUDA names, unqualified, as code written for C
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) alignas(n)
@@ -166,6 +176,11 @@ using namespace attn_emu;  // the CUDA names, unqualified, as code written for C
 #define gridDim (::attn_emu::grid_dim())
 
 inline void __syncthreads() { ::attn_emu::syncthreads(); }
+inline int __syncthreads_or(int predicate) { return ::attn_emu::syncthreads_or(predicate); }
+template <class T>
+T __shfl_sync(unsigned, T x, int src_lane) {
+  return ::attn_emu::shfl(x, src_lane);
+}
 template <class T>
 T __shfl_xor_sync(unsigned, T x, int lane_mask) {
   return ::attn_emu::shfl_xor(x, lane_mask);

@@ -119,6 +119,7 @@ struct Block {
   dim3 dim, grid;
   const std::function<void()>* body = nullptr;
   int current = 0, live = 0, at_barrier = 0;
+  int barrier_or = 0, barrier_result = 0;  // __syncthreads_or: the OR so far, and the last barrier's
 #if defined(__x86_64__)
   void* scheduler_sp = nullptr;
 #else
@@ -154,6 +155,8 @@ void run_copies(std::vector<Copy>& copies) {
 void release_barrier_if_complete() {
   Block& b = *g_block;
   if (b.at_barrier == 0 || b.at_barrier < b.live) return;
+  b.barrier_result = b.barrier_or;
+  b.barrier_or = 0;
   for (Fiber& f : b.fibers)
     if (f.state == Fiber::kAtBarrier) f.state = Fiber::kReady;
   b.at_barrier = 0;
@@ -239,6 +242,12 @@ const dim3& grid_dim() { return g_block->grid; }
 int lane_id() { return self().lane; }
 std::uint8_t* dynamic_smem() { return g_block->smem.data(); }
 
+int syncthreads_or(int predicate) {
+  g_block->barrier_or |= predicate != 0;
+  syncthreads();
+  return g_block->barrier_result;  // read before this thread can reach the next barrier
+}
+
 void syncthreads() {
   Fiber& f = self();
   f.state = Fiber::kAtBarrier;
@@ -323,7 +332,7 @@ void launch(dim3 grid, dim3 block, std::size_t smem_bytes, const std::function<v
         b.idx = {x, y, z};
         b.smem.assign(smem_bytes, 0xFF);  // NaN in every float type: reads of unwritten shared memory show
         b.live = static_cast<int>(threads);
-        b.at_barrier = 0;
+        b.at_barrier = b.barrier_or = b.barrier_result = 0;
         b.current = static_cast<int>(threads) - 1;
         for (std::size_t t = 0; t < threads; ++t) {
           Fiber& f = b.fibers[t];

@@ -19,7 +19,7 @@
 namespace attn::cuda_detail {
 
 template <class E>
-inline float emu_to_float(std::uint16_t bits) {
+inline float to_float(std::uint16_t bits) {
   if constexpr (std::is_same_v<E, Bf16>) return detail::bf16_to_float(bf16_t{bits});
   else return detail::f16_to_float(f16_t{bits});
 }
@@ -37,11 +37,11 @@ inline void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t 
       std::memcpy(r, x.slots + lane * ::attn_emu::kSlotBytes, sizeof r);
       for (int e = 0; e < 8; ++e) {
         const RowCol c = mma_a_coord(lane, e);
-        A[c.row][c.col] = emu_to_float<E>(static_cast<std::uint16_t>(r[e / 2] >> (16 * (e % 2))));
+        A[c.row][c.col] = to_float<E>(static_cast<std::uint16_t>(r[e / 2] >> (16 * (e % 2))));
       }
       for (int e = 0; e < 4; ++e) {
         const RowCol c = mma_b_coord(lane, e);
-        B[c.row][c.col] = emu_to_float<E>(static_cast<std::uint16_t>(r[4 + e / 2] >> (16 * (e % 2))));
+        B[c.row][c.col] = to_float<E>(static_cast<std::uint16_t>(r[4 + e / 2] >> (16 * (e % 2))));
       }
     }
     for (int i = 0; i < 16; ++i)
