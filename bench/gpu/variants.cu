@@ -2,7 +2,11 @@
 // (src/cuda/forward_kernel.cuh, decode_kernel.cuh) with other traits. Why each is here:
 //   forward, d = 128 (the library: 8 warps x 1 slab of 16 rows, 64-key tiles, 203 registers -> 1 block
 //   of 8 warps per SM): the same with <= 128 registers (2 blocks per SM); FlashAttention-2's tile
-//   (4 warps x 2 slabs, 64 keys) and its 32-key form (fewer registers); 4 warps x 1 slab, 2 blocks per SM.
+//   (4 warps x 2 slabs, 64 keys) and its 32-key form (fewer registers), and 8 warps x 2 slabs of 32 keys;
+//   4 warps x 1 slab, 2 blocks per SM. Two slabs per warp halve the shared-memory bytes per mma (each K
+//   and V fragment feeds 32 rows): with one slab, about 320 bytes of ldmatrix per m16n8k16, so the SM's
+//   128 bytes per clock of shared memory cap it near 0.4 mma per clock, under the 0.5 that an A100's
+//   tensor cores issue with mma.sync (1024 FMA per clock per SM; more on Hopper).
 //   decode, d = 128 (the library: 64-key tiles, 3 stages, 4 warps on one kv head): 2 stages (69 KiB
 //   of shared memory: 3 blocks per SM); 8 warps on 128-key tiles; and blocks that read 2, 4 or 8 kv
 //   heads' rows of the same keys (for a [.., keys, kv_heads, d] cache those rows are adjacent in memory;
@@ -34,6 +38,7 @@ const std::vector<ForwardVariant>& forward_variants() {
       {"8 warps x 1 slab, 64 keys, <=128 regs", forward_with<FwdTraits<128, 8, 1, 64, 2>>},
       {"4 warps x 2 slabs, 64 keys (FA2 tile)", forward_with<FwdTraits<128, 4, 2, 64>>},
       {"4 warps x 2 slabs, 32 keys", forward_with<FwdTraits<128, 4, 2, 32>>},
+      {"8 warps x 2 slabs, 32 keys", forward_with<FwdTraits<128, 8, 2, 32>>},
       {"4 warps x 1 slab, 64 keys, 2 blocks/SM", forward_with<FwdTraits<128, 4, 1, 64, 2>>},
   };
   return v;

@@ -6,8 +6,9 @@
 // Device side: a block runs as one fiber per thread on one OS thread (emu.cpp). Fibers switch only at
 // __syncthreads and at warp collectives (shuffles, ldmatrix, mma.sync: emu_ptx.hpp), where the lanes of
 // a warp exchange their operands as the hardware does. Shared memory is one buffer per block, filled with
-// NaN bytes before the block starts; cp.async copies land when the issuing thread waits for them, and
-// each one checks that its source lies inside a cudaMalloc allocation.
+// NaN bytes before the block starts; a cp.async destination holds NaN from the issue until the issuing
+// thread waits for its group, where the data lands (so reading it too early or overwriting it too soon
+// shows), and each copy checks that its source lies inside a cudaMalloc allocation.
 //
 // Host side: "device" memory is host memory that cudaMalloc hands out and tracks, so that
 // cudaPointerGetAttributes tells it from host memory; everything else runs synchronously. The emulated

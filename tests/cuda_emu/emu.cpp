@@ -295,6 +295,11 @@ std::uint16_t smem_load16(std::uint32_t offset) {
 }
 void cp_async(std::uint32_t dst, const void* src, int src_bytes) {
   if (src_bytes < 0 || src_bytes > 16) die("cp.async with a source size outside 0..16");
+  if (std::size_t{dst} + 16 > g_block->smem.size()) die("cp.async past the end of shared memory");
+  // The destination holds NaN from the issue until the thread's wait, where the data lands: a read in
+  // between -- of the old contents (the copy was issued too early) or of the new (waited too late) --
+  // sees NaN.
+  std::memset(g_block->smem.data() + dst, 0xFF, 16);
   self().open.push_back({dst, src, src_bytes});
 }
 void cp_async_commit() {
