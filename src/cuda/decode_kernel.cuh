@@ -67,21 +67,17 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   // Tile row r is key r / HB of kv head g0 + r % HB (memory order); it lands in shared row
   // (r % HB) * BK + r / HB, so each head's keys are consecutive rows there.
   auto load_kv = [&](int stage, std::int64_t t) {
-    auto to_row = [](int r) { return (r % C::HB) * C::BK + r / C::HB; };
-    load_tile<D, C::THREADS, TILE>(
-        sK + stage * TILE * D, p.k,
-        [&](int r) -> const std::uint16_t* {
-          const std::int64_t j = lo + t * BK + r / HB;
-          return j < hi ? cache_row(p.k, p, b, j, p.ks, g0 + r % HB, p.k_head_stride) : nullptr;
-        },
-        to_row);
-    load_tile<D, C::THREADS, TILE>(
-        sV + stage * TILE * D, p.v,
-        [&](int r) -> const std::uint16_t* {
-          const std::int64_t j = lo + t * BK + r / HB;
-          return j < hi ? cache_row(p.v, p, b, j, p.vs, g0 + r % HB, p.v_head_stride) : nullptr;
-        },
-        to_row);
+    auto load = [&](std::uint16_t* tiles, const void* base, const std::int64_t (&s)[2], std::int64_t head_stride) {
+      load_tile<D, C::THREADS, TILE>(
+          tiles + stage * TILE * D, base,
+          [&](int r) -> const std::uint16_t* {
+            const std::int64_t j = lo + t * C::BK + r / C::HB;
+            return j < hi ? cache_row(base, p, b, j, s, g0 + r % C::HB, head_stride) : nullptr;
+          },
+          [](int r) { return (r % C::HB) * C::BK + r / C::HB; });
+    };
+    load(sK, p.k, p.ks, p.k_head_stride);
+    load(sV, p.v, p.vs, p.v_head_stride);
   };
   load_tile<D, C::THREADS, HB * kRows>(sQ, p.q, [&](int r) -> const std::uint16_t* {
     if (r0 + r % kRows >= rows) return nullptr;
