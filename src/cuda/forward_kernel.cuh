@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
 #pragma unroll
       for (int mt = 0; mt < C::MT; ++mt) {
         const std::int64_t i_lane = i0 + (warp * C::MT + mt) * 16 + lane / 4;
-        add_nonfinite_values<E, D, NT>(o[mt], s[mt], vt, 0,
+        add_nonfinite_values_outlined<E, D, NT>(o[mt], s[mt], vt, 0,
                                        [&](int half, int j) { return visible(mask, i_lane + 8 * half, t * BC + j); });
       }
       __syncthreads();

@@ -53,16 +53,22 @@ struct LaneOffsets {
 };
 
 // s[n][.] = Q[q_row0 .. +16) K[k_row0 .. +8*NT)^T for one warp; Q and K are swizzled [*][D] tiles, and
-// q_row0, k_row0 multiples of 8 (LaneOffsets keeps row % 8).
+// q_row0, k_row0 multiples of 8 (LaneOffsets keeps row % 8). Each n-tile's k-steps are a chain of
+// dependent mma; with few n-tiles (decode: NT = 2) the chains are split in two, even and odd k-steps,
+// so twice as many are in flight, and the halves are added at the end.
 template <class E, int D, int NT>
 __device__ __forceinline__ void warp_qk(float (&s)[NT][4], const std::uint16_t* sq, int q_row0, const std::uint16_t* sk,
                                         int k_row0) {
   static_assert(NT % 2 == 0);
+  constexpr int kChains = NT >= 4 ? 1 : 2;
   const int lane = threadIdx.x % 32;
+  float acc[kChains][NT][4];
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
+  for (int c = 0; c < kChains; ++c)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[c][n][e] = 0.f;
   const LaneOffsets<D> qa(ldmatrix_a_addr(lane)), kb(ldmatrix_b_addr(lane));
   const std::uint32_t q_base = smem_addr(sq + q_row0 * D), k_base = smem_addr(sk + k_row0 * D);
 #pragma unroll
@@ -73,10 +79,14 @@ __device__ __forceinline__ void warp_qk(float (&s)[NT][4], const std::uint16_t* 
     for (int n2 = 0; n2 < NT / 2; ++n2) {
       std::uint32_t b[4];
       ldmatrix_x4(b, kb.at(k_base, n2 * 16, kk));
-      mma_16816<E>(s[2 * n2], a, b[0], b[1]);
-      mma_16816<E>(s[2 * n2 + 1], a, b[2], b[3]);
+      mma_16816<E>(acc[kk % kChains][2 * n2], a, b[0], b[1]);
+      mma_16816<E>(acc[kk % kChains][2 * n2 + 1], a, b[2], b[3]);
     }
   }
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = kChains == 1 ? acc[0][n][e] : acc[0][n][e] + acc[kChains - 1][n][e];
 }
 
 // o[d][.] += P V[v_row0 .. +8*NT) for one warp; p holds the 16 x 8*NT probabilities in C-fragment
@@ -209,7 +219,7 @@ __device__ __forceinline__ void zero_nonfinite(std::uint16_t* tile) {
 // admits for the lane's row (j: key within the slab's 8*NT keys); p in C-fragment layout as softmax_step
 // left it. One key at a time on CUDA cores: only for the rare tiles above.
 template <class E, int D, int NT, class VisibleFn>
-__device__ __noinline__ void add_nonfinite_values(float (&o)[D / 8][4], const float (&p)[NT][4], const std::uint16_t* sv,
+__device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const float (&p)[NT][4], const std::uint16_t* sv,
                                      int v_row0, VisibleFn visible_key) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -233,6 +243,16 @@ __device__ __noinline__ void add_nonfinite_values(float (&o)[D / 8][4], const fl
         }
       }
   }
+}
+
+// The same as a call rather than inlined code. Which of the two leaves the hot loop more registers
+// depends on the kernel (ptxas -v, sm_90): the forward kernels get fewer registers and spills with the
+// call (d = 128: 195 registers instead of 219), the decode kernels with the inlined code (the call made
+// ptxas spill in the multi-head decode configurations).
+template <class E, int D, int NT, class VisibleFn>
+__device__ __noinline__ void add_nonfinite_values_outlined(float (&o)[D / 8][4], const float (&p)[NT][4],
+                                                           const std::uint16_t* sv, int v_row0, VisibleFn visible_key) {
+  add_nonfinite_values<E, D, NT>(o, p, sv, v_row0, visible_key);
 }
 
 }  // namespace attn::cuda_detail
