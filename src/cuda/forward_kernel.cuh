@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
 #pragma unroll
       for (int mt = 0; mt < C::MT; ++mt) {
         const std::int64_t i_lane = i0 + (warp * C::MT + mt) * 16 + lane / 4;
-        add_nonfinite_values_outlined<E, D, NT>(o[mt], s[mt], vt, 0,
-                                       [&](int half, int j) { return visible(mask, i_lane + 8 * half, t * BC + j); });
+        add_nonfinite_values_outlined<E, D, NT>(
+            o[mt], s[mt], vt, 0, [&](int half, int j) { return visible(mask, i_lane + 8 * half, t * BC + j); });
       }
       __syncthreads();
       zero_nonfinite<E, D, BC, THREADS>(vt);
@@ -131,7 +131,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   }
   cp_async_wait<0>();
 
-  // Epilogue: out = o / l (0 for a row that saw nothing), lse = m + log l (-inf), as attn::finalize.
+  // Epilogue: out = o / l (0 for a row that saw nothing), lse = m ln 2 + log l (-inf; m is in base 2),
+  // as attn::finalize.
 #pragma unroll
   for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll

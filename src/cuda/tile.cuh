@@ -1,7 +1,7 @@
 // Device building blocks shared by the forward and decode kernels: loading a tile into swizzled shared
 // memory with cp.async, S = Q K^T and O += P V for one warp's 16 x n slab on tensor cores, the scores'
-// scale and mask, and the online-softmax step over a slab's registers (the rescale rule is
-// attn::rescale_factor).
+// scale and mask, the online-softmax step over a slab's registers (the rescale rule is
+// attn::rescale_factor), and the handling of NaN and infinite values in tiles the mask cuts.
 #pragma once
 
 #include <cstdint>
