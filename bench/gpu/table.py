@@ -35,6 +35,26 @@ if a:
           f"kv-heads = [1, 8, N, 128]; torch: {t['impl'] + ', kv-heads layout' if t else 'none ran'})")
 print("targets (issue 6): forward >= 1.0x torch flash; decode >= 0.85 of the copy ceiling")
 
+# The fastest configuration of each case among the variants that agree with the library's output: what
+# making it the library's configuration would give (the same kernel template, the same run).
+ok = lambda r: r["max_diff_vs_library"] <= 0.05
+best = []
+for causal in (False, True):
+    cands = [r for r in rows if r["what"] == "forward_variant" and r["causal"] == causal and ok(r)]
+    if cands:
+        r, t = max(cands, key=lambda r: r["tflops"]), get("forward", "torch", causal=causal)
+        best.append(f"  forward{' causal' if causal else '       '}  {r['name']:42} {r['tflops']:7.0f} TF "
+                    f"{ratio(r['tflops'], t['tflops'] if t else 0):5.2f}x torch")
+for layout in ("keys", "kv-heads"):
+    cands = [r for r in rows if r["what"] == "decode_variant" and r["layout"] == layout and ok(r)]
+    if cands:
+        r = max(cands, key=lambda r: r["gbps"])
+        best.append(f"  decode {layout:9} {r['name'] + ', splits ' + str(r['splits']):42} {r['gbps']:7.0f} GB/s "
+                    f"{ratio(r['gbps'], copy):5.2f} of copy")
+if best:
+    print("\nfastest variant per case (attn_gpu_bench --variants; output within 0.05 of the library's)")
+    print("\n".join(best))
+
 fv = [r for r in rows if r["what"] == "forward_variant"]
 if fv:
     print("\nforward variants (bf16 d128; attn_gpu_bench --variants; diff = max |out - library out|)")

@@ -1,6 +1,6 @@
 // The kernel configurations of variants.hpp: the same kernel templates as the library
 // (src/cuda/forward_kernel.cuh, decode_kernel.cuh) with other traits. Why each is here:
-//   forward, d = 128 (the library: 8 warps x 1 slab of 16 rows, 64-key tiles, 203 registers -> 1 block
+//   forward, d = 128 (the library: 8 warps x 1 slab of 16 rows, 64-key tiles, 195 registers -> 1 block
 //   of 8 warps per SM): the same with <= 128 registers (2 blocks per SM); FlashAttention-2's tile
 //   (4 warps x 2 slabs, 64 keys) and its 32-key form (fewer registers), and 8 warps x 2 slabs of 32 keys;
 //   4 warps x 1 slab, 2 blocks per SM. Two slabs per warp halve the shared-memory bytes per mma (each K
@@ -8,9 +8,11 @@
 //   128 bytes per clock of shared memory cap it near 0.4 mma per clock, under the 0.5 that an A100's
 //   tensor cores issue with mma.sync (1024 FMA per clock per SM; more on Hopper).
 //   decode, d = 128 (the library: 64-key tiles, 3 stages, 4 warps on one kv head): 2 stages (69 KiB
-//   of shared memory: 3 blocks per SM); 8 warps on 128-key tiles; and blocks that read 2, 4 or 8 kv
-//   heads' rows of the same keys (for a [.., keys, kv_heads, d] cache those rows are adjacent in memory;
-//   the library's blocks each read one head's 256-byte rows at a stride of kv_heads x 256 bytes).
+//   of shared memory: 3 blocks per SM); 8 warps on 128-key tiles; 2 warps on 32-key tiles 4 stages deep
+//   (68 KiB: 3 blocks per SM with 3 tiles each in flight, 144 KiB per SM against the library's 128);
+//   and blocks that read 2, 4 or 8 kv heads' rows of the same keys (for a [.., keys, kv_heads, d] cache
+//   those rows are adjacent in memory; the library's blocks each read one head's 256-byte rows at a
+//   stride of kv_heads x 256 bytes).
 #include "cuda/decode_kernel.cuh"
 #include "cuda/forward_kernel.cuh"
 #include "gpu/variants.hpp"
@@ -49,6 +51,7 @@ const std::vector<DecodeVariant>& decode_variants() {
       {"64 keys x 3 stages, 4 warps, 1 head (library)", decode_with<DecTraits<128, 64, 3, 4, 1>>, 1},
       {"64 keys x 2 stages, 4 warps, 1 head", decode_with<DecTraits<128, 64, 2, 4, 1>>, 1},
       {"128 keys x 2 stages, 8 warps, 1 head", decode_with<DecTraits<128, 128, 2, 8, 1>>, 1},
+      {"32 keys x 4 stages, 2 warps, 1 head", decode_with<DecTraits<128, 32, 4, 2, 1>>, 1},
       {"32 keys x 3 stages, 4 warps, 2 heads", decode_with<DecTraits<128, 32, 3, 4, 2>>, 2},
       {"16 keys x 3 stages, 4 warps, 4 heads", decode_with<DecTraits<128, 16, 3, 4, 4>>, 4},
       {"16 keys x 3 stages, 8 warps, 8 heads", decode_with<DecTraits<128, 16, 3, 8, 8>>, 8},
