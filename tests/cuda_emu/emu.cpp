@@ -128,6 +128,7 @@ struct Block {
 };
 
 Block* g_block = nullptr;
+std::uint64_t g_rng = 0x9E3779B97F4A7C15ull;  // the scheduler's choice of warp
 std::vector<std::unique_ptr<char[]>> g_stack_pool;
 
 Fiber& self() { return g_block->fibers[static_cast<std::size_t>(g_block->current)]; }
@@ -204,13 +205,22 @@ void start_fiber(Fiber& f) {
 void run_block(Block& b) {
   g_block = &b;
   for (;;) {
+    // The next lane of the current warp if one is ready; otherwise a warp drawn at random (a fixed
+    // seed: runs repeat), so that warps drift apart between barriers as they may on the hardware and a
+    // missing barrier between two warps' accesses gets a chance to show.
     int ready = -1;
     const int n = static_cast<int>(b.fibers.size());
-    for (int k = 1; k <= n; ++k) {
-      const int i = (b.current + k) % n;
-      if (b.fibers[static_cast<std::size_t>(i)].state == Fiber::kReady) {
-        ready = i;
-        break;
+    const int warp0 = b.current / 32 * 32, lanes = std::min(32, n - warp0);
+    for (int k = 1; k < lanes && ready < 0; ++k) {
+      const int i = warp0 + (b.current - warp0 + k) % lanes;
+      if (b.fibers[static_cast<std::size_t>(i)].state == Fiber::kReady) ready = i;
+    }
+    if (ready < 0) {
+      g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+      const int start = static_cast<int>((g_rng >> 33) % static_cast<std::uint64_t>(n)) / 32 * 32;
+      for (int k = 0; k < n && ready < 0; ++k) {
+        const int i = (start + k) % n;
+        if (b.fibers[static_cast<std::size_t>(i)].state == Fiber::kReady) ready = i;
       }
     }
     if (ready < 0) {
