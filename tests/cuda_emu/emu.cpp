@@ -1,6 +1,7 @@
 // The CUDA emulator's engine (cuda_runtime.h): tracked "device" allocations, and blocks run as one
 // fiber per thread on the calling OS thread. A fiber runs until it reaches __syncthreads, a warp
-// collective or its end, then the next ready fiber of the block runs (round robin). A barrier opens
+// collective or its end; then the next ready lane of its warp runs, or, when none is, a ready fiber of
+// a warp drawn at random (fixed seed). A barrier opens
 // when every live thread of the block has reached it (exited threads count as arrived, as on the
 // hardware); a collective completes when all 32 lanes of the warp have reached the same one. Anything
 // else -- lanes at different collectives, a collective missing an exited lane, a barrier some threads
