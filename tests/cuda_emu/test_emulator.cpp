@@ -1,0 +1,105 @@
+// The CUDA emulator's own rules (cuda_runtime.h, emu.cpp), on small kernels written for it: shuffles and
+// barriers behave as on a GPU, exited threads count as arrived at a barrier, a cp.async destination reads
+// NaN until its thread waits, and what would hang or fault on a GPU aborts with a message.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cuda/ptx.cuh"  // with ATTN_CUDA_EMULATION: the emulated wrappers of emu_ptx.hpp
+
+namespace {
+
+template <class T>
+T* device_array(std::size_t n) {
+  T* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+  std::memset(p, 0, n * sizeof(T));
+  return p;
+}
+
+TEST(CudaEmulator, ShufflesAndBarriersFollowCudaSemantics) {
+  int* out = device_array<int>(64 * 3);
+  launch(dim3(1), dim3(64), 0, [&] {
+    const int t = static_cast<int>(threadIdx.x);
+    out[t] = __shfl_xor_sync(0xffffffffu, t, 1);            // the partner lane's value
+    out[64 + t] = __shfl_sync(0xffffffffu, t * 10, 5);      // lane 5 of the same warp
+    out[128 + t] = __syncthreads_or(t == 37 ? 1 : 0);        // one thread of the block says yes
+  });
+  for (int t = 0; t < 64; ++t) {
+    EXPECT_EQ(out[t], t ^ 1);
+    EXPECT_EQ(out[64 + t], (t / 32 * 32 + 5) * 10);
+    EXPECT_EQ(out[128 + t], 1);
+  }
+  cudaFree(out);
+}
+
+TEST(CudaEmulator, ExitedThreadsCountAsArrivedAtABarrier) {
+  int* out = device_array<int>(64);
+  launch(dim3(2), dim3(64), 0, [&] {
+    const int t = static_cast<int>(threadIdx.x);
+    if (t >= 32) return;  // warp 1 exits; warp 0's barrier must still open
+    __syncthreads();
+    out[t + 32 * blockIdx.x] = 1;
+  });
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(out[t], 1);
+  cudaFree(out);
+}
+
+TEST(CudaEmulator, ACpAsyncDestinationReadsNanUntilItsThreadWaits) {
+  std::uint16_t* src = device_array<std::uint16_t>(8);
+  for (int i = 0; i < 8; ++i) src[i] = static_cast<std::uint16_t>(100 + i);
+  std::uint16_t before = 0, after = 0;
+  launch(dim3(1), dim3(32), 64, [&] {
+    std::uint16_t* smem = reinterpret_cast<std::uint16_t*>(dynamic_smem());
+    if (threadIdx.x != 0) return;
+    smem[0] = 7;  // the old contents: gone once the copy is issued
+    attn::cuda_detail::cp_async_16(attn::cuda_detail::smem_addr(smem), src, 16);
+    attn::cuda_detail::cp_async_commit();
+    before = smem[0];
+    attn::cuda_detail::cp_async_wait<0>();
+    after = smem[0];
+  });
+  EXPECT_EQ(before, 0xFFFF);
+  EXPECT_EQ(after, 100);
+  cudaFree(src);
+}
+
+TEST(CudaEmulator, AConfigurationTheHardwareRejectsIsALaunchError) {
+  launch(dim3(1), dim3(2048), 0, [] {});
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  launch(dim3(1), dim3(32), 300 * 1024, [] {});
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once, then cleared
+}
+
+TEST(CudaEmulatorDeathTest, WhatWouldHangOrFaultOnAGpuAborts) {
+  // Lanes of one warp at different collectives.
+  EXPECT_DEATH(launch(dim3(1), dim3(32), 0,
+                      [] {
+                        if (threadIdx.x == 0) (void)__shfl_xor_sync(0xffffffffu, 1, 1);
+                        else __syncthreads();
+                      }),
+               "deadlock|different collectives");
+  // A barrier that one lane waits at while the rest of its warp waits in a shuffle: neither can open.
+  EXPECT_DEATH(launch(dim3(1), dim3(64), 0,
+                      [] {
+                        if (threadIdx.x == 63) __syncthreads();
+                        else if (threadIdx.x >= 32) (void)__shfl_xor_sync(0xffffffffu, 1, 1);
+                        else __syncthreads();
+                      }),
+               "deadlock");
+  // A cp.async whose source is not device memory.
+  EXPECT_DEATH(launch(dim3(1), dim3(32), 64,
+                      [] {
+                        static std::uint16_t host[8];
+                        attn::cuda_detail::cp_async_16(0, host, 16);
+                        attn::cuda_detail::cp_async_wait<0>();
+                      }),
+               "outside every cudaMalloc allocation");
+}
+
+}  // namespace
