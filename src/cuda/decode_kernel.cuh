@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     float s[NT][4];
     warp_qk<E, D, NT>(s, sQ, hw * kRows, sK + stage * TILE * D, row0);
     // Every row sees [j0, j0 + KW) unless the sub-tile runs past the slice or straddles a mask edge.
-    const bool need_mask = j0 + KW > hi || r0 + kRows > rows || !(mask.first_key(p.seqlen_q - 1) <= j0 && j0 + KW <= mask.end_key(0));
+    const bool need_mask = j0 + KW > hi || r0 + kRows > rows || !all_rows_see(mask, 0, p.seqlen_q - 1, j0, j0 + KW);
     if (!need_mask && !transform) {
       scale_scores<NT>(s, scale_log2);
     } else {
@@ -133,8 +133,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     std::uint16_t* vt = sV + stage * TILE * D;
     // Some query masks some key of this tile (block-uniform): then a NaN or infinity in V must reach only
     // the rows that see its key (tile.cuh). Keys past the slice are zero-filled, so they need nothing.
-    const std::int64_t jt = lo + t * BK;
-    const bool tile_cut = !(mask.first_key(p.seqlen_q - 1) <= jt && jt + BK <= mask.end_key(0));
+    const bool tile_cut = !all_rows_see(mask, 0, p.seqlen_q - 1, lo + t * BK, lo + (t + 1) * BK);
     if (tile_cut && any_nonfinite<E, D, TILE, C::THREADS>(vt)) {
       add_nonfinite_values<E, D, NT>(o, s, vt, row0, [&](int half, int j) {
         const std::int64_t key = j0 + j;

@@ -58,6 +58,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   const bool transform = p.softcap > 0 || slope != 0.f;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The query row a lane holds: slab mt of the warp, half 0 (row lane/4) or 1 (row lane/4 + 8).
+  auto lane_row = [&](int mt, int half) -> std::int64_t {
+    return i0 + (warp * C::MT + mt) * 16 + lane / 4 + 8 * half;
+  };
   auto load_kv = [&](std::uint16_t* dst, const std::uint16_t* base, std::int64_t stride, std::int64_t t) {
     load_tile<D, THREADS, BC>(dst, p.k, [&](int r) -> const std::uint16_t* {
       const std::int64_t j = t * BC + r;
@@ -103,7 +107,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
         scale_scores<NT>(s[mt], scale_log2);
       } else {
         mask_scores<NT>(
-            s[mt], mask, slope, slope, need_mask, [&](int half) { return i0 + row0 + lane / 4 + 8 * half; },
+            s[mt], mask, slope, slope, need_mask, [&](int half) { return lane_row(mt, half); },
             [&](int n, int e) { return t * BC + n * 8 + (lane % 4) * 2 + (e & 1); },
             [&](int, std::int64_t i, std::int64_t j) { return visible(mask, i, j); });
       }
@@ -118,7 +122,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
     if (need_mask && any_nonfinite<E, D, BC, THREADS>(vt)) {  // rare: see tile.cuh
 #pragma unroll
       for (int mt = 0; mt < C::MT; ++mt) {
-        const std::int64_t i_lane = i0 + (warp * C::MT + mt) * 16 + lane / 4;
+        const std::int64_t i_lane = lane_row(mt, 0);  // by value: the call is out of line
         add_nonfinite_values_outlined<E, D, NT>(
             o[mt], s[mt], vt, 0, [&](int half, int j) { return visible(mask, i_lane + 8 * half, t * BC + j); });
       }
@@ -137,7 +141,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const std::int64_t i = i0 + (warp * C::MT + mt) * 16 + lane / 4 + 8 * half;
+      const std::int64_t i = lane_row(mt, half);
       const float lsum = quad_sum(l[mt][half]);
       if (i >= sq) continue;
       const float inv = lsum == 0.f ? 0.f : 1.f / lsum;

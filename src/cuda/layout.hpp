@@ -87,14 +87,19 @@ ATTN_HOST_DEVICE inline TileRange key_tiles(const detail::Mask& m, std::int64_t 
   if (lo >= hi) return {0, 0};
   return {lo / k_tile, (hi + k_tile - 1) / k_tile};
 }
+// Whether every query of [i_first, i_last] sees every key of [j0, j1): since first_key and end_key are
+// non-decreasing in i, the last query's first key and the first query's end bound them all.
+ATTN_HOST_DEVICE inline bool all_rows_see(const detail::Mask& m, std::int64_t i_first, std::int64_t i_last, std::int64_t j0,
+                                          std::int64_t j1) {
+  return m.first_key(i_last) <= j0 && j1 <= m.end_key(i_first);
+}
 // Whether key tile t needs per-element masking for rows [i0, i0 + rows): false when every row of the
 // block (that exists) sees every key of the tile, and the tile lies inside seqlen_k.
 ATTN_HOST_DEVICE inline bool tile_needs_mask(const detail::Mask& m, std::int64_t i0, std::int64_t rows, std::int64_t k_tile,
                                              std::int64_t t) {
   const std::int64_t last = (i0 + rows < m.seqlen_q ? i0 + rows : m.seqlen_q) - 1;
   const std::int64_t j0 = t * k_tile, j1 = j0 + k_tile;
-  if (j1 > m.seqlen_k) return true;
-  return !(m.first_key(last) <= j0 && j1 <= m.end_key(i0));
+  return j1 > m.seqlen_k || !all_rows_see(m, i0, last, j0, j1);
 }
 // Whether key j is visible to query i (the per-element rule the masked tiles apply).
 ATTN_HOST_DEVICE inline bool visible(const detail::Mask& m, std::int64_t i, std::int64_t j) {
