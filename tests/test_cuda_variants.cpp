@@ -39,5 +39,38 @@ TEST(CudaVariants, EveryDecodeVariantMatchesTheOracle) {
   }
 }
 
+// Bank conflicts cost speed, not correctness, so only the emulator's count shows them (cuda_runtime.h,
+// smem_stats): every ldmatrix of every kernel -- the library's at each head dim, and every variant --
+// must read its four matrices in four wavefronts. A tile without the swizzle would read each matrix's 8
+// rows from the same 4 banks (8 wavefronts) and still compute the right answer.
+void expect_conflict_free_ldmatrix(const char* what) {
+  SCOPED_TRACE(what);
+  EXPECT_GT(smem_stats().ldmatrix, 0u);
+  EXPECT_EQ(smem_stats().ldmatrix_wavefronts, 4 * smem_stats().ldmatrix);
+  smem_stats() = {};
+}
+
+TEST(CudaVariants, EveryKernelReadsSharedMemoryWithoutBankConflicts) {
+  smem_stats() = {};
+  for (std::int64_t d : {64, 128, 256}) {
+    check_forward<f16_t>(Case{{1, 70, 90, 2, 1, d, true}});
+    expect_conflict_free_ldmatrix("library forward");
+    check_decode<f16_t>(DecodeCase{1, 2, 4, 2, d, 700, true, true, 0, 0, 16});
+    expect_conflict_free_ldmatrix("library decode");
+  }
+  for (const auto& v : cuda_detail::forward_variants()) {
+    RestoreLaunchers restore;
+    cuda_detail::launchers().forward = v.launch;
+    check_forward<bf16_t>(Case{{1, 150, 200, 4, 2, 128, false}});
+    expect_conflict_free_ldmatrix(v.name);
+  }
+  for (const auto& v : cuda_detail::decode_variants()) {
+    RestoreLaunchers restore;
+    cuda_detail::launchers().decode = v.launch;
+    check_decode<bf16_t>(DecodeCase{1, 1, 32, 8, 128, 1000, false, false, 3});
+    expect_conflict_free_ldmatrix(v.name);
+  }
+}
+
 }  // namespace
 }  // namespace attn

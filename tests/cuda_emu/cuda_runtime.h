@@ -144,6 +144,17 @@ void cp_async_commit();
 void cp_async_wait(int groups_left);
 enum Collective { kShuffle = 1, kLdmatrix = 2, kLdmatrixTrans = 3, kMmaBf16 = 4, kMmaF16 = 5 };
 
+// Shared-memory reads by ldmatrix, counted as the hardware serves them (a performance property the
+// results cannot show). Each of an x4's four 8 x 8 matrices is 8 row reads of 16 bytes; they take one
+// wavefront when they fall in distinct banks (4-byte words, bank = word % 32), and one more for each
+// further distinct word that one bank must deliver (a bank conflict). So 4 wavefronts per ldmatrix.x4 is
+// conflict-free. Running totals since the program started; tests reset them.
+struct SmemStats {
+  std::uint64_t ldmatrix = 0, ldmatrix_wavefronts = 0;
+};
+SmemStats& smem_stats();
+void count_ldmatrix(const std::uint8_t* slots);  // the 32 lanes' row addresses of one ldmatrix.x4
+
 // Runs kernel body `body` over `grid` blocks of `block` threads; sets the last error on a bad
 // configuration instead of running.
 void launch(dim3 grid, dim3 block, std::size_t smem_bytes, const std::function<void()>& body);

@@ -304,6 +304,29 @@ std::uint16_t smem_load16(std::uint32_t offset) {
   std::memcpy(&v, g_block->smem.data() + offset, 2);
   return v;
 }
+SmemStats& smem_stats() {
+  static SmemStats s;
+  return s;
+}
+void count_ldmatrix(const std::uint8_t* slots) {
+  SmemStats& s = smem_stats();
+  ++s.ldmatrix;
+  for (int m = 0; m < 4; ++m) {
+    std::uint32_t words[32];
+    for (int r = 0; r < 8; ++r) {
+      std::uint32_t addr;
+      std::memcpy(&addr, slots + (8 * m + r) * kSlotBytes, sizeof addr);
+      if (addr % 16 != 0) die("an ldmatrix row address that is not 16-byte aligned");
+      for (int i = 0; i < 4; ++i) words[4 * r + i] = addr / 4 + static_cast<std::uint32_t>(i);
+    }
+    std::sort(words, words + 32);
+    const auto distinct = std::unique(words, words + 32) - words;
+    int per_bank[32] = {};
+    for (std::ptrdiff_t i = 0; i < distinct; ++i) ++per_bank[words[i] % 32];
+    s.ldmatrix_wavefronts += static_cast<std::uint64_t>(*std::max_element(per_bank, per_bank + 32));
+  }
+}
+
 void cp_async(std::uint32_t dst, const void* src, int src_bytes) {
   if (src_bytes < 0 || src_bytes > 16) die("cp.async with a source size outside 0..16");
   if (std::size_t{dst} + 16 > g_block->smem.size()) die("cp.async past the end of shared memory");

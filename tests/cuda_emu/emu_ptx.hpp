@@ -64,6 +64,10 @@ inline std::uint32_t smem_addr(const void* p) { return ::attn_emu::smem_offset(p
 // elements ldmatrix_holds names.
 inline void emu_ldmatrix(std::uint32_t (&r)[4], std::uint32_t addr, bool trans) {
   const auto x = ::attn_emu::warp_exchange(&addr, sizeof addr, trans ? ::attn_emu::kLdmatrixTrans : ::attn_emu::kLdmatrix);
+  if (*x.fresh) {  // the first lane to resume counts the instruction's shared-memory wavefronts
+    *x.fresh = false;
+    ::attn_emu::count_ldmatrix(x.slots);
+  }
   const int lane = ::attn_emu::lane_id();
   for (int m = 0; m < 4; ++m) {
     r[m] = 0;

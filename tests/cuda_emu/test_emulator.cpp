@@ -68,6 +68,25 @@ TEST(CudaEmulator, ACpAsyncDestinationReadsNanUntilItsThreadWaits) {
   cudaFree(src);
 }
 
+// The bank model of ldmatrix (smem_stats): the 8 rows of a matrix in an unswizzled [16][64] 16-bit tile
+// (128-byte rows) read the same column, so all fall in banks 0-3: 8 wavefronts a matrix, 32 for the x4.
+// Swizzled (layout.hpp), the rows spread over all 32 banks: one wavefront a matrix.
+TEST(CudaEmulator, CountsTheSharedMemoryWavefrontsOfLdmatrix) {
+  auto wavefronts = [](bool swizzled) {
+    smem_stats() = {};
+    launch(dim3(1), dim3(32), 16 * 64 * 2, [&] {
+      const auto rc = attn::cuda_detail::ldmatrix_a_addr(static_cast<int>(threadIdx.x));
+      const int element = swizzled ? attn::cuda_detail::swizzle(rc.row, rc.col, 64) : rc.row * 64 + rc.col;
+      std::uint32_t r[4];
+      attn::cuda_detail::ldmatrix_x4(r, attn::cuda_detail::smem_addr(dynamic_smem() + 2 * element));
+    });
+    EXPECT_EQ(smem_stats().ldmatrix, 1u);
+    return smem_stats().ldmatrix_wavefronts;
+  };
+  EXPECT_EQ(wavefronts(false), 32u);
+  EXPECT_EQ(wavefronts(true), 4u);
+}
+
 TEST(CudaEmulator, AConfigurationTheHardwareRejectsIsALaunchError) {
   launch(dim3(1), dim3(2048), 0, [] {});
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
@@ -100,6 +119,13 @@ TEST(CudaEmulatorDeathTest, WhatWouldHangOrFaultOnAGpuAborts) {
                         attn::cuda_detail::cp_async_wait<0>();
                       }),
                "outside every cudaMalloc allocation");
+  // An ldmatrix row address off the 16-byte grid.
+  EXPECT_DEATH(launch(dim3(1), dim3(32), 1024,
+                      [] {
+                        std::uint32_t r[4];
+                        attn::cuda_detail::ldmatrix_x4(r, 16 * (threadIdx.x % 8) + 2);
+                      }),
+               "not 16-byte aligned");
 }
 
 }  // namespace
