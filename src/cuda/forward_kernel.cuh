@@ -122,9 +122,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
     if (need_mask && any_nonfinite<E, D, BC, THREADS>(vt)) {  // rare: see tile.cuh
 #pragma unroll
       for (int mt = 0; mt < C::MT; ++mt) {
-        const std::int64_t i_lane = lane_row(mt, 0);  // by value: the call is out of line
-        add_nonfinite_values_outlined<E, D, NT>(
-            o[mt], s[mt], vt, 0, [&](int half, int j) { return visible(mask, i_lane + 8 * half, t * BC + j); });
+        add_nonfinite_values<E, D, NT>(o[mt], s[mt], vt, 0,
+                                       [&](int half, int j) { return visible(mask, lane_row(mt, half), t * BC + j); });
       }
       __syncthreads();
       zero_nonfinite<E, D, BC, THREADS>(vt);

@@ -217,10 +217,13 @@ __device__ __forceinline__ void zero_nonfinite(std::uint16_t* tile) {
 
 // o += p x v over the non-finite elements of V rows [v_row0, v_row0 + 8*NT) that visible_key(half, j)
 // admits for the lane's row (j: key within the slab's 8*NT keys); p in C-fragment layout as softmax_step
-// left it. One key at a time on CUDA cores: only for the rare tiles above.
+// left it. One key at a time on CUDA cores: only for the rare tiles above. prow, indexed by j, lives in
+// local memory, on this path only. Inlined into both kernels: an out-of-line call that took o and p by
+// reference made the forward kernel keep them in local memory on every tile (commit c61bf2c: 83 STL per
+// thread per tile in the d = 128 kernel's SASS, none since).
 template <class E, int D, int NT, class VisibleFn>
 __device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const float (&p)[NT][4], const std::uint16_t* sv,
-                                     int v_row0, VisibleFn visible_key) {
+                                                     int v_row0, VisibleFn visible_key) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -243,16 +246,6 @@ __device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const
         }
       }
   }
-}
-
-// The same as a call rather than inlined code. Which of the two leaves the hot loop more registers
-// depends on the kernel (ptxas -v, sm_90): the forward kernels get fewer registers and spills with the
-// call (d = 128: 195 registers instead of 219), the decode kernels with the inlined code (the call made
-// ptxas spill in the multi-head decode configurations).
-template <class E, int D, int NT, class VisibleFn>
-__device__ __noinline__ void add_nonfinite_values_outlined(float (&o)[D / 8][4], const float (&p)[NT][4],
-                                                           const std::uint16_t* sv, int v_row0, VisibleFn visible_key) {
-  add_nonfinite_values<E, D, NT>(o, p, sv, v_row0, visible_key);
 }
 
 }  // namespace attn::cuda_detail
