@@ -1,12 +1,13 @@
 // The kernel configurations of variants.hpp: the same kernel templates as the library
 // (src/cuda/forward_kernel.cuh, decode_kernel.cuh) with other traits. Why each is here:
-//   forward, d = 128 (the library: 8 warps x 1 slab of 16 rows, 64-key tiles, 195 registers -> 1 block
-//   of 8 warps per SM): the same with <= 128 registers (2 blocks per SM); FlashAttention-2's tile
-//   (4 warps x 2 slabs, 64 keys) and its 32-key form (fewer registers), and 8 warps x 2 slabs of 32 keys;
-//   4 warps x 1 slab, 2 blocks per SM. Two slabs per warp halve the shared-memory bytes per mma (each K
-//   and V fragment feeds 32 rows): with one slab, about 320 bytes of ldmatrix per m16n8k16, so the SM's
-//   128 bytes per clock of shared memory cap it near 0.4 mma per clock, under the 0.5 that an A100's
-//   tensor cores issue with mma.sync (1024 FMA per clock per SM; more on Hopper).
+//   forward, d = 128 (the library: 4 warps x 2 slabs of 16 rows, 32-key tiles, 255 registers -> 2 blocks
+//   of 4 warps per SM): the H200 run's configuration (8 warps x 1 slab, 64 keys: 1 block of 8 warps per
+//   SM), the same held to 128 registers (2 blocks per SM); FlashAttention-2's tile (4 warps x 2 slabs, 64
+//   keys; it spills), 8 warps x 2 slabs of 32 keys; 4 warps x 1 slab, 2 blocks per SM. A slab's K and V
+//   fragments are loaded once for all of a warp's slabs (tile.cuh), so two slabs halve the ldmatrix bytes
+//   per mma: with one, 72 ldmatrix.x4 (4 shared-memory wavefronts each) per 128 mma, which at one
+//   wavefront per clock caps an SM at 0.44 mma per clock, under what Hopper's tensor cores issue with
+//   mma.sync; with two, 48 per 128 (scripts/sass-report).
 //   decode, d = 128 (the library: 64-key tiles, 3 stages, 4 warps on one kv head): 2 stages (69 KiB
 //   of shared memory: 3 blocks per SM); 8 warps on 128-key tiles; 2 warps on 32-key tiles 4 stages deep
 //   (68 KiB: 3 blocks per SM with 3 tiles each in flight, 144 KiB per SM against the library's 128);
@@ -36,10 +37,10 @@ int decode_with(const DecodeParams& p, DType t, CUstream_st* stream) {
 
 const std::vector<ForwardVariant>& forward_variants() {
   static const std::vector<ForwardVariant> v = {
-      {"8 warps x 1 slab, 64 keys (library)", forward_with<FwdTraits<128, 8, 1, 64>>},
+      {"4 warps x 2 slabs, 32 keys (library)", forward_with<FwdTraits<128, 4, 2, 32>>},
+      {"8 warps x 1 slab, 64 keys (H200 run)", forward_with<FwdTraits<128, 8, 1, 64>>},
       {"8 warps x 1 slab, 64 keys, <=128 regs", forward_with<FwdTraits<128, 8, 1, 64, 2>>},
       {"4 warps x 2 slabs, 64 keys (FA2 tile)", forward_with<FwdTraits<128, 4, 2, 64>>},
-      {"4 warps x 2 slabs, 32 keys", forward_with<FwdTraits<128, 4, 2, 32>>},
       {"8 warps x 2 slabs, 32 keys", forward_with<FwdTraits<128, 8, 2, 32>>},
       {"4 warps x 1 slab, 64 keys, 2 blocks/SM", forward_with<FwdTraits<128, 4, 1, 64, 2>>},
   };

@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   const bool transform = p.softcap > 0 || slope[0] != 0.f || slope[1] != 0.f;
   const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
 
-  float o[DT][4], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+  float o1[1][DT][4], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};  // one slab of 16 rows per warp
+  auto& o = o1[0];
 #pragma unroll
   for (int d = 0; d < DT; ++d)
 #pragma unroll
@@ -117,8 +118,9 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     const int stage = static_cast<int>(t % STAGES);
     const int row0 = hw * BK + kw * KW;               // this warp's keys in the stage
     const std::int64_t j0 = lo + t * BK + kw * KW;  // ... and their first key index
-    float s[NT][4];
-    warp_qk<E, D, NT>(s, sQ, hw * kRows, sK + stage * TILE * D, row0);
+    float s1[1][NT][4];
+    auto& s = s1[0];
+    warp_qk<E, D, NT, 1>(s1, sQ, hw * kRows, sK + stage * TILE * D, row0);
     // Every row sees [j0, j0 + KW) unless the sub-tile runs past the slice or straddles a mask edge.
     const bool need_mask = j0 + KW > hi || r0 + kRows > rows || !all_rows_see(mask, 0, p.seqlen_q - 1, j0, j0 + KW);
     if (!need_mask && !transform) {
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
       zero_nonfinite<E, D, TILE, C::THREADS>(vt);
       __syncthreads();
     }
-    warp_pv<E, D, NT>(o, s, vt, row0);
+    warp_pv<E, D, NT, 1>(o1, s1, vt, row0);
   }
   cp_async_wait<0>();
   __syncthreads();  // the pipeline's shared memory becomes the merge buffer

@@ -7,7 +7,7 @@ namespace {
 
 //                    D   warps  slabs/warp  keys/tile     smem (Q + 2 stages of K, V; 16-bit)
 using Fwd64 = FwdTraits<64, 4, 2, 64>;     // 16 + 32 KB
-using Fwd128 = FwdTraits<128, 8, 1, 64>;   // 32 + 64 KB
+using Fwd128 = FwdTraits<128, 4, 2, 32>;   // 32 + 32 KB
 using Fwd256 = FwdTraits<256, 4, 1, 32>;   // 32 + 64 KB
 
 }  // namespace

@@ -99,10 +99,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
 
     const bool need_mask = tile_needs_mask(mask, i0, BR, BC, t);
     float s[C::MT][NT][4];
+    warp_qk<E, D, NT, C::MT>(s, sQ, warp * C::MT * 16, sK + stage * BC * D, 0);
 #pragma unroll
     for (int mt = 0; mt < C::MT; ++mt) {
-      const int row0 = (warp * C::MT + mt) * 16;
-      warp_qk<E, D, NT>(s[mt], sQ, row0, sK + stage * BC * D, 0);
       if (!need_mask && !transform) {
         scale_scores<NT>(s[mt], scale_log2);
       } else {
@@ -129,8 +128,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
       zero_nonfinite<E, D, BC, THREADS>(vt);
       __syncthreads();
     }
-#pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt) warp_pv<E, D, NT>(o[mt], s[mt], vt, 0);
+    warp_pv<E, D, NT, C::MT>(o, s, vt, 0);
   }
   cp_async_wait<0>();
 

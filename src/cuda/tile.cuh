@@ -52,62 +52,83 @@ struct LaneOffsets {
   }
 };
 
-// s[n][.] = Q[q_row0 .. +16) K[k_row0 .. +8*NT)^T for one warp; Q and K are swizzled [*][D] tiles, and
-// q_row0, k_row0 multiples of 8 (LaneOffsets keeps row % 8). Each n-tile's k-steps are a chain of
-// dependent mma; with few n-tiles (decode: NT = 2) the chains are split in two, even and odd k-steps,
-// so twice as many are in flight, and the halves are added at the end.
-template <class E, int D, int NT>
-__device__ __forceinline__ void warp_qk(float (&s)[NT][4], const std::uint16_t* sq, int q_row0, const std::uint16_t* sk,
+// s[mt][n][.] = Q[q_row0 + 16 mt .. +16) K[k_row0 .. +8*NT)^T for one warp's MT slabs of 16 query rows;
+// Q and K are swizzled [*][D] tiles, and q_row0, k_row0 multiples of 8 (LaneOffsets keeps row % 8). Each
+// K fragment is loaded once and used by all MT slabs, so MT slabs per warp divide the ldmatrix traffic
+// for K by MT (FlashAttention-2's tile: 2 slabs). Each n-tile's k-steps are a chain of dependent mma;
+// with few (decode: one slab, NT = 2) the chains are split in two, even and odd k-steps, so twice as many
+// are in flight, and the halves are added at the end.
+template <class E, int D, int NT, int MT>
+__device__ __forceinline__ void warp_qk(float (&s)[MT][NT][4], const std::uint16_t* sq, int q_row0, const std::uint16_t* sk,
                                         int k_row0) {
   static_assert(NT % 2 == 0);
-  constexpr int kChains = NT >= 4 ? 1 : 2;
+  constexpr int kChains = NT * MT >= 4 ? 1 : 2;
   const int lane = threadIdx.x % 32;
-  float acc[kChains][NT][4];
+  float acc[kChains][MT][NT][4];
 #pragma unroll
   for (int c = 0; c < kChains; ++c)
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[c][n][e] = 0.f;
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[c][mt][n][e] = 0.f;
   const LaneOffsets<D> qa(ldmatrix_a_addr(lane)), kb(ldmatrix_b_addr(lane));
   const std::uint32_t q_base = smem_addr(sq + q_row0 * D), k_base = smem_addr(sk + k_row0 * D);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    std::uint32_t a[4];
-    ldmatrix_x4(a, qa.at(q_base, 0, kk));
+    std::uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], qa.at(q_base, mt * 16, kk));
 #pragma unroll
     for (int n2 = 0; n2 < NT / 2; ++n2) {
       std::uint32_t b[4];
       ldmatrix_x4(b, kb.at(k_base, n2 * 16, kk));
-      mma_16816<E>(acc[kk % kChains][2 * n2], a, b[0], b[1]);
-      mma_16816<E>(acc[kk % kChains][2 * n2 + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<E>(acc[kk % kChains][mt][2 * n2], a[mt], b[0], b[1]);
+        mma_16816<E>(acc[kk % kChains][mt][2 * n2 + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[n][e] = kChains == 1 ? acc[0][n][e] : acc[0][n][e] + acc[kChains - 1][n][e];
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[mt][n][e] = kChains == 1 ? acc[0][mt][n][e] : acc[0][mt][n][e] + acc[kChains - 1][mt][n][e];
 }
 
-// o[d][.] += P V[v_row0 .. +8*NT) for one warp; p holds the 16 x 8*NT probabilities in C-fragment
-// layout (as warp_qk left them), V is a swizzled [*][D] tile, v_row0 a multiple of 8.
-template <class E, int D, int NT>
-__device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const float (&p)[NT][4], const std::uint16_t* sv, int v_row0) {
+// o[mt][d][.] += P[mt] V[v_row0 .. +8*NT) for one warp's MT slabs; p holds each slab's 16 x 8*NT
+// probabilities in C-fragment layout (as warp_qk left them), V is a swizzled [*][D] tile, v_row0 a
+// multiple of 8. Each V fragment is loaded once for all MT slabs.
+template <class E, int D, int NT, int MT>
+__device__ __forceinline__ void warp_pv(float (&o)[MT][D / 8][4], const float (&p)[MT][NT][4], const std::uint16_t* sv,
+                                        int v_row0) {
   const int lane = threadIdx.x % 32;
   const LaneOffsets<D> vb(ldmatrix_bt_addr(lane));
   const std::uint32_t v_base = smem_addr(sv + v_row0 * D);
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     // The C fragments of n-tiles 2kk and 2kk+1 are exactly the A fragment of a 16 x 16 k-step.
-    const std::uint32_t a[4] = {pack2<E>(p[2 * kk][0], p[2 * kk][1]), pack2<E>(p[2 * kk][2], p[2 * kk][3]),
-                                pack2<E>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                                pack2<E>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    std::uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = pack2<E>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+      a[mt][1] = pack2<E>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+      a[mt][2] = pack2<E>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+      a[mt][3] = pack2<E>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int d2 = 0; d2 < D / 16; ++d2) {
       std::uint32_t b[4];
       ldmatrix_x4_trans(b, vb.at(v_base, kk * 16, d2));
-      mma_16816<E>(o[2 * d2], a, b[0], b[1]);
-      mma_16816<E>(o[2 * d2 + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<E>(o[mt][2 * d2], a[mt], b[0], b[1]);
+        mma_16816<E>(o[mt][2 * d2 + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 }
@@ -218,7 +239,8 @@ __device__ __forceinline__ void zero_nonfinite(std::uint16_t* tile) {
 // o += p x v over the non-finite elements of V rows [v_row0, v_row0 + 8*NT) that visible_key(half, j)
 // admits for the lane's row (j: key within the slab's 8*NT keys); p in C-fragment layout as softmax_step
 // left it. One key at a time on CUDA cores: only for the rare tiles above. prow, indexed by j, lives in
-// local memory, on this path only. Inlined into both kernels: an out-of-line call that took o and p by
+// local memory, on this path only; which keys the row sees is asked once per key (a bit mask), not once
+// per key and column (fewer registers: the d = 128 forward stopped spilling on sm_80 with it). Inlined into both kernels: an out-of-line call that took o and p by
 // reference made the forward kernel keep them in local memory on every tile (commit c61bf2c: 83 STL per
 // thread per tile in the d = 128 kernel's SASS, none since).
 template <class E, int D, int NT, class VisibleFn>
@@ -234,6 +256,9 @@ __device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const
       for (int e = 0; e < 2; ++e)
 #pragma unroll
         for (int q = 0; q < 4; ++q) prow[n * 8 + 2 * q + e] = __shfl_sync(0xffffffffu, p[n][2 * half + e], (lane & ~3) | q);
+    std::uint64_t sees = 0;  // bit j: the row sees key j
+#pragma unroll 1
+    for (int j = 0; j < 8 * NT; ++j) sees |= std::uint64_t{visible_key(half, j)} << j;
 #pragma unroll
     for (int d = 0; d < D / 8; ++d)
 #pragma unroll
@@ -242,7 +267,7 @@ __device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const
 #pragma unroll 1
         for (int j = 0; j < 8 * NT; ++j) {
           const std::uint16_t x = sv[swizzle(v_row0 + j, col, D)];
-          if (is_nonfinite<E>(x) && visible_key(half, j)) o[d][2 * half + c] += prow[j] * to_float<E>(x);
+          if (is_nonfinite<E>(x) && (sees >> j & 1)) o[d][2 * half + c] += prow[j] * to_float<E>(x);
         }
       }
   }
