@@ -3,7 +3,8 @@
 // (bench/gpu/variants.cu) times others against them.
 //
 // One block per (row block of BR queries, query head, sequence); WARPS warps, each owning MT slabs of
-// 16 query rows. The block walks the key tiles its rows can see (key_tiles: causal tiles above the
+// 16 query rows that share every K and V fragment the warp loads (so MT = 2 halves the shared-memory
+// reads per mma, the tile's bottleneck with one slab: docs/cuda.md, "Machine code"). The block walks the key tiles its rows can see (key_tiles: causal tiles above the
 // diagonal are skipped), K and V tiles of BC keys double-buffered in shared memory with cp.async so the
 // next tile streams in while this one is multiplied. Per tile and slab: S = Q K^T (mma.sync m16n8k16,
 // f32 accumulators); scale (scale_scores), or on tiles that straddle a mask edge and when softcap or
