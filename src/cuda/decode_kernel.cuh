@@ -35,13 +35,6 @@ struct DecTraits {
   static constexpr int SMEM_BYTES = PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES;
 };
 
-__device__ __forceinline__ const std::uint16_t* cache_row(const void* base, const DecodeParams& p, std::int64_t b,
-                                                          std::int64_t pos, const std::int64_t (&s)[2], std::int64_t g,
-                                                          std::int64_t head_stride) {
-  return static_cast<const std::uint16_t*>(base) +
-         cache_row_offset(b, pos, s[0], s[1], p.block_table, p.bt_stride, p.page_size) + g * head_stride;
-}
-
 template <class E, class C>
 __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p) {
   constexpr int D = C::D, BK = C::BK, HB = C::HB, KW = C::KW, TILE = C::TILE, NT = KW / 8, DT = D / 8,
@@ -65,24 +58,38 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hw = warp % HB, kw = warp / HB;  // this warp's kv head (g0 + hw) and its KW keys of each tile
   // Tile row r is key r / HB of kv head g0 + r % HB (memory order); it lands in shared row
-  // (r % HB) * BK + r / HB, so each head's keys are consecutive rows there.
+  // (r % HB) * BK + r / HB, so each head's keys are consecutive rows there. A contiguous cache takes one
+  // multiply-add per row from the tile's first row; a paged one looks each row's page up (a block-uniform
+  // branch, once per tile). Rows past the slice are zero-filled; their addresses are the last key's.
   auto load_kv = [&](int stage, std::int64_t t) {
+    const std::int64_t j0 = lo + t * BK;
+    const int keys = static_cast<int>(hi - j0 < BK ? hi - j0 : BK);  // >= 1: t < n_tiles
     auto load = [&](std::uint16_t* tiles, const void* base, const std::int64_t (&s)[2], std::int64_t head_stride) {
-      load_tile<D, C::THREADS, TILE>(
-          tiles + stage * TILE * D, base,
-          [&](int r) -> const std::uint16_t* {
-            const std::int64_t j = lo + t * C::BK + r / C::HB;
-            return j < hi ? cache_row(base, p, b, j, s, g0 + r % C::HB, head_stride) : nullptr;
-          },
-          [](int r) { return (r % C::HB) * C::BK + r / C::HB; });
+      const std::uint16_t* head0 = static_cast<const std::uint16_t*>(base) + g0 * head_stride;
+      auto dst_row = [](int r) { return (r % C::HB) * C::BK + r / C::HB; };
+      std::uint16_t* dst = tiles + stage * TILE * D;
+      if (p.block_table == nullptr) {
+        const std::uint16_t* first = head0 + b * s[0] + j0 * s[1];
+        load_tile<D, C::THREADS, TILE>(dst, [&](int r) {
+          return RowSource{first + clamp_row(r / C::HB, keys) * s[1] + (r % C::HB) * head_stride, r / C::HB < keys};
+        }, dst_row);
+      } else {
+        load_tile<D, C::THREADS, TILE>(dst, [&](int r) {
+          const std::int64_t j = j0 + clamp_row(r / C::HB, keys);
+          return RowSource{head0 + cache_row_offset(b, j, s[0], s[1], p.block_table, p.bt_stride, p.page_size) +
+                               (r % C::HB) * head_stride,
+                           r / C::HB < keys};
+        }, dst_row);
+      }
     };
     load(sK, p.k, p.ks, p.k_head_stride);
     load(sV, p.v, p.vs, p.v_head_stride);
   };
-  load_tile<D, C::THREADS, HB * kRows>(sQ, p.q, [&](int r) -> const std::uint16_t* {
-    if (r0 + r % kRows >= rows) return nullptr;
-    const PackedRow pr = unpack_row(r0 + r % kRows, g0 + r / kRows, group, p.seqlen_q);
-    return static_cast<const std::uint16_t*>(p.q) + b * p.qs[0] + pr.query * p.qs[1] + pr.head * p.qs[2];
+  const int q_valid = static_cast<int>(rows - r0 < kRows ? rows - r0 : kRows);  // >= 1: r0 < rows
+  load_tile<D, C::THREADS, HB * kRows>(sQ, [&](int r) {
+    const PackedRow pr = unpack_row(r0 + clamp_row(r % kRows, q_valid), g0 + r / kRows, group, p.seqlen_q);
+    return RowSource{static_cast<const std::uint16_t*>(p.q) + b * p.qs[0] + pr.query * p.qs[1] + pr.head * p.qs[2],
+                     r % kRows < q_valid};
   });
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {

@@ -63,15 +63,16 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   auto lane_row = [&](int mt, int half) -> std::int64_t {
     return i0 + (warp * C::MT + mt) * 16 + lane / 4 + 8 * half;
   };
+  // Tiles lie in [0, sk) and row blocks start below sq, so each has at least one valid row.
   auto load_kv = [&](std::uint16_t* dst, const std::uint16_t* base, std::int64_t stride, std::int64_t t) {
-    load_tile<D, THREADS, BC>(dst, p.k, [&](int r) -> const std::uint16_t* {
-      const std::int64_t j = t * BC + r;
-      return j < sk ? base + j * stride : nullptr;
-    });
+    const int valid = static_cast<int>(sk - t * BC < BC ? sk - t * BC : BC);
+    const std::uint16_t* first = base + t * BC * stride;
+    load_tile<D, THREADS, BC>(dst, [&](int r) { return RowSource{first + clamp_row(r, valid) * stride, r < valid}; });
   };
   if (tiles.first < tiles.end) {
-    load_tile<D, THREADS, BR>(sQ, p.q, [&](int r) -> const std::uint16_t* {
-      return i0 + r < sq ? q + (i0 + r) * p.qs[1] : nullptr;
+    const int q_valid = static_cast<int>(sq - i0 < BR ? sq - i0 : BR);
+    load_tile<D, THREADS, BR>(sQ, [&](int r) {
+      return RowSource{q + (i0 + clamp_row(r, q_valid)) * p.qs[1], r < q_valid};
     });
     load_kv(sK, k, p.ks[1], tiles.first);
     cp_async_commit();

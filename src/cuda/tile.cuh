@@ -15,26 +15,41 @@ namespace attn::cuda_detail {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// A row of a tile to load: the address of its D contiguous 16-bit elements, and whether to read them
+// (else the row is zero-filled: cp.async with source size 0, which reads nothing). Callers clamp the
+// row index, so that `ptr` lies inside the tensor even when !ok: no instruction names an address outside
+// it (the CPU emulation checks this), and no pointer select is needed per row.
+struct RowSource {
+  const std::uint16_t* ptr;
+  bool ok;
+};
+
 // Loads rows [0, ROWS) of a tile into a swizzled [*][D] shared-memory tile: row r comes from src(r) (a
-// pointer to D contiguous 16-bit elements) and goes to shared row dst_row(r), or when src(r) is null is
-// zero-filled without reading (cp.async with source size 0; it still names `any_global`, a valid global
-// address). All threads of the block take part; the loop is unrolled and branch-free.
+// RowSource) and goes to shared row dst_row(r). All threads of the block take part; the loop is
+// unrolled and branch-free.
 template <int D, int THREADS, int ROWS, class SrcFn, class DstFn>
-__device__ __forceinline__ void load_tile(std::uint16_t* smem, const void* any_global, SrcFn src, DstFn dst_row) {
+__device__ __forceinline__ void load_tile(std::uint16_t* smem, SrcFn src, DstFn dst_row) {
   constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
+  static_assert(THREADS % kChunks == 0, "a thread keeps its chunk column from row to row");
+  // Thread x copies chunk x % kChunks of rows x / kChunks + k * (THREADS / kChunks): its rows are a fixed
+  // stride apart, which lets the compiler turn a row's address into the previous one's plus a constant.
+  const int ch = static_cast<int>(threadIdx.x % kChunks), r0 = static_cast<int>(threadIdx.x / kChunks);
 #pragma unroll
   for (int k = 0; k < (kTotal + THREADS - 1) / THREADS; ++k) {
-    const int c = static_cast<int>(threadIdx.x) + k * THREADS;
-    if (kTotal % THREADS != 0 && c >= kTotal) break;
-    const int r = c / kChunks, ch = c % kChunks;
-    const std::uint16_t* g = src(r);
-    cp_async_16(smem_addr(smem + swizzle(dst_row(r), ch * 8, D)), g ? g + ch * 8 : any_global, g ? 16 : 0);
+    const int r = r0 + k * (THREADS / kChunks);
+    if (kTotal % THREADS != 0 && r >= ROWS) break;
+    const RowSource row = src(r);
+    cp_async_16(smem_addr(smem + swizzle(dst_row(r), ch * 8, D)), row.ptr + ch * 8, row.ok ? 16 : 0);
   }
 }
 template <int D, int THREADS, int ROWS, class SrcFn>
-__device__ __forceinline__ void load_tile(std::uint16_t* smem, const void* any_global, SrcFn src) {
-  load_tile<D, THREADS, ROWS>(smem, any_global, src, [](int r) { return r; });
+__device__ __forceinline__ void load_tile(std::uint16_t* smem, SrcFn src) {
+  load_tile<D, THREADS, ROWS>(smem, src, [](int r) { return r; });
 }
+
+// Row r's index, clamped to the last of `valid` rows (valid >= 1): the address a RowSource names for a
+// row past the end.
+__device__ __forceinline__ int clamp_row(int r, int valid) { return r < valid ? r : valid - 1; }
 
 // One lane's ldmatrix addresses in a swizzled [*][D] tile (layout.hpp, tiled_byte_offset): four
 // per-lane byte offsets, for k-steps kk % 4 = 0..3; row_add (a multiple of 8) and kk / 4 are constants

@@ -8,7 +8,7 @@
 // a warp exchange their operands as the hardware does. Shared memory is one buffer per block, filled with
 // NaN bytes before the block starts; a cp.async destination holds NaN from the issue until the issuing
 // thread waits for its group, where the data lands (so reading it too early or overwriting it too soon
-// shows), and each copy checks that its source lies inside a cudaMalloc allocation.
+// shows), and each copy checks that its source lies inside a cudaMalloc allocation (a zero-size one too).
 //
 // Host side: "device" memory is host memory that cudaMalloc hands out and tracks, so that
 // cudaPointerGetAttributes tells it from host memory; everything else runs synchronously. The emulated

@@ -148,6 +148,9 @@ void run_copies(std::vector<Copy>& copies) {
     if (std::size_t{c.dst} + 16 > g_block->smem.size()) die("cp.async past the end of shared memory");
     if (c.bytes > 0 && !is_device(c.src, static_cast<std::size_t>(c.bytes)))
       die("cp.async reads outside every cudaMalloc allocation");
+    // A zero-size copy reads nothing, but the kernels promise its address is still inside the tensor
+    // (tile.cuh, RowSource): an index that ran past the end shows here.
+    if (c.bytes == 0 && !is_device(c.src, 16)) die("a zero-size cp.async names an address outside every cudaMalloc allocation");
     std::memset(g_block->smem.data() + c.dst, 0, 16);
     if (c.bytes > 0) std::memcpy(g_block->smem.data() + c.dst, c.src, static_cast<std::size_t>(c.bytes));
   }
