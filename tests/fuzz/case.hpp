@@ -154,8 +154,9 @@ inline Config generate(std::uint64_t seed) {
   return c;
 }
 
-// The rounding slack of the accuracy rule for f32-accumulated types, beyond twice the textbook error:
-// the size of a logit's rounding error in an f32 dot product, plus 1e-6. Summing d products rounds d
+// The rounding slack of the accuracy rule for f32-accumulated types, beyond twice the textbook error, in
+// the output and in the LSE (which moves by the weighted mean of its logits' errors): the size of a
+// logit's rounding error in an f32 dot product, plus 1e-6. Summing d products rounds d
 // times at the size of the partial sums (up to amplitude^2 sqrt(d)), so the error of q.k * scale grows
 // like 2^-24 amplitude^2 d |scale|. The textbook method's error is of that size too, but its maximum
 // over the output is set by the few rows whose softmax is nearly tied between two keys, so on one draw it

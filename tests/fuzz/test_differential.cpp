@@ -167,9 +167,9 @@ std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
   double tol = 0, lse_tol = 0;
   switch (t) {
     case DType::f64: tol = 1e-12 * std::max(1.0, max_abs(oracle)); lse_tol = 1e-12 * lse_mag; break;
-    case DType::f32: tol = 2 * base_err + logit_slack(c); lse_tol = 2 * base_lse + 1e-6 * lse_mag; break;
-    case DType::bf16: tol = 2 * base_err + std::ldexp(1.0, -8) + logit_slack(c); lse_tol = 2 * base_lse + 1e-5 * lse_mag; break;
-    case DType::f16: tol = 2 * base_err + std::ldexp(1.0, -11) + logit_slack(c); lse_tol = 2 * base_lse + 1e-5 * lse_mag; break;
+    case DType::f32: tol = 2 * base_err + logit_slack(c); lse_tol = 2 * base_lse + 1e-6 * lse_mag + logit_slack(c); break;
+    case DType::bf16: tol = 2 * base_err + std::ldexp(1.0, -8) + logit_slack(c); lse_tol = 2 * base_lse + 1e-5 * lse_mag + logit_slack(c); break;
+    case DType::f16: tol = 2 * base_err + std::ldexp(1.0, -11) + logit_slack(c); lse_tol = 2 * base_lse + 1e-5 * lse_mag + logit_slack(c); break;
   }
   if (!(err <= tol)) note("out error " + std::to_string(err) + " > tolerance " + std::to_string(tol) +
                           " (textbook error " + std::to_string(base_err) + ")");

@@ -145,9 +145,9 @@ std::string check_varlen(Config c) {
     double tol = 0, ltol = 0;
     switch (t) {
       case DType::f64: tol = 1e-12 * std::max(1.0, omax); ltol = 1e-12 * (1 + lmax); break;
-      case DType::f32: tol = 2 * base + logit_slack(c); ltol = 2 * lbase + 1e-6 * (1 + lmax); break;
-      case DType::bf16: tol = 2 * base + std::ldexp(1.0, -8) + logit_slack(c); ltol = 2 * lbase + 1e-5 * (1 + lmax); break;
-      case DType::f16: tol = 2 * base + std::ldexp(1.0, -11) + logit_slack(c); ltol = 2 * lbase + 1e-5 * (1 + lmax); break;
+      case DType::f32: tol = 2 * base + logit_slack(c); ltol = 2 * lbase + 1e-6 * (1 + lmax) + logit_slack(c); break;
+      case DType::bf16: tol = 2 * base + std::ldexp(1.0, -8) + logit_slack(c); ltol = 2 * lbase + 1e-5 * (1 + lmax) + logit_slack(c); break;
+      case DType::f16: tol = 2 * base + std::ldexp(1.0, -11) + logit_slack(c); ltol = 2 * lbase + 1e-5 * (1 + lmax) + logit_slack(c); break;
     }
     const std::string seq = "sequence " + std::to_string(b) + " of " + std::to_string(B) + " (" + std::to_string(nq) +
                             " queries, " + std::to_string(nk) + " keys): ";
