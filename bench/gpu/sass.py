@@ -66,7 +66,7 @@ def hot_counts(ins):
             continue
         c["instr"] += len(ops)
         for op in ops:
-            for key in ("HMMA", "LDSM", "MUFU.EX2", "LDGSTS", "BAR", "SHFL", "LDL", "STL"):
+            for key in ("HMMA", "LDSM", "MUFU.EX2", "LDL", "STL"):
                 if op.startswith(key):
                     c[key] += 1
     return c

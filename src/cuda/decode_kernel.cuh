@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   // branch, once per tile). Rows past the slice are zero-filled; their addresses are the last key's.
   auto load_kv = [&](int stage, std::int64_t t) {
     const std::int64_t j0 = lo + t * BK;
-    const int keys = static_cast<int>(hi - j0 < BK ? hi - j0 : BK);  // >= 1: t < n_tiles
+    const int keys = valid_rows(hi - j0, BK);  // >= 1: t < n_tiles
     auto load = [&](std::uint16_t* tiles, const void* base, const std::int64_t (&s)[2], std::int64_t head_stride) {
       const std::uint16_t* head0 = static_cast<const std::uint16_t*>(base) + g0 * head_stride;
       auto dst_row = [](int r) { return (r % C::HB) * C::BK + r / C::HB; };
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     load(sK, p.k, p.ks, p.k_head_stride);
     load(sV, p.v, p.vs, p.v_head_stride);
   };
-  const int q_valid = static_cast<int>(rows - r0 < kRows ? rows - r0 : kRows);  // >= 1: r0 < rows
+  const int q_valid = valid_rows(rows - r0, kRows);  // >= 1: r0 < rows
   load_tile<D, C::THREADS, HB * kRows>(sQ, [&](int r) {
     const PackedRow pr = unpack_row(r0 + clamp_row(r % kRows, q_valid), g0 + r / kRows, group, p.seqlen_q);
     return RowSource{static_cast<const std::uint16_t*>(p.q) + b * p.qs[0] + pr.query * p.qs[1] + pr.head * p.qs[2],

@@ -4,9 +4,10 @@
 //
 // One block per (row block of BR queries, query head, sequence); WARPS warps, each owning MT slabs of
 // 16 query rows that share every K and V fragment the warp loads (so MT = 2 halves the shared-memory
-// reads per mma, the tile's bottleneck with one slab: docs/cuda.md, "Machine code"). The block walks the key tiles its rows can see (key_tiles: causal tiles above the
-// diagonal are skipped), K and V tiles of BC keys double-buffered in shared memory with cp.async so the
-// next tile streams in while this one is multiplied. Per tile and slab: S = Q K^T (mma.sync m16n8k16,
+// reads per mma, the tile's bottleneck with one slab: docs/cuda.md, "Machine code"). The block walks the
+// key tiles its rows can see (key_tiles: causal tiles above the diagonal are skipped), K and V tiles of
+// BC keys double-buffered in shared memory with cp.async so the next tile streams in while this one is
+// multiplied. Per tile and slab: S = Q K^T (mma.sync m16n8k16,
 // f32 accumulators); scale (scale_scores), or on tiles that straddle a mask edge and when softcap or
 // ALiBi is on the full transform and mask (mask_scores), chosen per tile; the online-softmax step in
 // base 2 (attn::rescale_factor); P cast to 16 bits straight from the accumulator
@@ -65,12 +66,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   };
   // Tiles lie in [0, sk) and row blocks start below sq, so each has at least one valid row.
   auto load_kv = [&](std::uint16_t* dst, const std::uint16_t* base, std::int64_t stride, std::int64_t t) {
-    const int valid = static_cast<int>(sk - t * BC < BC ? sk - t * BC : BC);
+    const int valid = valid_rows(sk - t * BC, BC);
     const std::uint16_t* first = base + t * BC * stride;
     load_tile<D, THREADS, BC>(dst, [&](int r) { return RowSource{first + clamp_row(r, valid) * stride, r < valid}; });
   };
   if (tiles.first < tiles.end) {
-    const int q_valid = static_cast<int>(sq - i0 < BR ? sq - i0 : BR);
+    const int q_valid = valid_rows(sq - i0, BR);
     load_tile<D, THREADS, BR>(sQ, [&](int r) {
       return RowSource{q + (i0 + clamp_row(r, q_valid)) * p.qs[1], r < q_valid};
     });

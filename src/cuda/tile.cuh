@@ -47,6 +47,8 @@ __device__ __forceinline__ void load_tile(std::uint16_t* smem, SrcFn src) {
   load_tile<D, THREADS, ROWS>(smem, src, [](int r) { return r; });
 }
 
+// How many of a tile's `rows` rows hold data when `left` rows remain from its first one (left >= 1).
+__device__ __forceinline__ int valid_rows(std::int64_t left, int rows) { return static_cast<int>(left < rows ? left : rows); }
 // Row r's index, clamped to the last of `valid` rows (valid >= 1): the address a RowSource names for a
 // row past the end.
 __device__ __forceinline__ int clamp_row(int r, int valid) { return r < valid ? r : valid - 1; }
@@ -255,9 +257,10 @@ __device__ __forceinline__ void zero_nonfinite(std::uint16_t* tile) {
 // admits for the lane's row (j: key within the slab's 8*NT keys); p in C-fragment layout as softmax_step
 // left it. One key at a time on CUDA cores: only for the rare tiles above. prow, indexed by j, lives in
 // local memory, on this path only; which keys the row sees is asked once per key (a bit mask), not once
-// per key and column (fewer registers: the d = 128 forward stopped spilling on sm_80 with it). Inlined into both kernels: an out-of-line call that took o and p by
-// reference made the forward kernel keep them in local memory on every tile (commit c61bf2c: 83 STL per
-// thread per tile in the d = 128 kernel's SASS, none since).
+// per key and column (fewer registers: the d = 128 forward stopped spilling on sm_80 with it).
+// Inlined into both kernels: an out-of-line call that took o and p by reference made the forward kernel
+// keep them in local memory on every tile (commit c61bf2c: 83 STL per thread per tile in the d = 128
+// kernel's SASS, none since).
 template <class E, int D, int NT, class VisibleFn>
 __device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const float (&p)[NT][4], const std::uint16_t* sv,
                                                      int v_row0, VisibleFn visible_key) {
