@@ -32,9 +32,27 @@ enum Entry { kReference = 1, kTiled = 2, kSplitk = 3, kSplitkPartials = 4 };
 
 // Corruptions: each makes the call certainly invalid.
 enum Corrupt {
-  kNone = -1, kZeroDim, kNegStride, kRank, kDtypeMismatch, kBadDtype, kNullData, kOverflow, kHeadsNotMultiple,
-  kShapeMismatch, kOutOverlapsInput, kOutAliases, kLseOverlap, kLseDtype, kScale, kSoftcap, kWindow,
-  kAlibiStride, kThreads, kKnob, kCount
+  kNone = -1,
+  kZeroDim,
+  kNegStride,
+  kRank,
+  kDtypeMismatch,
+  kBadDtype,
+  kNullData,
+  kOverflow,
+  kHeadsNotMultiple,
+  kShapeMismatch,
+  kOutOverlapsInput,
+  kOutAliases,
+  kLseOverlap,
+  kLseDtype,
+  kScale,
+  kSoftcap,
+  kWindow,
+  kAlibiStride,
+  kThreads,
+  kKnob,
+  kCount
 };
 
 }  // namespace
@@ -80,17 +98,34 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (want_lse || corrupt == kLseOverlap || corrupt == kLseDtype) views.push_back(&lse);
 #if ATTN_FUZZ_ENTRY == 4
   // splitk_partials takes no out or lse: corrupting those proves nothing.
-  if (corrupt != kNone && (&victim == &out || corrupt == kOutOverlapsInput || corrupt == kOutAliases ||
-                           corrupt == kLseOverlap || corrupt == kLseDtype || (corrupt == kShapeMismatch && which % 3 == 2)))
+  if (corrupt != kNone &&
+      (&victim == &out || corrupt == kOutOverlapsInput || corrupt == kOutAliases || corrupt == kLseOverlap ||
+       corrupt == kLseDtype || (corrupt == kShapeMismatch && which % 3 == 2)))
     return 0;
 #endif
   switch (corrupt) {
-    case kNone: break;
-    case kZeroDim: victim.t.shape[amount % 4] = -(amount / 4 % 3); if (&victim == &k || &victim == &v) victim.t.shape[1] = -1 - amount % 2; break;
-    case kNegStride: victim.t.strides[amount % 4] = -1 - amount / 4; break;
-    case kRank: victim.t.rank = amount % 2 ? 3 : 5 + amount % 3; break;
-    case kDtypeMismatch: if (&victim == &q) { k.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3); } else { victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3); } break;
-    case kBadDtype: victim.t.dtype = static_cast<DType>(4 + amount % 200); break;
+    case kNone:
+      break;
+    case kZeroDim:
+      victim.t.shape[amount % 4] = -(amount / 4 % 3);
+      if (&victim == &k || &victim == &v) victim.t.shape[1] = -1 - amount % 2;
+      break;
+    case kNegStride:
+      victim.t.strides[amount % 4] = -1 - amount / 4;
+      break;
+    case kRank:
+      victim.t.rank = amount % 2 ? 3 : 5 + amount % 3;
+      break;
+    case kDtypeMismatch:
+      if (&victim == &q) {
+        k.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
+      } else {
+        victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
+      }
+      break;
+    case kBadDtype:
+      victim.t.dtype = static_cast<DType>(4 + amount % 200);
+      break;
     case kNullData:
       if (SK == 0 && (&victim == &k || &victim == &v)) return 0;  // an empty view may have no data
       victim.t.data = nullptr;
@@ -98,7 +133,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kOverflow:  // a shape whose extent overflows int64 (never allocated: it must be rejected)
       victim.t.shape[amount % 4] = std::int64_t(1) << (40 + amount % 23);
       victim.t.strides[amount % 4] = std::int64_t(1) << (40 + amount / 4 % 23);
-      if (&victim == &k) { v.t.shape = k.t.shape; }
+      if (&victim == &k) {
+        v.t.shape = k.t.shape;
+      }
       break;
     case kHeadsNotMultiple:  // kv_heads = heads + 1 never divides heads
       k.t.shape[2] = v.t.shape[2] = H + 1;
@@ -106,15 +143,38 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kShapeMismatch:  // k, v or out one dim larger: a mismatch with q or k (and past its buffer)
       tv[1 + which % 3]->t.shape[amount % 4] += 1 + amount % 3;
       break;
-    case kOutOverlapsInput: out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data; if (SK == 0 && !(which & 1)) return 0; break;
-    case kOutAliases: { int i = amount % 4; if (so[i] < 2) return 0; out.t.strides[i] = 0; break; }
-    case kLseOverlap: lse.t.data = (which & 1 ? out : q).t.data; break;
-    case kLseDtype: lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2); break;
-    case kScale: o.softmax_scale = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -INFINITY; break;
-    case kSoftcap: o.softcap = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -0.5 - amount; break;
-    case kWindow: (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2; break;
-    case kAlibiStride: o.alibi_slopes = slopes.data(); o.alibi_batch_stride = -1 - amount; break;
-    case kThreads: o.num_threads = -1 - amount; break;
+    case kOutOverlapsInput:
+      out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data;
+      if (SK == 0 && !(which & 1)) return 0;
+      break;
+    case kOutAliases: {
+      int i = amount % 4;
+      if (so[i] < 2) return 0;
+      out.t.strides[i] = 0;
+      break;
+    }
+    case kLseOverlap:
+      lse.t.data = (which & 1 ? out : q).t.data;
+      break;
+    case kLseDtype:
+      lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2);
+      break;
+    case kScale:
+      o.softmax_scale = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -INFINITY;
+      break;
+    case kSoftcap:
+      o.softcap = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -0.5 - amount;
+      break;
+    case kWindow:
+      (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
+      break;
+    case kAlibiStride:
+      o.alibi_slopes = slopes.data();
+      o.alibi_batch_stride = -1 - amount;
+      break;
+    case kThreads:
+      o.num_threads = -1 - amount;
+      break;
     case kKnob:
 #if ATTN_FUZZ_ENTRY == 2
       (amount & 1 ? tiles.q_tile : tiles.k_tile) = -(amount / 2 % 3);
@@ -122,10 +182,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       split.num_splits = -(amount % 3);
 #elif ATTN_FUZZ_ENTRY == 4
       switch (amount % 4) {
-        case 0: split.num_splits = -(amount / 4 % 3); break;
-        case 1: pb = amount & 4 ? -1 : B; break;
-        case 2: pi = amount & 4 ? -1 : SQ; break;
-        case 3: ph = amount & 4 ? -1 : H; break;
+        case 0:
+          split.num_splits = -(amount / 4 % 3);
+          break;
+        case 1:
+          pb = amount & 4 ? -1 : B;
+          break;
+        case 2:
+          pi = amount & 4 ? -1 : SQ;
+          break;
+        case 3:
+          ph = amount & 4 ? -1 : H;
+          break;
       }
 #else
       return 0;

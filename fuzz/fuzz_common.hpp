@@ -74,9 +74,10 @@ struct View {
 // A view of `shape` in a layout drawn from the bytes: any dim order, padding, an inner stride of 1 or
 // 2, and for inputs a batch broadcast (stride 0). The buffer holds exactly the extent.
 inline View make_view(DType dt, Shape4 shape, Bytes& in, bool input, int rank = 4) {
-  static const int perms[24][4] = {{0,1,2,3},{0,1,3,2},{0,2,1,3},{0,2,3,1},{0,3,1,2},{0,3,2,1},{1,0,2,3},{1,0,3,2},
-                                   {1,2,0,3},{1,2,3,0},{1,3,0,2},{1,3,2,0},{2,0,1,3},{2,0,3,1},{2,1,0,3},{2,1,3,0},
-                                   {2,3,0,1},{2,3,1,0},{3,0,1,2},{3,0,2,1},{3,1,0,2},{3,1,2,0},{3,2,0,1},{3,2,1,0}};
+  static const int perms[24][4] = {{0, 1, 2, 3}, {0, 1, 3, 2}, {0, 2, 1, 3}, {0, 2, 3, 1}, {0, 3, 1, 2}, {0, 3, 2, 1},
+                                   {1, 0, 2, 3}, {1, 0, 3, 2}, {1, 2, 0, 3}, {1, 2, 3, 0}, {1, 3, 0, 2}, {1, 3, 2, 0},
+                                   {2, 0, 1, 3}, {2, 0, 3, 1}, {2, 1, 0, 3}, {2, 1, 3, 0}, {2, 3, 0, 1}, {2, 3, 1, 0},
+                                   {3, 0, 1, 2}, {3, 0, 2, 1}, {3, 1, 0, 2}, {3, 1, 2, 0}, {3, 2, 0, 1}, {3, 2, 1, 0}};
   const std::uint8_t a = in.u8(), b = in.u8();
   // Innermost first: the dense row-major order is {3,2,1,0} (rank 4) or {2,1,0} (rank 3).
   int order[4];
@@ -98,7 +99,10 @@ inline View make_view(DType dt, Shape4 shape, Bytes& in, bool input, int rank = 
     next = next * std::max<std::int64_t>(shape[i], 1) + ((b >> (1 + j)) & 1) * (1 + (b >> 6));
   }
   if (input && (b & 32) && rank == 4) v.t.strides[0] = 0;
-  if (rank == 3) { v.t.shape[3] = 1; v.t.strides[3] = 1; }
+  if (rank == 3) {
+    v.t.shape[3] = 1;
+    v.t.strides[3] = 1;
+  }
   bool empty = false;
   std::int64_t max_off = 0;
   for (int i = 0; i < rank; ++i) {
@@ -117,7 +121,10 @@ inline View make_view(DType dt, Shape4 shape, Bytes& in, bool input, int rank = 
   return v;
 }
 
-template <class F> decltype(auto) with_type(DType t, F&& f) { return detail::dispatch_dtype(t, f); }
+template <class F>
+decltype(auto) with_type(DType t, F&& f) {
+  return detail::dispatch_dtype(t, f);
+}
 
 // Values byte / 64 in [-2, 2); with `specials`, three byte values become NaN, +inf and -inf.
 inline void fill(View& v, Bytes& in, double amp, bool specials) {
@@ -152,7 +159,8 @@ inline void check_untouched(const std::vector<View*>& views) {
 // ATTN_FUZZ_TRACE=1 prints each verdict.
 inline bool judge_call(bool threw, const std::string& what, int corrupt, int which, int amount,
                        const std::vector<View*>& views) {
-  if (std::getenv("ATTN_FUZZ_TRACE")) std::fprintf(stderr, "corrupt %d: %s\n", corrupt, threw ? what.c_str() : "accepted");
+  if (std::getenv("ATTN_FUZZ_TRACE"))
+    std::fprintf(stderr, "corrupt %d: %s\n", corrupt, threw ? what.c_str() : "accepted");
   if (threw) {
     check_message(what);
     check_untouched(views);  // inputs and outputs alike hold their old bytes

@@ -31,10 +31,35 @@ using namespace attn::fuzzing;
 namespace {
 
 enum Corrupt {
-  kNone = -1, kNegDim, kNegStride, kRank, kDtypeMismatch, kBadDtype, kNullData, kOverflow, kHeadsNotMultiple,
-  kShapeMismatch, kOutOverlapsInput, kOutAliases, kLseOverlap, kLseDtype, kScale, kSoftcap, kWindow,
-  kAlibiStride, kThreads, kNumSplits, kSeqlensNull, kSeqlenNegative, kSeqlenOverCapacity, kBlockEntry,
-  kMaxPages, kOnlyOneNew, kAppendAlias, kCacheStride, kCount
+  kNone = -1,
+  kNegDim,
+  kNegStride,
+  kRank,
+  kDtypeMismatch,
+  kBadDtype,
+  kNullData,
+  kOverflow,
+  kHeadsNotMultiple,
+  kShapeMismatch,
+  kOutOverlapsInput,
+  kOutAliases,
+  kLseOverlap,
+  kLseDtype,
+  kScale,
+  kSoftcap,
+  kWindow,
+  kAlibiStride,
+  kThreads,
+  kNumSplits,
+  kSeqlensNull,
+  kSeqlenNegative,
+  kSeqlenOverCapacity,
+  kBlockEntry,
+  kMaxPages,
+  kOnlyOneNew,
+  kAppendAlias,
+  kCacheStride,
+  kCount
 };
 
 // A cache view [n0, n1, hk, d]: head_dim innermost with stride 1; the other three dims in an order and
@@ -79,8 +104,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t mode = in.u8();
   const int corrupt = mode < 150 ? kNone : (mode - 150) % kCount;
   const std::uint8_t knobs = in.u8();
-  const bool q_f32 = (knobs & 1) && (ct == DType::bf16 || ct == DType::f16), append = knobs & 2,
-             use_scale = knobs & 4, unused_minus_one = knobs & 8;
+  const bool q_f32 = (knobs & 1) && (ct == DType::bf16 || ct == DType::f16), append = knobs & 2, use_scale = knobs & 4,
+             unused_minus_one = knobs & 8;
   const DType qt = q_f32 ? DType::f32 : ct;
 
   const std::int64_t B = 1 + in.u8() % 3, SQ = 1 + in.u8() % 3, HK = 1 + in.u8() % 2, H = HK * (1 + in.u8() % 3),
@@ -167,23 +192,41 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     cache.max_pages = max_pages;
     cache.block_table_stride = bt_stride == max_pages && (knobs & 16) ? 0 : bt_stride;
   }
-  if (append) { dec.k_new = &kn.t; dec.v_new = &vn.t; }
+  if (append) {
+    dec.k_new = &kn.t;
+    dec.v_new = &vn.t;
+  }
 
   const std::uint8_t which = in.u8(), amount = in.u8();
   View* tv[] = {&q, &kc, &vc, &out, &kn};
   View& victim = *tv[which % (append ? 5 : 4)];
   const bool lse_passed = want_lse || corrupt == kLseOverlap || corrupt == kLseDtype;
   switch (corrupt) {
-    case kNone: break;
-    case kNegDim: victim.t.shape[amount % 4] = -1 - amount / 4 % 2; break;
-    case kNegStride: victim.t.strides[amount % 4] = -1 - amount / 4; break;
-    case kRank: victim.t.rank = amount % 2 ? 3 : 5 + amount % 3; break;
-    case kDtypeMismatch:
-      if (&victim == &q) q.t.dtype = ct == DType::bf16 ? DType::f16 : ct == DType::f16 ? DType::bf16 : ct == DType::f64 ? DType::bf16 : DType::f64;  // never cache's or f32
-      else if (&victim == &out) out.t.dtype = static_cast<DType>((static_cast<int>(qt) + 1 + amount % 3) & 3);
-      else victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);  // cache.k: v mismatches; others: cache.k
+    case kNone:
       break;
-    case kBadDtype: victim.t.dtype = static_cast<DType>(4 + amount % 200); break;
+    case kNegDim:
+      victim.t.shape[amount % 4] = -1 - amount / 4 % 2;
+      break;
+    case kNegStride:
+      victim.t.strides[amount % 4] = -1 - amount / 4;
+      break;
+    case kRank:
+      victim.t.rank = amount % 2 ? 3 : 5 + amount % 3;
+      break;
+    case kDtypeMismatch:
+      if (&victim == &q)
+        q.t.dtype = ct == DType::bf16  ? DType::f16
+                    : ct == DType::f16 ? DType::bf16
+                    : ct == DType::f64 ? DType::bf16
+                                       : DType::f64;  // never cache's or f32
+      else if (&victim == &out)
+        out.t.dtype = static_cast<DType>((static_cast<int>(qt) + 1 + amount % 3) & 3);
+      else
+        victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);  // cache.k: v mismatches; others: cache.k
+      break;
+    case kBadDtype:
+      victim.t.dtype = static_cast<DType>(4 + amount % 200);
+      break;
     case kNullData:
       if (&victim == &kn && SN == 0) return 0;
       if (!paged && cap == 0 && (&victim == &kc || &victim == &vc)) return 0;
@@ -193,7 +236,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       victim.t.shape[amount % 4] = std::int64_t(1) << (40 + amount % 23);
       victim.t.strides[amount % 4] = std::int64_t(1) << (40 + amount / 4 % 23);
       break;
-    case kHeadsNotMultiple: kc.t.shape[2] = vc.t.shape[2] = kn.t.shape[2] = vn.t.shape[2] = H + 1; break;
+    case kHeadsNotMultiple:
+      kc.t.shape[2] = vc.t.shape[2] = kn.t.shape[2] = vn.t.shape[2] = H + 1;
+      break;
     case kShapeMismatch: {  // cache.v, out, v_new or (contiguous) cache.k's batch one larger in some dim
       View* t[] = {&vc, &out, append ? &vn : &vc, paged ? &vc : &kc};
       View* w = t[which % 4];
@@ -208,17 +253,43 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       out.t.data = s->t.data;
       break;
     }
-    case kOutAliases: { const int i = amount % 4; if (out.t.shape[i] < 2) return 0; out.t.strides[i] = 0; break; }
-    case kLseOverlap: lse.t.data = (which & 1 ? out : q).t.data; break;
-    case kLseDtype: lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2); break;
-    case kScale: o.softmax_scale = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -INFINITY; break;
-    case kSoftcap: o.softcap = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -0.5 - amount; break;
-    case kWindow: (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2; break;
-    case kAlibiStride: o.alibi_slopes = slopes.data(); o.alibi_batch_stride = -1 - amount; break;
-    case kThreads: o.num_threads = -1 - amount; break;
-    case kNumSplits: dec.num_splits = -1 - amount; break;
-    case kSeqlensNull: cache.seqlens = nullptr; break;
-    case kSeqlenNegative: seqlens[amount % B] = -1 - amount / 4; break;
+    case kOutAliases: {
+      const int i = amount % 4;
+      if (out.t.shape[i] < 2) return 0;
+      out.t.strides[i] = 0;
+      break;
+    }
+    case kLseOverlap:
+      lse.t.data = (which & 1 ? out : q).t.data;
+      break;
+    case kLseDtype:
+      lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2);
+      break;
+    case kScale:
+      o.softmax_scale = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -INFINITY;
+      break;
+    case kSoftcap:
+      o.softcap = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -0.5 - amount;
+      break;
+    case kWindow:
+      (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
+      break;
+    case kAlibiStride:
+      o.alibi_slopes = slopes.data();
+      o.alibi_batch_stride = -1 - amount;
+      break;
+    case kThreads:
+      o.num_threads = -1 - amount;
+      break;
+    case kNumSplits:
+      dec.num_splits = -1 - amount;
+      break;
+    case kSeqlensNull:
+      cache.seqlens = nullptr;
+      break;
+    case kSeqlenNegative:
+      seqlens[amount % B] = -1 - amount / 4;
+      break;
     case kSeqlenOverCapacity:
       seqlens[amount % B] = amount & 128 ? INT32_MAX : static_cast<std::int32_t>(cap - SN + 1 + amount / 4 % 5);
       break;
@@ -226,14 +297,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (!paged) return 0;
       const std::int64_t b = amount % B, used = (seqlens[b] + SN + page - 1) / page;
       if (used == 0) return 0;
-      table[b * bt_stride + amount / 4 % used] = amount & 2 ? -1 - amount / 8 : static_cast<std::int32_t>(num_pages + amount / 8);
+      table[b * bt_stride + amount / 4 % used] =
+          amount & 2 ? -1 - amount / 8 : static_cast<std::int32_t>(num_pages + amount / 8);
       break;
     }
     case kMaxPages:
       if (!paged) return 0;
-      if (amount & 1) cache.max_pages = -(amount / 2 % 3);
-      else if (max_pages >= 2) cache.block_table_stride = 1 + amount / 2 % (max_pages - 1);
-      else return 0;
+      if (amount & 1)
+        cache.max_pages = -(amount / 2 % 3);
+      else if (max_pages >= 2)
+        cache.block_table_stride = 1 + amount / 2 % (max_pages - 1);
+      else
+        return 0;
       break;
     case kOnlyOneNew:
       (amount & 1 ? dec.k_new : dec.v_new) = &(amount & 1 ? kn : vn).t;
@@ -242,13 +317,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kAppendAlias:  // writing the cache while it overlaps itself, another input, or two sequences share a slot
       if (!append || SN == 0) return 0;
       switch (amount % 4) {
-        case 0: vc.t.data = kc.t.data; break;
-        case 1: kn.t.data = kc.t.data; break;
-        case 2: if (!paged || B < 2) return 0;
-                seqlens[1] = seqlens[0];
-                for (std::int64_t j = 0; j < max_pages; ++j) table[bt_stride + j] = table[j];
-                break;
-        case 3: { const int i = amount / 4 % 3; if (kc.t.shape[i] < 2) return 0; kc.t.strides[i] = 0; break; }
+        case 0:
+          vc.t.data = kc.t.data;
+          break;
+        case 1:
+          kn.t.data = kc.t.data;
+          break;
+        case 2:
+          if (!paged || B < 2) return 0;
+          seqlens[1] = seqlens[0];
+          for (std::int64_t j = 0; j < max_pages; ++j) table[bt_stride + j] = table[j];
+          break;
+        case 3: {
+          const int i = amount / 4 % 3;
+          if (kc.t.shape[i] < 2) return 0;
+          kc.t.strides[i] = 0;
+          break;
+        }
       }
       break;
     case kCacheStride:

@@ -27,9 +27,33 @@ using namespace attn::fuzzing;
 namespace {
 
 enum Corrupt {
-  kNone = -1, kNegDim, kNegStride, kRank, kDtypeMismatch, kBadDtype, kNullData, kOverflow, kHeadsNotMultiple,
-  kShapeMismatch, kOutOverlapsInput, kOutAliases, kLseOverlap, kLseDtype, kScale, kSoftcap, kWindow,
-  kAlibiStride, kThreads, kTile, kCuNull, kCuFirst, kCuDecreasing, kCuLast, kBatch, kLseShape, kCount
+  kNone = -1,
+  kNegDim,
+  kNegStride,
+  kRank,
+  kDtypeMismatch,
+  kBadDtype,
+  kNullData,
+  kOverflow,
+  kHeadsNotMultiple,
+  kShapeMismatch,
+  kOutOverlapsInput,
+  kOutAliases,
+  kLseOverlap,
+  kLseDtype,
+  kScale,
+  kSoftcap,
+  kWindow,
+  kAlibiStride,
+  kThreads,
+  kTile,
+  kCuNull,
+  kCuFirst,
+  kCuDecreasing,
+  kCuLast,
+  kBatch,
+  kLseShape,
+  kCount
 };
 
 // Values of out (dtype T) / lse at element offset `off`.
@@ -57,7 +81,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     cu_q[b + 1] = cu_q[b] + (x < 40 ? 0 : x % 9);   // about 1 in 6 sequences without queries
     cu_k[b + 1] = cu_k[b] + (y < 40 ? 0 : y % 11);  // and without keys
   }
-  if (cu_q[B] == 0) for (std::int64_t b = 1; b <= B; ++b) cu_q[b] += 1;  // q needs >= 1 row in all
+  if (cu_q[B] == 0)
+    for (std::int64_t b = 1; b <= B; ++b) cu_q[b] += 1;  // q needs >= 1 row in all
   const std::int64_t TQ = cu_q[B], TK = cu_k[B];
 
   View q = make_view(dt, {TQ, H, D, 1}, in, true, 3), k = make_view(dt, {TK, HK, D, 1}, in, true, 3),
@@ -87,12 +112,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<View*> views = {&q, &k, &v, &out};
   if (lse_passed) views.push_back(&lse);
   switch (corrupt) {
-    case kNone: break;
-    case kNegDim: victim.t.shape[amount % 3] = -1 - amount / 3 % 2; if (amount % 3 && amount & 64) victim.t.shape[amount % 3] = 0; break;
-    case kNegStride: victim.t.strides[amount % 3] = -1 - amount / 4; break;
-    case kRank: victim.t.rank = amount % 2 ? 4 : amount % 4 == 0 ? 2 : 5; break;
-    case kDtypeMismatch: (&victim == &q ? k : victim).t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3); break;
-    case kBadDtype: victim.t.dtype = static_cast<DType>(4 + amount % 200); break;
+    case kNone:
+      break;
+    case kNegDim:
+      victim.t.shape[amount % 3] = -1 - amount / 3 % 2;
+      if (amount % 3 && amount & 64) victim.t.shape[amount % 3] = 0;
+      break;
+    case kNegStride:
+      victim.t.strides[amount % 3] = -1 - amount / 4;
+      break;
+    case kRank:
+      victim.t.rank = amount % 2 ? 4 : amount % 4 == 0 ? 2 : 5;
+      break;
+    case kDtypeMismatch:
+      (&victim == &q ? k : victim).t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
+      break;
+    case kBadDtype:
+      victim.t.dtype = static_cast<DType>(4 + amount % 200);
+      break;
     case kNullData:
       if (TK == 0 && (&victim == &k || &victim == &v)) return 0;  // an empty view may have no data
       victim.t.data = nullptr;
@@ -101,33 +138,77 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       victim.t.shape[amount % 3] = std::int64_t(1) << (40 + amount % 23);
       victim.t.strides[amount % 3] = std::int64_t(1) << (40 + amount / 4 % 23);
       break;
-    case kHeadsNotMultiple: k.t.shape[1] = v.t.shape[1] = H + 1; break;
-    case kShapeMismatch: tv[1 + which % 3]->t.shape[amount % 3] += 1 + amount % 3; break;
-    case kOutOverlapsInput: out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data; if (TK == 0 && !(which & 1)) return 0; break;
-    case kOutAliases: { const int i = amount % 3; if (out.t.shape[i] < 2) return 0; out.t.strides[i] = 0; break; }
-    case kLseOverlap: lse.t.data = (which & 1 ? out : q).t.data; break;
-    case kLseDtype: lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2); break;
-    case kScale: o.softmax_scale = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -INFINITY; break;
-    case kSoftcap: o.softcap = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -0.5 - amount; break;
-    case kWindow: (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2; break;
-    case kAlibiStride: o.alibi_slopes = slopes.data(); o.alibi_batch_stride = -1 - amount; break;
-    case kThreads: o.num_threads = -1 - amount; break;
-    case kTile: (amount & 1 ? tiles.q_tile : tiles.k_tile) = -(amount / 2 % 3); break;
-    case kCuNull: (which & 4 ? cu_k_arg : cu_q_arg) = nullptr; break;
-    case kCuFirst: cu[0] = amount & 1 ? 1 + amount / 2 : -1 - amount / 2; break;
+    case kHeadsNotMultiple:
+      k.t.shape[1] = v.t.shape[1] = H + 1;
+      break;
+    case kShapeMismatch:
+      tv[1 + which % 3]->t.shape[amount % 3] += 1 + amount % 3;
+      break;
+    case kOutOverlapsInput:
+      out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data;
+      if (TK == 0 && !(which & 1)) return 0;
+      break;
+    case kOutAliases: {
+      const int i = amount % 3;
+      if (out.t.shape[i] < 2) return 0;
+      out.t.strides[i] = 0;
+      break;
+    }
+    case kLseOverlap:
+      lse.t.data = (which & 1 ? out : q).t.data;
+      break;
+    case kLseDtype:
+      lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2);
+      break;
+    case kScale:
+      o.softmax_scale = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -INFINITY;
+      break;
+    case kSoftcap:
+      o.softcap = amount % 3 == 0 ? NAN : amount % 3 == 1 ? INFINITY : -0.5 - amount;
+      break;
+    case kWindow:
+      (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
+      break;
+    case kAlibiStride:
+      o.alibi_slopes = slopes.data();
+      o.alibi_batch_stride = -1 - amount;
+      break;
+    case kThreads:
+      o.num_threads = -1 - amount;
+      break;
+    case kTile:
+      (amount & 1 ? tiles.q_tile : tiles.k_tile) = -(amount / 2 % 3);
+      break;
+    case kCuNull:
+      (which & 4 ? cu_k_arg : cu_q_arg) = nullptr;
+      break;
+    case kCuFirst:
+      cu[0] = amount & 1 ? 1 + amount / 2 : -1 - amount / 2;
+      break;
     case kCuDecreasing: {  // one entry below its predecessor
       const std::size_t j = 1 + amount % B;
       cu[j] = cu[j - 1] - 1 - amount / 8 % 3;
       break;
     }
     case kCuLast:  // the last offset past (or short of) the packed length, or a middle one past it
-      if (amount % 3 == 0) cu[B] = static_cast<std::int32_t>(cu_total + 1 + amount / 3);
-      else if (amount % 3 == 1 && cu_total > 0) cu[B] = static_cast<std::int32_t>(cu_total - 1 - amount / 3 % cu_total);
-      else if (B >= 2) cu[1 + amount / 3 % (B - 1)] = amount & 128 ? INT32_MAX : static_cast<std::int32_t>(cu_total + 1);
-      else cu[B] = INT32_MAX;
+      if (amount % 3 == 0)
+        cu[B] = static_cast<std::int32_t>(cu_total + 1 + amount / 3);
+      else if (amount % 3 == 1 && cu_total > 0)
+        cu[B] = static_cast<std::int32_t>(cu_total - 1 - amount / 3 % cu_total);
+      else if (B >= 2)
+        cu[1 + amount / 3 % (B - 1)] = amount & 128 ? INT32_MAX : static_cast<std::int32_t>(cu_total + 1);
+      else
+        cu[B] = INT32_MAX;
       break;
-    case kBatch: batch = amount & 1 ? 0 : -1 - amount / 2; break;
-    case kLseShape: if (amount & 1) lse.t.shape[0] = 2 + amount / 2 % 3; else lse.t.rank = amount & 2 ? 4 : 2; break;
+    case kBatch:
+      batch = amount & 1 ? 0 : -1 - amount / 2;
+      break;
+    case kLseShape:
+      if (amount & 1)
+        lse.t.shape[0] = 2 + amount / 2 % 3;
+      else
+        lse.t.rank = amount & 2 ? 4 : 2;
+      break;
   }
   const TensorView* lse_arg = lse_passed ? &lse.t : nullptr;
   const std::vector<std::int32_t> cu_q0 = cu_q, cu_k0 = cu_k;

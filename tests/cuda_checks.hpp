@@ -32,14 +32,17 @@ struct Dev {
   T* ptr = nullptr;
   std::size_t n = 0;
   explicit Dev(const std::vector<T>& h) : n(h.size()) {
-    if (cudaMalloc(&ptr, std::max<std::size_t>(1, n) * sizeof(T)) != cudaSuccess) throw std::runtime_error("cudaMalloc");
-    if (n && cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess) throw std::runtime_error("H2D");
+    if (cudaMalloc(&ptr, std::max<std::size_t>(1, n) * sizeof(T)) != cudaSuccess)
+      throw std::runtime_error("cudaMalloc");
+    if (n && cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess)
+      throw std::runtime_error("H2D");
   }
   Dev(const Dev&) = delete;
   ~Dev() { cudaFree(ptr); }
   std::vector<T> get() const {
     std::vector<T> h(n);
-    if (n && cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) throw std::runtime_error("D2H");
+    if (n && cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess)
+      throw std::runtime_error("D2H");
     return h;
   }
 };
@@ -97,7 +100,8 @@ template <class T>
 void check_forward(const Case& c) {
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " d " + std::to_string(c.d) + " causal " + std::to_string(c.causal));
-  auto q = test::random_tensor<T>(c.b, c.sq, c.h, c.d, seed, 2.0), k = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 1, 2.0),
+  auto q = test::random_tensor<T>(c.b, c.sq, c.h, c.d, seed, 2.0),
+       k = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 1, 2.0),
        v = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 2);
   std::vector<float> slopes;
   const AttentionOptions o_cpu = test::options_of(c, 0.3f, slopes);
@@ -107,9 +111,11 @@ void check_forward(const Case& c) {
   auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
   std::vector<double> oracle(q.data.size()), oracle_lse(static_cast<std::size_t>(c.b * c.h * c.sq));
   TensorView olv = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
-  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.d), o_cpu, &olv);
+  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.d),
+                      o_cpu, &olv);
   std::vector<T> textbook(q.data.size());
-  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.d), o_cpu);
+  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.d),
+                      o_cpu);
   const double base = max_err(textbook, oracle);
 
   Dev<T> dq(q.data), dk(k.data), dv(v.data), dout(poisoned<T>(q.data.size()));
@@ -143,7 +149,8 @@ void check_decode(const DecodeCase& c) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(static_cast<std::uint32_t>(seed));
   std::vector<std::int32_t> seqlens(static_cast<std::size_t>(c.batch));
-  for (auto& s : seqlens) s = std::uniform_int_distribution<std::int32_t>(0, static_cast<std::int32_t>(c.max_len - c.seqlen_new))(rng);
+  for (auto& s : seqlens)
+    s = std::uniform_int_distribution<std::int32_t>(0, static_cast<std::int32_t>(c.max_len - c.seqlen_new))(rng);
   seqlens[0] = static_cast<std::int32_t>(c.max_len - c.seqlen_new);  // one full sequence
   const std::int64_t pages_per_seq = (c.max_len + c.page_size - 1) / c.page_size;
   const std::int64_t num_pages = c.paged ? c.batch * pages_per_seq : c.batch;
@@ -180,12 +187,14 @@ void check_decode(const DecodeCase& c) {
           }
         }
     Tensor<T> qb(1, c.sq, c.heads, c.d);
-    std::copy(q.data.begin() + b * c.sq * c.heads * c.d, q.data.begin() + (b + 1) * c.sq * c.heads * c.d, qb.data.begin());
+    std::copy(q.data.begin() + b * c.sq * c.heads * c.d, q.data.begin() + (b + 1) * c.sq * c.heads * c.d,
+              qb.data.begin());
     auto q64 = test::to_f64(qb), k64 = test::to_f64(kb), v64 = test::to_f64(vb);
     std::vector<double> l(static_cast<std::size_t>(c.heads * c.sq));
     TensorView lv = TensorView::contiguous(l.data(), 1, c.heads, c.sq);
     attention_reference(q64.view(), k64.view(), v64.view(),
-                        TensorView::contiguous(oracle.data() + b * c.sq * c.heads * c.d, 1, c.sq, c.heads, c.d), o, &lv);
+                        TensorView::contiguous(oracle.data() + b * c.sq * c.heads * c.d, 1, c.sq, c.heads, c.d), o,
+                        &lv);
     std::copy(l.begin(), l.end(), oracle_lse.begin() + b * c.heads * c.sq);
     attention_reference(qb.view(), kb.view(), vb.view(),
                         TensorView::contiguous(textbook.data() + b * c.sq * c.heads * c.d, 1, c.sq, c.heads, c.d), o);
@@ -207,7 +216,8 @@ void check_decode(const DecodeCase& c) {
                                               {c.kv_heads * rows * c.d, c.d, rows * c.d, 1})
                         : dview(d, num_pages, rows, c.kv_heads, c.d);
   };
-  Dev<T> dk(device_layout(kc)), dv(device_layout(vc)), dq(q.data), dkn(kn.data), dvn(vn.data), dout(poisoned<T>(q.data.size()));
+  Dev<T> dk(device_layout(kc)), dv(device_layout(vc)), dq(q.data), dkn(kn.data), dvn(vn.data),
+      dout(poisoned<T>(q.data.size()));
   Dev<float> dlse(poisoned<float>(oracle_lse.size()));
   Dev<std::int32_t> dseq(seqlens), dtable(table);
   KVCache cache;
@@ -220,13 +230,15 @@ void check_decode(const DecodeCase& c) {
   }
   DecodeOptions dec;
   dec.num_splits = c.splits;
-  TensorView knv = dview(dkn, c.batch, c.seqlen_new, c.kv_heads, c.d), vnv = dview(dvn, c.batch, c.seqlen_new, c.kv_heads, c.d);
+  TensorView knv = dview(dkn, c.batch, c.seqlen_new, c.kv_heads, c.d),
+             vnv = dview(dvn, c.batch, c.seqlen_new, c.kv_heads, c.d);
   if (c.seqlen_new > 0) {
     dec.k_new = &knv;
     dec.v_new = &vnv;
   }
   TensorView lv = TensorView::contiguous(dlse.ptr, c.batch, c.heads, c.sq);
-  cuda::attention_decode(dview(dq, c.batch, c.sq, c.heads, c.d), cache, dview(dout, c.batch, c.sq, c.heads, c.d), o, dec, &lv);
+  cuda::attention_decode(dview(dq, c.batch, c.sq, c.heads, c.d), cache, dview(dout, c.batch, c.sq, c.heads, c.d), o,
+                         dec, &lv);
   CUDA_OK(cudaDeviceSynchronize());
   std::int64_t unwritten = 0;
   const double slack = std::is_same_v<T, bf16_t> ? 1e-3 : 1e-4;
@@ -240,7 +252,8 @@ void check_decode(const DecodeCase& c) {
         const std::int64_t pos = seqlens[b] + j;
         const std::int64_t page = c.paged ? table[b * pages_per_seq + pos / c.page_size] : b;
         const std::int64_t slot = c.paged ? pos % c.page_size : pos;
-        const std::int64_t at = c.head_major ? (page * c.kv_heads * rows + slot) * c.d : (page * rows + slot) * c.kv_heads * c.d;
+        const std::int64_t at =
+            c.head_major ? (page * c.kv_heads * rows + slot) * c.d : (page * rows + slot) * c.kv_heads * c.d;
         EXPECT_EQ(kh[at].bits, kn.at(b, j, 0, 0).bits);
       }
   }

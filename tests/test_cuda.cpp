@@ -20,22 +20,24 @@ class GpuForward : public Gpu, public ::testing::WithParamInterface<Case> {};
 TEST_P(GpuForward, Bf16MatchesTheOracle) { check_forward<bf16_t>(GetParam()); }
 TEST_P(GpuForward, F16MatchesTheOracle) { check_forward<f16_t>(GetParam()); }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, GpuForward,
-    ::testing::Values(Case{2, 130, 257, 4, 2, 64, false}, Case{2, 130, 257, 4, 2, 64, true},
-                      Case{1, 257, 130, 4, 1, 128, true},   // seqlen_q > seqlen_k: fully masked rows
-                      Case{2, 200, 333, 8, 2, 128, false}, Case{1, 300, 300, 2, 2, 128, true},
-                      Case{1, 97, 161, 4, 4, 256, false}, Case{1, 161, 161, 4, 2, 256, true},
-                      Case{1, 1, 1000, 4, 1, 128, false},   // one query row
-                      Case{1, 1, 0, 2, 1, 64, false},        // no keys: out = 0, lse = -inf
-                      Case{2, 150, 180, 4, 2, 128, false, 40, 7},  // sliding window
-                      Case{1, 150, 180, 4, 2, 64, true, -1, -1, 5.0, true}),  // softcap + ALiBi
-    [](const ::testing::TestParamInfo<Case>& i) {
-      const Case& c = i.param;
-      return "b" + std::to_string(c.b) + "_q" + std::to_string(c.sq) + "_k" + std::to_string(c.sk) + "_h" +
-             std::to_string(c.h) + "x" + std::to_string(c.hk) + "_d" + std::to_string(c.d) + (c.causal ? "_causal" : "") +
-             (c.left >= 0 || c.right >= 0 ? "_window" : "") + (c.softcap > 0 ? "_softcap" : "") + (c.alibi ? "_alibi" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuForward,
+                         ::testing::Values(Case{2, 130, 257, 4, 2, 64, false}, Case{2, 130, 257, 4, 2, 64, true},
+                                           Case{1, 257, 130, 4, 1, 128,
+                                                true},  // seqlen_q > seqlen_k: fully masked rows
+                                           Case{2, 200, 333, 8, 2, 128, false}, Case{1, 300, 300, 2, 2, 128, true},
+                                           Case{1, 97, 161, 4, 4, 256, false}, Case{1, 161, 161, 4, 2, 256, true},
+                                           Case{1, 1, 1000, 4, 1, 128, false},          // one query row
+                                           Case{1, 1, 0, 2, 1, 64, false},              // no keys: out = 0, lse = -inf
+                                           Case{2, 150, 180, 4, 2, 128, false, 40, 7},  // sliding window
+                                           Case{1, 150, 180, 4, 2, 64, true, -1, -1, 5.0, true}),  // softcap + ALiBi
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           const Case& c = i.param;
+                           return "b" + std::to_string(c.b) + "_q" + std::to_string(c.sq) + "_k" +
+                                  std::to_string(c.sk) + "_h" + std::to_string(c.h) + "x" + std::to_string(c.hk) +
+                                  "_d" + std::to_string(c.d) + (c.causal ? "_causal" : "") +
+                                  (c.left >= 0 || c.right >= 0 ? "_window" : "") + (c.softcap > 0 ? "_softcap" : "") +
+                                  (c.alibi ? "_alibi" : "");
+                         });
 
 TEST_F(Gpu, VarlenMatchesPerSequenceOracle) {
   const std::int64_t H = 4, HK = 2, D = 128;
@@ -47,7 +49,8 @@ TEST_F(Gpu, VarlenMatchesPerSequenceOracle) {
   }
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  auto q = test::random_tensor<bf16_t>(1, cq.back(), H, D, seed, 2.0), k = test::random_tensor<bf16_t>(1, ck.back(), HK, D, seed + 1, 2.0),
+  auto q = test::random_tensor<bf16_t>(1, cq.back(), H, D, seed, 2.0),
+       k = test::random_tensor<bf16_t>(1, ck.back(), HK, D, seed + 1, 2.0),
        v = test::random_tensor<bf16_t>(1, ck.back(), HK, D, seed + 2);
   auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
   for (bool causal : {false, true}) {
@@ -62,8 +65,8 @@ TEST_F(Gpu, VarlenMatchesPerSequenceOracle) {
       };
       std::vector<double> l(static_cast<std::size_t>(H * lq[b]));
       TensorView lv = TensorView::contiguous(l.data(), 1, H, lq[b]);
-      attention_reference(sub(q64.data, cq[b], lq[b], H), sub(k64.data, ck[b], lk[b], HK), sub(v64.data, ck[b], lk[b], HK),
-                          sub(oracle, cq[b], lq[b], H), o, &lv);
+      attention_reference(sub(q64.data, cq[b], lq[b], H), sub(k64.data, ck[b], lk[b], HK),
+                          sub(v64.data, ck[b], lk[b], HK), sub(oracle, cq[b], lq[b], H), o, &lv);
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t i = 0; i < lq[b]; ++i) oracle_lse[h * cq.back() + cq[b] + i] = l[h * lq[b] + i];
       attention_reference(sub(q.data, cq[b], lq[b], H), sub(k.data, ck[b], lk[b], HK), sub(v.data, ck[b], lk[b], HK),
@@ -78,8 +81,8 @@ TEST_F(Gpu, VarlenMatchesPerSequenceOracle) {
     vb.cu_seqlens_q = dcq.ptr;
     vb.cu_seqlens_k = dck.ptr;
     vb.batch = static_cast<std::int64_t>(lq.size());
-    cuda::attention_varlen(dview(dq, 1, cq.back(), H, D), dview(dk, 1, ck.back(), HK, D), dview(dv, 1, ck.back(), HK, D),
-                           dview(dout, 1, cq.back(), H, D), vb, o, &lv);
+    cuda::attention_varlen(dview(dq, 1, cq.back(), H, D), dview(dk, 1, ck.back(), HK, D),
+                           dview(dv, 1, ck.back(), HK, D), dview(dout, 1, cq.back(), H, D), vb, o, &lv);
     CUDA_OK(cudaDeviceSynchronize());
     std::int64_t unwritten = 0;
     EXPECT_LE(max_err(dout.get(), oracle, &unwritten), 2 * base + 1e-3) << "causal " << causal;
@@ -94,20 +97,21 @@ TEST_P(GpuDecode, F16MatchesTheOracle) { check_decode<f16_t>(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuDecode,
-    ::testing::Values(DecodeCase{1, 1, 32, 8, 128, 5000, false, false, 0},   // the benchmark's shape, smaller
-                      DecodeCase{3, 1, 32, 8, 128, 3000, false, false, 1},   // one split: no merge kernel
+    ::testing::Values(DecodeCase{1, 1, 32, 8, 128, 5000, false, false, 0},  // the benchmark's shape, smaller
+                      DecodeCase{3, 1, 32, 8, 128, 3000, false, false, 1},  // one split: no merge kernel
                       DecodeCase{3, 1, 32, 8, 128, 3000, false, false, 7},
-                      DecodeCase{2, 3, 8, 2, 64, 2000, true, false, 5},      // speculative, causal
-                      DecodeCase{2, 1, 16, 1, 256, 1500, false, true, 0},    // MQA, 16 rows per slab, paged
-                      DecodeCase{4, 2, 40, 8, 128, 1200, true, true, 3, 0, 16},  // 10 rows x 2 queries: 2 slabs
-                      DecodeCase{2, 1, 8, 8, 128, 700, false, true, 0, 5, 64},   // append 5 new keys
+                      DecodeCase{2, 3, 8, 2, 64, 2000, true, false, 5},                  // speculative, causal
+                      DecodeCase{2, 1, 16, 1, 256, 1500, false, true, 0},                // MQA, 16 rows per slab, paged
+                      DecodeCase{4, 2, 40, 8, 128, 1200, true, true, 3, 0, 16},          // 10 rows x 2 queries: 2 slabs
+                      DecodeCase{2, 1, 8, 8, 128, 700, false, true, 0, 5, 64},           // append 5 new keys
                       DecodeCase{2, 1, 16, 4, 128, 900, false, false, 0, 0, 64, true}),  // kv-head-major cache
     [](const ::testing::TestParamInfo<DecodeCase>& i) {
       const DecodeCase& c = i.param;
       return std::to_string(i.index) + "_b" + std::to_string(c.batch) + "_q" + std::to_string(c.sq) + "_h" +
              std::to_string(c.heads) + "x" + std::to_string(c.kv_heads) + "_d" + std::to_string(c.d) + "_n" +
-             std::to_string(c.max_len) + (c.causal ? "_causal" : "") + (c.paged ? "_paged" : "_contiguous") + "_splits" +
-             std::to_string(c.splits) + (c.seqlen_new ? "_append" : "") + (c.head_major ? "_headmajor" : "");
+             std::to_string(c.max_len) + (c.causal ? "_causal" : "") + (c.paged ? "_paged" : "_contiguous") +
+             "_splits" + std::to_string(c.splits) + (c.seqlen_new ? "_append" : "") +
+             (c.head_major ? "_headmajor" : "");
     });
 
 // ---- Non-finite inputs: the CPU's rules (docs/robustness.md) ------------------------------------------
@@ -119,14 +123,16 @@ template <class T>
 void expect_forward_confined(const char* what, const std::function<void(Tensor<T>&, Tensor<T>&, Tensor<T>&)>& poison,
                              const std::function<bool(std::int64_t b, std::int64_t i, std::int64_t h)>& may_change) {
   const std::int64_t B = 2, S = 70, H = 4, HK = 2, D = 64;
-  auto q = random_tensor<T>(B, S, H, D, 21), k = random_tensor<T>(B, S, HK, D, 22), v = random_tensor<T>(B, S, HK, D, 23);
+  auto q = random_tensor<T>(B, S, H, D, 21), k = random_tensor<T>(B, S, HK, D, 22),
+       v = random_tensor<T>(B, S, HK, D, 23);
   AttentionOptions o;
   o.causal = true;
   auto run = [&](const Tensor<T>& qq, const Tensor<T>& kk, const Tensor<T>& vv) {
     Dev<T> dq(qq.data), dk(kk.data), dv(vv.data), dout(poisoned<T>(qq.data.size()));
     Dev<float> dlse(poisoned<float>(static_cast<std::size_t>(B * H * S)));
     TensorView lv = TensorView::contiguous(dlse.ptr, B, H, S);
-    cuda::attention(dview(dq, B, S, H, D), dview(dk, B, S, HK, D), dview(dv, B, S, HK, D), dview(dout, B, S, H, D), o, &lv);
+    cuda::attention(dview(dq, B, S, H, D), dview(dk, B, S, HK, D), dview(dv, B, S, HK, D), dview(dout, B, S, H, D), o,
+                    &lv);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return std::make_pair(dout.get(), dlse.get());
   };
@@ -141,8 +147,10 @@ void expect_forward_confined(const char* what, const std::function<void(Tensor<T
         const auto l = static_cast<std::size_t>((b * H + h) * S + i);
         for (std::int64_t c = 0; c < D; ++c) {
           const auto at = static_cast<std::size_t>(((b * S + i) * H + h) * D + c);
-          if (may_change(b, i, h)) nonfinite_where_allowed += !std::isfinite(detail::load<double>(out[at]));
-          else changed_elsewhere += out[at].bits != clean[at].bits;
+          if (may_change(b, i, h))
+            nonfinite_where_allowed += !std::isfinite(detail::load<double>(out[at]));
+          else
+            changed_elsewhere += out[at].bits != clean[at].bits;
         }
         if (!may_change(b, i, h)) changed_elsewhere += std::memcmp(&lse[l], &clean_lse[l], sizeof(float)) != 0;
       }
@@ -152,28 +160,29 @@ void expect_forward_confined(const char* what, const std::function<void(Tensor<T
 
 TEST_F(Gpu, NanOrInfInAQueryRowStaysInThatRow) {
   for (double bad : {double(NAN), double(INFINITY)})
-    expect_forward_confined<bf16_t>("a non-finite q entry",
-                                    [bad](auto& q, auto&, auto&) { q.at(1, 2, 3, 1) = detail::store<bf16_t>(bad); },
-                                    [](auto b, auto i, auto h) { return b == 1 && i == 2 && h == 3; });
+    expect_forward_confined<bf16_t>(
+        "a non-finite q entry", [bad](auto& q, auto&, auto&) { q.at(1, 2, 3, 1) = detail::store<bf16_t>(bad); },
+        [](auto b, auto i, auto h) { return b == 1 && i == 2 && h == 3; });
 }
 TEST_F(Gpu, NanOrInfInAKeyRowStaysInTheRowsThatSeeIt) {
   for (double bad : {double(NAN), double(INFINITY)})
-    expect_forward_confined<bf16_t>("a non-finite k entry",
-                                    [bad](auto&, auto& k, auto&) { k.at(0, 3, 1, 0) = detail::store<bf16_t>(bad); },
-                                    [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; });
+    expect_forward_confined<bf16_t>(
+        "a non-finite k entry", [bad](auto&, auto& k, auto&) { k.at(0, 3, 1, 0) = detail::store<bf16_t>(bad); },
+        [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; });
 }
 TEST_F(Gpu, NanOrInfInAValueRowStaysInTheRowsThatSeeIt) {
   for (double bad : {double(NAN), double(INFINITY)})
-    expect_forward_confined<f16_t>("a non-finite v entry",
-                                   [bad](auto&, auto&, auto& v) { v.at(0, 3, 1, 0) = detail::store<f16_t>(bad); },
-                                   [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; });
+    expect_forward_confined<f16_t>(
+        "a non-finite v entry", [bad](auto&, auto&, auto& v) { v.at(0, 3, 1, 0) = detail::store<f16_t>(bad); },
+        [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; });
 }
 
 // Decode, causal with 3 queries per sequence (speculative decoding): the newest key is seen only by the
 // last query, so a NaN in its value row must not reach the two earlier queries' rows.
 TEST_F(Gpu, DecodeNanInAValueRowStaysInTheQueriesThatSeeIt) {
   const std::int64_t SQ = 3, H = 8, HK = 2, D = 128, N = 300;
-  auto q = random_tensor<bf16_t>(1, SQ, H, D, 31), kc = random_tensor<bf16_t>(1, N, HK, D, 32), vc = random_tensor<bf16_t>(1, N, HK, D, 33);
+  auto q = random_tensor<bf16_t>(1, SQ, H, D, 31), kc = random_tensor<bf16_t>(1, N, HK, D, 32),
+       vc = random_tensor<bf16_t>(1, N, HK, D, 33);
   const std::vector<std::int32_t> seqlens = {static_cast<std::int32_t>(N)};
   auto run = [&](const Tensor<bf16_t>& v) {
     Dev<bf16_t> dq(q.data), dk(kc.data), dv(v.data), dout(poisoned<bf16_t>(q.data.size()));
@@ -198,8 +207,10 @@ TEST_F(Gpu, DecodeNanInAValueRowStaysInTheQueriesThatSeeIt) {
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t c = 0; c < D; ++c) {
         const auto at = static_cast<std::size_t>((i * H + h) * D + c);
-        if (i == SQ - 1 && h >= 4 && c == 5) EXPECT_TRUE(std::isnan(detail::load<double>(out[at]))) << "h " << h;
-        else ASSERT_EQ(out[at].bits, clean[at].bits) << "query " << i << " head " << h << " column " << c;
+        if (i == SQ - 1 && h >= 4 && c == 5)
+          EXPECT_TRUE(std::isnan(detail::load<double>(out[at]))) << "h " << h;
+        else
+          ASSERT_EQ(out[at].bits, clean[at].bits) << "query " << i << " head " << h << " column " << c;
       }
 }
 
@@ -212,12 +223,15 @@ TEST_F(Gpu, RejectsHostPointersAndUnsupportedShapesWithoutWriting) {
   // f32 is CPU-only; head_dim 96 has no kernel.
   std::vector<float> f(4 * 2 * 128);
   Dev<float> df(f);
-  EXPECT_THROW(cuda::attention(dview(df, 1, 4, 2, 128), dview(df, 1, 4, 2, 128), dview(df, 1, 4, 2, 128), dview(dout, 1, 4, 2, 128)),
+  EXPECT_THROW(cuda::attention(dview(df, 1, 4, 2, 128), dview(df, 1, 4, 2, 128), dview(df, 1, 4, 2, 128),
+                               dview(dout, 1, 4, 2, 128)),
                std::invalid_argument);
-  EXPECT_THROW(cuda::attention(dview(dq, 1, 4, 2, 96), dview(dk, 1, 8, 2, 96), dview(dv, 1, 8, 2, 96), dview(dout, 1, 4, 2, 96)),
-               std::invalid_argument);
+  EXPECT_THROW(
+      cuda::attention(dview(dq, 1, 4, 2, 96), dview(dk, 1, 8, 2, 96), dview(dv, 1, 8, 2, 96), dview(dout, 1, 4, 2, 96)),
+      std::invalid_argument);
   // The shared rules (here: heads not a multiple of kv_heads) come from core/validate.
-  EXPECT_THROW(cuda::attention(dview(dq, 1, 4, 2, 128), dview(dk, 1, 4, 4, 64), dview(dv, 1, 4, 4, 64), dview(dout, 1, 4, 2, 128)),
+  EXPECT_THROW(cuda::attention(dview(dq, 1, 4, 2, 128), dview(dk, 1, 4, 4, 64), dview(dv, 1, 4, 4, 64),
+                               dview(dout, 1, 4, 2, 128)),
                std::invalid_argument);
   for (auto x : dout.get()) ASSERT_EQ(x.bits, 0xFFFF) << "out was written by a rejected call";
 }

@@ -56,12 +56,12 @@ TEST(CudaFragments, LdmatrixAddressesProduceTheFragments) {
         EXPECT_EQ(row_a.row, want_a.row);
         EXPECT_EQ(row_a.col + held.col, want_a.col);
         // B from [n][k] (K): register reg = b(reg % 2) of n-tile reg / 2.
-        const RowCol row_b = ldmatrix_b_addr(8 * reg + held.row);  // {n, k}
+        const RowCol row_b = ldmatrix_b_addr(8 * reg + held.row);       // {n, k}
         const RowCol want_b = mma_b_coord(lane, 2 * (reg % 2) + half);  // {k, n}
         EXPECT_EQ(row_b.row, want_b.col + 8 * (reg / 2));
         EXPECT_EQ(row_b.col + held.col, want_b.row);
         // B from [k][n] with .trans (V): the lane receives the transpose's element.
-        const RowCol held_t = ldmatrix_holds(lane, half, true);  // {row, col} of the stored matrix
+        const RowCol held_t = ldmatrix_holds(lane, half, true);       // {row, col} of the stored matrix
         const RowCol row_t = ldmatrix_bt_addr(8 * reg + held_t.row);  // {k, n}
         EXPECT_EQ(row_t.row, want_b.row);
         EXPECT_EQ(row_t.col + held_t.col, want_b.col + 8 * (reg / 2));
@@ -73,8 +73,8 @@ TEST(CudaFragments, LdmatrixAddressesProduceTheFragments) {
 // A warp's ldmatrix.x4 (optionally .trans) from a swizzled [rows][dim] tile: addr(lane) gives the
 // (row, col) of the 8-element segment lane addresses. Returns regs[lane][reg][half].
 template <class AddrFn>
-std::vector<std::array<std::array<float, 2>, 4>> ldmatrix(const std::vector<float>& smem, int dim, int row0,
-                                                          int col0, bool trans, AddrFn addr) {
+std::vector<std::array<std::array<float, 2>, 4>> ldmatrix(const std::vector<float>& smem, int dim, int row0, int col0,
+                                                          bool trans, AddrFn addr) {
   std::vector<std::array<std::array<float, 2>, 4>> out(32);
   for (int lane = 0; lane < 32; ++lane)
     for (int reg = 0; reg < 4; ++reg)
@@ -133,8 +133,10 @@ TEST(CudaFragments, EmulatedWarpProductsMatchPlainMatmul) {
     for (int nt = 0; nt < 2; ++nt) {
       float A[16][16], B[16][8];
       for (int lane = 0; lane < 32; ++lane) {
-        const float regs[4][2] = {{s[0][lane][0], s[0][lane][1]}, {s[0][lane][2], s[0][lane][3]},
-                                  {s[1][lane][0], s[1][lane][1]}, {s[1][lane][2], s[1][lane][3]}};
+        const float regs[4][2] = {{s[0][lane][0], s[0][lane][1]},
+                                  {s[0][lane][2], s[0][lane][3]},
+                                  {s[1][lane][0], s[1][lane][1]},
+                                  {s[1][lane][2], s[1][lane][3]}};
         for (int e = 0; e < 8; ++e) A[mma_a_coord(lane, e).row][mma_a_coord(lane, e).col] = regs[e / 2][e % 2];
         for (int e = 0; e < 4; ++e)
           B[mma_b_coord(lane, e).row][mma_b_coord(lane, e).col] = b[lane][2 * nt + e / 2][e % 2];
@@ -214,7 +216,8 @@ TEST(CudaTiles, ScheduleSkipsOnlyInvisibleTilesAndMasksOnlyWhereNeeded) {
               }
             const bool in_range = tr.first <= t && t < tr.end;
             if (any) EXPECT_TRUE(in_range) << "tile " << t << " has visible keys but is skipped";
-            if (in_range && !tile_needs_mask(m, i0, rows, kt, t)) EXPECT_TRUE(all) << "unmasked tile " << t << " hides a masked key";
+            if (in_range && !tile_needs_mask(m, i0, rows, kt, t))
+              EXPECT_TRUE(all) << "unmasked tile " << t << " hides a masked key";
           }
           EXPECT_LE(tr.end, n_tiles + (tr.first >= tr.end ? 1 : 0));
         }
@@ -252,8 +255,8 @@ TEST(CudaSplits, HeuristicFillsTheGpuWithoutTinySlices) {
   const std::int64_t s = gpu_num_splits(131072, 8, 132);
   EXPECT_GE(s * 8, 2 * 132);
   EXPECT_GE(131072 / s, 256);
-  EXPECT_EQ(gpu_num_splits(100, 8, 132), 1);           // too few keys to split
-  EXPECT_EQ(gpu_num_splits(1 << 20, 4096, 132), 1);    // the grid is already full
+  EXPECT_EQ(gpu_num_splits(100, 8, 132), 1);         // too few keys to split
+  EXPECT_EQ(gpu_num_splits(1 << 20, 4096, 132), 1);  // the grid is already full
   EXPECT_EQ(gpu_num_splits(0, 8, 132), 1);
   EXPECT_LE(gpu_num_splits(1 << 24, 1, 132), 128);
   for (std::int64_t keys = 1; keys < 100000; keys = keys * 3 + 1)

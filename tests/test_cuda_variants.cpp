@@ -33,8 +33,8 @@ TEST(CudaVariants, EveryDecodeVariantMatchesTheOracle) {
     SCOPED_TRACE(v.name);
     RestoreLaunchers restore;
     cuda_detail::launchers().decode = v.launch;
-    check_decode<bf16_t>(DecodeCase{1, 1, 32, 8, 128, 3000, false, false, 0});            // automatic splits
-    check_decode<bf16_t>(DecodeCase{2, 2, 16, 8, 128, 900, true, true, 5, 0, 16});        // paged, causal, 2 queries
+    check_decode<bf16_t>(DecodeCase{1, 1, 32, 8, 128, 3000, false, false, 0});               // automatic splits
+    check_decode<bf16_t>(DecodeCase{2, 2, 16, 8, 128, 900, true, true, 5, 0, 16});           // paged, causal, 2 queries
     check_decode<bf16_t>(DecodeCase{1, 1, 32, 8, 128, 1000, false, false, 3, 0, 64, true});  // kv-head-major
   }
 }

@@ -38,10 +38,20 @@ struct Scenario {
   std::vector<std::int32_t> seqlens, table;
   Tensor<T> knew, vnew;
 
-  Scenario(std::int64_t b, std::int64_t sq, std::int64_t h, std::int64_t hk, std::int64_t d, std::vector<std::int64_t> l,
-        std::int64_t page_size = 0, std::int64_t app = 0, std::int64_t spare = 5, std::uint64_t seed = 1)
-      : B(b), SQ(sq), H(h), HK(hk), D(d), page(page_size), append(app), lens(std::move(l)),
-        q(random_tensor<Q>(b, sq, h, d, seed, 2.0)), knew(b, app, hk, d), vnew(b, app, hk, d) {
+  Scenario(std::int64_t b, std::int64_t sq, std::int64_t h, std::int64_t hk, std::int64_t d,
+           std::vector<std::int64_t> l, std::int64_t page_size = 0, std::int64_t app = 0, std::int64_t spare = 5,
+           std::uint64_t seed = 1)
+      : B(b),
+        SQ(sq),
+        H(h),
+        HK(hk),
+        D(d),
+        page(page_size),
+        append(app),
+        lens(std::move(l)),
+        q(random_tensor<Q>(b, sq, h, d, seed, 2.0)),
+        knew(b, app, hk, d),
+        vnew(b, app, hk, d) {
     const std::int64_t maxlen = *std::max_element(lens.begin(), lens.end()) + spare;
     for (std::int64_t i = 0; i < B; ++i) {
       K.push_back(random_tensor<T>(1, lens[i], HK, D, seed * 100 + 2 * i + 1, 2.0));
@@ -92,7 +102,8 @@ struct Scenario {
     return c;
   }
   // Runs attention_decode into out (and lse when given).
-  void run(std::vector<Q>& out, const AttentionOptions& o, std::int64_t splits, std::vector<detail::Acc<T>>* lse = nullptr) {
+  void run(std::vector<Q>& out, const AttentionOptions& o, std::int64_t splits,
+           std::vector<detail::Acc<T>>* lse = nullptr) {
     out.assign(q.data.size(), detail::store<Q>(42.0));
     DecodeOptions dec;
     dec.num_splits = splits;
@@ -162,25 +173,30 @@ TEST_P(DecodeF64, MatchesTheReferenceForEveryNumberOfSplits) {
 
 INSTANTIATE_TEST_SUITE_P(
     Caches, DecodeF64,
-    ::testing::Values(F64Case{3, 1, 4, 4, 16, 0, 0, {37, 100, 1}},          // GQA ratio 1, contiguous
-                      F64Case{2, 1, 8, 2, 16, 0, 0, {300, 65}},             // ratio 4
-                      F64Case{2, 1, 16, 2, 8, 0, 0, {129, 64}},             // ratio 8
-                      F64Case{2, 3, 8, 1, 16, 0, 0, {70, 2}, true},         // ratio all (MQA), 3 causal queries
-                      F64Case{3, 1, 8, 2, 16, 1, 0, {45, 1, 9}},            // paged, page size 1
-                      F64Case{3, 2, 8, 2, 16, 3, 0, {100, 4, 33}, true},    // page size 3
-                      F64Case{2, 1, 4, 1, 32, 16, 0, {250, 17}},            // page size 16
-                      F64Case{2, 1, 4, 2, 16, 0, 1, {40, 1}},               // append one token, contiguous
-                      F64Case{3, 3, 4, 2, 16, 3, 3, {50, 3, 10}, true},     // append 3 into pages of 3
-                      F64Case{2, 1, 4, 2, 13, 16, 2, {33, 70}},             // odd head_dim, paged append
-                      F64Case{2, 1, 2, 1, 8, 0, 0, {0, 0}},                 // empty caches
-                      F64Case{2, 2, 2, 1, 8, 5, 0, {0, 12}, true}));        // one empty, one not
+    ::testing::Values(F64Case{3, 1, 4, 4, 16, 0, 0, {37, 100, 1}},        // GQA ratio 1, contiguous
+                      F64Case{2, 1, 8, 2, 16, 0, 0, {300, 65}},           // ratio 4
+                      F64Case{2, 1, 16, 2, 8, 0, 0, {129, 64}},           // ratio 8
+                      F64Case{2, 3, 8, 1, 16, 0, 0, {70, 2}, true},       // ratio all (MQA), 3 causal queries
+                      F64Case{3, 1, 8, 2, 16, 1, 0, {45, 1, 9}},          // paged, page size 1
+                      F64Case{3, 2, 8, 2, 16, 3, 0, {100, 4, 33}, true},  // page size 3
+                      F64Case{2, 1, 4, 1, 32, 16, 0, {250, 17}},          // page size 16
+                      F64Case{2, 1, 4, 2, 16, 0, 1, {40, 1}},             // append one token, contiguous
+                      F64Case{3, 3, 4, 2, 16, 3, 3, {50, 3, 10}, true},   // append 3 into pages of 3
+                      F64Case{2, 1, 4, 2, 13, 16, 2, {33, 70}},           // odd head_dim, paged append
+                      F64Case{2, 1, 2, 1, 8, 0, 0, {0, 0}},               // empty caches
+                      F64Case{2, 2, 2, 1, 8, 5, 0, {0, 12}, true}));      // one empty, one not
 
 TEST(Decode, MasksAndScoreTransformsMatchTheReference) {
   std::vector<float> slopes;
   for (int x = 0; x < 3 * 8; ++x) slopes.push_back(0.05f * float(1 + x % 5));
   for (std::int64_t page : {0, 3}) {
     Scenario<double> s(3, 3, 8, 2, 16, {200, 7, 64}, page, 1);
-    struct Opt { bool causal; std::int64_t left, right; double softcap; bool alibi; };
+    struct Opt {
+      bool causal;
+      std::int64_t left, right;
+      double softcap;
+      bool alibi;
+    };
     for (Opt x : {Opt{true, 20, -1, 0, false}, Opt{false, 10, 1, 0, false}, Opt{true, -1, -1, 3.0, false},
                   Opt{true, -1, -1, 0, true}, Opt{false, 30, 0, 2.0, true}, Opt{false, 0, 0, 0, false}}) {
       AttentionOptions o;
@@ -215,8 +231,10 @@ TEST(Decode, AppendWritesTheNewKeysAndNothingElse) {
       for (std::int64_t t = 0; t < s.append; ++t) {
         const std::int64_t row = s.slot(b, s.lens[b] - s.append + t);
         for (std::int64_t e = 0; e < s.HK * s.D; ++e) {
-          kc0[static_cast<std::size_t>(row * s.HK * s.D + e)] = s.knew.data[static_cast<std::size_t>((b * s.append + t) * s.HK * s.D + e)];
-          vc0[static_cast<std::size_t>(row * s.HK * s.D + e)] = s.vnew.data[static_cast<std::size_t>((b * s.append + t) * s.HK * s.D + e)];
+          kc0[static_cast<std::size_t>(row * s.HK * s.D + e)] =
+              s.knew.data[static_cast<std::size_t>((b * s.append + t) * s.HK * s.D + e)];
+          vc0[static_cast<std::size_t>(row * s.HK * s.D + e)] =
+              s.vnew.data[static_cast<std::size_t>((b * s.append + t) * s.HK * s.D + e)];
         }
       }
     // Bitwise: the expected cache is the old one with exactly the appended rows replaced.
@@ -341,7 +359,8 @@ TEST(Decode, PaddedAndStridedLayoutsGiveTheSameResult) {
           s.run(dense, o, 3);
           const std::int64_t HK = s.HK, D = s.D, a0 = page > 0 ? s.pages : s.B, a1 = page > 0 ? page : s.rows / s.B;
           const std::int64_t plane = HK * (a1 + 3) * (D + 8);
-          const std::int64_t slot = kv_head_major ? D + 8 : HK * (D + 8), head = kv_head_major ? (a1 + 3) * (D + 8) : D + 8;
+          const std::int64_t slot = kv_head_major ? D + 8 : HK * (D + 8),
+                             head = kv_head_major ? (a1 + 3) * (D + 8) : D + 8;
           std::vector<T> kp(static_cast<std::size_t>(a0 * plane), nan_of<T>()), vp = kp;
           for (std::int64_t x = 0; x < a0; ++x)
             for (std::int64_t y = 0; y < a1; ++y)
@@ -360,11 +379,13 @@ TEST(Decode, PaddedAndStridedLayoutsGiveTheSameResult) {
           for (std::int64_t b = 0; b < B; ++b)
             for (std::int64_t i = 0; i < SQ; ++i)
               for (std::int64_t h = 0; h < H; ++h)
-                for (std::int64_t e = 0; e < D; ++e) qh[static_cast<std::size_t>(((b * H + h) * SQ + i) * D + e)] = s.q.at(b, i, h, e);
+                for (std::int64_t e = 0; e < D; ++e)
+                  qh[static_cast<std::size_t>(((b * H + h) * SQ + i) * D + e)] = s.q.at(b, i, h, e);
           const std::array<std::int64_t, 4> shape{B, SQ, H, D}, strides{H * SQ * D, D, SQ * D, 1};
           DecodeOptions dec;
           dec.num_splits = 3;
-          attention_decode(TensorView::strided(qh.data(), shape, strides), c, TensorView::strided(oh.data(), shape, strides), o, dec);
+          attention_decode(TensorView::strided(qh.data(), shape, strides), c,
+                           TensorView::strided(oh.data(), shape, strides), o, dec);
           for (std::int64_t b = 0; b < B; ++b)
             for (std::int64_t i = 0; i < SQ; ++i)
               for (std::int64_t h = 0; h < H; ++h)
@@ -374,8 +395,10 @@ TEST(Decode, PaddedAndStridedLayoutsGiveTheSameResult) {
                   ASSERT_EQ(std::memcmp(&x, &y, sizeof(T)), 0) << "page " << page << " kv-head-major " << kv_head_major;
                 }
         };
-        if (bf) check.template operator()<bf16_t>();
-        else check.template operator()<float>();
+        if (bf)
+          check.template operator()<bf16_t>();
+        else
+          check.template operator()<float>();
       }
 }
 

@@ -61,50 +61,110 @@ TEST(DecodeValidation, EveryRuleThrowsNamesTheArgumentAndWritesNothing) {
       {"null q", [](Valid& v) { v.qv.data = nullptr; }, "q: data pointer is null"},
       {"q rank", [](Valid& v) { v.qv.rank = 3; }, "q: rank must be 4"},
       {"negative stride", [](Valid& v) { v.cache.k.strides[0] = -1; }, "cache.k: stride[0] must be >= 0"},
-      {"overflow", [](Valid& v) { v.cache.k.shape[0] = std::int64_t{1} << 62; v.cache.k.strides[0] = 1 << 20; }, "cache.k: sizes overflow"},
-      {"cache dtype", [](Valid& v) { v.cache.v = TensorView::contiguous(reinterpret_cast<const bf16_t*>(bf.data()), 6, 4, 2, 8); }, "cache.v: dtype must match cache.k's"},
-      {"q dtype", [](Valid& v) { v.qv = TensorView::contiguous(d64.data(), 2, 1, 4, 8); }, "q: dtype must be cache.k's (f32) or f32"},
-      {"out dtype", [](Valid& v) { v.ov = TensorView::contiguous(d64.data(), 2, 1, 4, 8); }, "out: dtype must match q's"},
-      {"lse dtype", [](Valid& v) { static TensorView l = TensorView::contiguous(d64.data(), 2, 4, 1); v.lse_arg = &l; }, "lse: dtype must be f32"},
-      {"head_dim", [](Valid& v) { v.qv.shape[3] = 4; v.ov.shape[3] = 4; }, "cache.k: head_dim must equal q's"},
-      {"heads multiple", [](Valid& v) { v.qv.shape[2] = 3; v.ov.shape[2] = 3; }, "must be a multiple of cache.k's kv_heads"},
+      {"overflow",
+       [](Valid& v) {
+         v.cache.k.shape[0] = std::int64_t{1} << 62;
+         v.cache.k.strides[0] = 1 << 20;
+       },
+       "cache.k: sizes overflow"},
+      {"cache dtype",
+       [](Valid& v) { v.cache.v = TensorView::contiguous(reinterpret_cast<const bf16_t*>(bf.data()), 6, 4, 2, 8); },
+       "cache.v: dtype must match cache.k's"},
+      {"q dtype", [](Valid& v) { v.qv = TensorView::contiguous(d64.data(), 2, 1, 4, 8); },
+       "q: dtype must be cache.k's (f32) or f32"},
+      {"out dtype", [](Valid& v) { v.ov = TensorView::contiguous(d64.data(), 2, 1, 4, 8); },
+       "out: dtype must match q's"},
+      {"lse dtype",
+       [](Valid& v) {
+         static TensorView l = TensorView::contiguous(d64.data(), 2, 4, 1);
+         v.lse_arg = &l;
+       },
+       "lse: dtype must be f32"},
+      {"head_dim",
+       [](Valid& v) {
+         v.qv.shape[3] = 4;
+         v.ov.shape[3] = 4;
+       },
+       "cache.k: head_dim must equal q's"},
+      {"heads multiple",
+       [](Valid& v) {
+         v.qv.shape[2] = 3;
+         v.ov.shape[2] = 3;
+       },
+       "must be a multiple of cache.k's kv_heads"},
       {"k/v shapes", [](Valid& v) { v.cache.v.shape[0] = 5; }, "cache.v: num_pages must equal cache.k's"},
-      {"contiguous last dim", [](Valid& v) { v.cache.k.strides[3] = 2; v.cache.k.shape[2] = 1; v.cache.v.shape[2] = 1; }, "cache.k: last dimension must be contiguous"},
+      {"contiguous last dim",
+       [](Valid& v) {
+         v.cache.k.strides[3] = 2;
+         v.cache.k.shape[2] = 1;
+         v.cache.v.shape[2] = 1;
+       },
+       "cache.k: last dimension must be contiguous"},
       {"out shape", [](Valid& v) { v.ov.shape[1] = 2; }, "out: seqlen must equal q's"},
       {"lse shape", [](Valid& v) { v.lv.shape[1] = 3; }, "lse: heads must equal q's"},
       {"k_new alone", [](Valid& v) { v.dec.v_new = nullptr; }, "v_new: k_new and v_new must be given together"},
-      {"k_new dtype", [](Valid& v) { static TensorView t = TensorView::contiguous(d64.data(), 2, 1, 2, 8); v.dec.k_new = &t; }, "k_new: dtype must match cache.k's"},
+      {"k_new dtype",
+       [](Valid& v) {
+         static TensorView t = TensorView::contiguous(d64.data(), 2, 1, 2, 8);
+         v.dec.k_new = &t;
+       },
+       "k_new: dtype must match cache.k's"},
       {"k_new heads", [](Valid& v) { v.knv.shape[2] = 1; }, "k_new: heads must equal cache.k's"},
       {"v_new shape", [](Valid& v) { v.vnv.shape[1] = 2; }, "v_new: seqlen must equal k_new's"},
       {"null seqlens", [](Valid& v) { v.cache.seqlens = nullptr; }, "cache.seqlens: data pointer is null"},
       {"negative seqlen", [](Valid& v) { v.cache.seqlens = neg.data(); }, "cache.seqlens: must be >= 0"},
-      {"over capacity", [](Valid& v) { v.cache.seqlens = big.data(); }, "exceeds the cache capacity (12 = max_pages x page_size)"},
-      {"contiguous capacity", [](Valid& v) {
+      {"over capacity", [](Valid& v) { v.cache.seqlens = big.data(); },
+       "exceeds the cache capacity (12 = max_pages x page_size)"},
+      {"contiguous capacity",
+       [](Valid& v) {
          v.cache.block_table = nullptr;
          v.cache.k = TensorView::contiguous(v.kc.data(), 2, 5, 2, 8);
          v.cache.v = TensorView::contiguous(v.vc.data(), 2, 5, 2, 8);
-       }, "exceeds the cache capacity (5 = max_seqlen)"},
-      {"contiguous batch", [](Valid& v) {
+       },
+       "exceeds the cache capacity (5 = max_seqlen)"},
+      {"contiguous batch",
+       [](Valid& v) {
          v.cache.block_table = nullptr;
          v.cache.k = TensorView::contiguous(v.kc.data(), 3, 16, 2, 8);
          v.cache.v = TensorView::contiguous(v.vc.data(), 3, 16, 2, 8);
-       }, "cache.k: batch must equal q's"},
+       },
+       "cache.k: batch must equal q's"},
       {"max_pages", [](Valid& v) { v.cache.max_pages = 0; }, "cache.max_pages: must be >= 1"},
-      {"table stride", [](Valid& v) { v.cache.block_table_stride = 2; }, "cache.block_table_stride: must be >= max_pages"},
-      {"table entry", [](Valid& v) { v.cache.block_table = bad_table.data(); }, "cache.block_table: entry [0][1] = 9 must be in [0, num_pages = 6)"},
-      {"shared append slot", [](Valid& v) { v.cache.block_table = shared.data(); v.cache.seqlens = zero_seq.data(); }, "append into the same slot"},
+      {"table stride", [](Valid& v) { v.cache.block_table_stride = 2; },
+       "cache.block_table_stride: must be >= max_pages"},
+      {"table entry", [](Valid& v) { v.cache.block_table = bad_table.data(); },
+       "cache.block_table: entry [0][1] = 9 must be in [0, num_pages = 6)"},
+      {"shared append slot",
+       [](Valid& v) {
+         v.cache.block_table = shared.data();
+         v.cache.seqlens = zero_seq.data();
+       },
+       "append into the same slot"},
       {"out overlaps q", [](Valid& v) { v.ov.data = v.q.data(); }, "out: overlaps input q"},
-      {"out overlaps cache", [](Valid& v) { v.ov = TensorView::contiguous(v.kc.data(), 2, 1, 4, 8); }, "out: overlaps input cache.k"},
+      {"out overlaps cache", [](Valid& v) { v.ov = TensorView::contiguous(v.kc.data(), 2, 1, 4, 8); },
+       "out: overlaps input cache.k"},
       {"lse overlaps out", [](Valid& v) { v.lv.data = v.out.data(); }, "lse: overlaps out"},
       {"out aliases itself", [](Valid& v) { v.ov.strides[2] = 0; }, "out: strides make elements alias"},
       {"k_new overlaps cache", [](Valid& v) { v.knv.data = v.kc.data(); }, "cache.k: overlaps k_new"},
-      {"k and v caches overlap", [](Valid& v) { v.cache.v.data = v.kc.data() + 8; v.cache.v.shape[0] = 5; v.cache.k.shape[0] = 5; }, "cache.v: overlaps cache.k"},
+      {"k and v caches overlap",
+       [](Valid& v) {
+         v.cache.v.data = v.kc.data() + 8;
+         v.cache.v.shape[0] = 5;
+         v.cache.k.shape[0] = 5;
+       },
+       "cache.v: overlaps cache.k"},
       {"cache aliases itself", [](Valid& v) { v.cache.k.strides[2] = 0; }, "cache.k: strides make elements alias"},
       {"scale", [](Valid& v) { v.opts.softmax_scale = INFINITY; }, "softmax_scale: must be finite"},
       {"threads", [](Valid& v) { v.opts.num_threads = -1; }, "num_threads: must be >= 0"},
       {"window", [](Valid& v) { v.opts.window_left = -2; }, "window_left: must be >= 0"},
       {"softcap", [](Valid& v) { v.opts.softcap = -1; }, "softcap: must be finite and >= 0"},
-      {"alibi stride", [](Valid& v) { static float s[8]; v.opts.alibi_slopes = s; v.opts.alibi_batch_stride = -1; }, "alibi_batch_stride: must be >= 0"},
+      {"alibi stride",
+       [](Valid& v) {
+         static float s[8];
+         v.opts.alibi_slopes = s;
+         v.opts.alibi_batch_stride = -1;
+       },
+       "alibi_batch_stride: must be >= 0"},
       {"num_splits", [](Valid& v) { v.dec.num_splits = -1; }, "num_splits: must be >= 0"},
   };
   for (const BadCase& c : cases) {

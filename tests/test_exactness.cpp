@@ -54,8 +54,7 @@ TEST(Exactness, TiledEveryQueryAndKeyTileCausalWithLse) {
       t.q_tile = br;
       t.k_tile = bc;
       TensorView lv = TensorView::contiguous(lse.data(), 1, 2, 37);
-      attention_tiled(c.q.view(), c.k.view(), c.v.view(), TensorView::contiguous(out.data(), 1, 37, 2, 8), o, t,
-                      &lv);
+      attention_tiled(c.q.view(), c.k.view(), c.v.view(), TensorView::contiguous(out.data(), 1, 37, 2, 8), o, t, &lv);
       ASSERT_LE(max_abs_diff(out, c.ref), kExact) << "tiles " << br << "x" << bc;
       ASSERT_LE(test::lse_diff(lse, c.ref_lse), kExact) << "tiles " << br << "x" << bc;
     }
@@ -68,8 +67,7 @@ TEST(Exactness, SplitKEveryWorkerCountFrom1To1500Over1000Keys) {
     SplitKOptions s;
     s.num_splits = w;
     TensorView lv = TensorView::contiguous(lse.data(), 1, 1, 1);
-    attention_splitk(c.q.view(), c.k.view(), c.v.view(), TensorView::contiguous(out.data(), 1, 1, 1, 16), {}, s,
-                     &lv);
+    attention_splitk(c.q.view(), c.k.view(), c.v.view(), TensorView::contiguous(out.data(), 1, 1, 1, 16), {}, s, &lv);
     ASSERT_LE(max_abs_diff(out, c.ref), kExact) << "splits " << w;
     ASSERT_LE(std::abs(lse[0] - c.ref_lse[0]), kExact) << "splits " << w;
   }

@@ -18,7 +18,8 @@ const char* name(Algo a) { return a == Algo::reference ? "reference" : a == Algo
 void run(Algo a, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
          const AttentionOptions& o, const TensorView* lse = nullptr, std::int64_t tile = 7, std::int64_t splits = 5) {
   switch (a) {
-    case Algo::reference: return attention_reference(q, k, v, out, o, lse);
+    case Algo::reference:
+      return attention_reference(q, k, v, out, o, lse);
     case Algo::tiled: {
       TileOptions t;
       t.q_tile = tile;
@@ -96,21 +97,20 @@ TEST_P(Semantics, EveryAlgorithmMatchesTheNaiveDefinition) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Semantics,
-    ::testing::Values(Shape{1, 5, 9, 2, 2, 4, true},      // seqlen_q < seqlen_k: bottom-right causal
-                      Shape{1, 9, 5, 2, 2, 4, true},      // seqlen_q > seqlen_k: the first rows see nothing
-                      Shape{2, 7, 7, 4, 4, 3, true},      // square causal
-                      Shape{2, 6, 11, 8, 2, 5, false},    // GQA, 4 query heads per kv head
-                      Shape{1, 6, 11, 6, 1, 5, true},     // MQA
-                      Shape{1, 1, 1, 1, 1, 1, false},     // size 1 everywhere
-                      Shape{1, 7, 113, 3, 1, 7, true},    // odd sizes
-                      Shape{1, 113, 7, 2, 2, 113, false},
-                      Shape{1, 3, 1023, 2, 1, 16, true},
-                      Shape{1, 1, 0, 2, 1, 8, false},     // no keys: out = 0, lse = -inf
-                      Shape{2, 20, 20, 2, 1, 8, false, 3, 2},        // sliding window (3, 2)
-                      Shape{1, 12, 30, 2, 2, 8, true, 5},            // causal + left window
-                      Shape{1, 30, 12, 2, 2, 8, false, 0, 0},        // window (0, 0): one key per row at most
-                      Shape{1, 9, 17, 2, 1, 8, false, -1, -1, 2.0},  // softcap
-                      Shape{2, 9, 17, 4, 2, 8, true, -1, -1, 0, true},   // ALiBi per batch and head
+    ::testing::Values(Shape{1, 5, 9, 2, 2, 4, true},    // seqlen_q < seqlen_k: bottom-right causal
+                      Shape{1, 9, 5, 2, 2, 4, true},    // seqlen_q > seqlen_k: the first rows see nothing
+                      Shape{2, 7, 7, 4, 4, 3, true},    // square causal
+                      Shape{2, 6, 11, 8, 2, 5, false},  // GQA, 4 query heads per kv head
+                      Shape{1, 6, 11, 6, 1, 5, true},   // MQA
+                      Shape{1, 1, 1, 1, 1, 1, false},   // size 1 everywhere
+                      Shape{1, 7, 113, 3, 1, 7, true},  // odd sizes
+                      Shape{1, 113, 7, 2, 2, 113, false}, Shape{1, 3, 1023, 2, 1, 16, true},
+                      Shape{1, 1, 0, 2, 1, 8, false},                        // no keys: out = 0, lse = -inf
+                      Shape{2, 20, 20, 2, 1, 8, false, 3, 2},                // sliding window (3, 2)
+                      Shape{1, 12, 30, 2, 2, 8, true, 5},                    // causal + left window
+                      Shape{1, 30, 12, 2, 2, 8, false, 0, 0},                // window (0, 0): one key per row at most
+                      Shape{1, 9, 17, 2, 1, 8, false, -1, -1, 2.0},          // softcap
+                      Shape{2, 9, 17, 4, 2, 8, true, -1, -1, 0, true},       // ALiBi per batch and head
                       Shape{1, 16, 16, 2, 2, 8, false, 4, -1, 5.0, true}));  // all together
 
 TEST(Semantics, RowsWithNoVisibleKeyGetZeroAndMinusInfinity) {

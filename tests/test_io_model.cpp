@@ -90,7 +90,7 @@ TEST_P(Counted, Algorithm1MatchesClosedForm) {
   EXPECT_EQ(c.elements, attn::io::tiled_elements(n, d, m));
   EXPECT_EQ(c.reads + c.writes, c.elements);
   EXPECT_EQ(c.reads, 2 * n * d + tc * (2 * n * d + 2 * n));  // K, V once; Q, O, l, m per pass
-  EXPECT_EQ(c.writes, tc * (n * d + 2 * n));                  // O, l, m per pass
+  EXPECT_EQ(c.writes, tc * (n * d + 2 * n));                 // O, l, m per pass
   // K_j, V_j, Q_i, O_i, S_ij, l_i, m_i with full (or, for N below a tile, whole-sequence) tiles.
   const int64_t kb = std::min(bc, n), qb = std::min(br, n);
   EXPECT_EQ(c.sram_peak_elements, 2 * kb * d + 2 * qb * d + qb * kb + 2 * qb);
@@ -110,30 +110,29 @@ TEST_P(Counted, Fa2OrderMatchesClosedForm) {
 }
 
 // B = ceil(M / 4d) is noted for each case; "partial" = N not a multiple of the tile.
-INSTANTIATE_TEST_SUITE_P(
-    Grid, Counted,
-    testing::Values(Case{1, 1, 1},         // one token, B = 1
-                    Case{13, 1, 1},        // B_c = B_r = 1
-                    Case{100, 1, 10},      // B = 3, partial
-                    Case{1000, 1, 50},     // B = 13, partial, d = 1 so B_r = 1
-                    Case{1, 16, 5000},     // N far below a tile
-                    Case{37, 16, 1},       // B = 1
-                    Case{100, 16, 1000},   // B = 16, partial
-                    Case{1000, 16, 1},     // B = 1: a thousand passes
-                    Case{5, 64, 98304},    // N below the default tile (B = 384)
-                    Case{129, 64, 1},      // B = 1
-                    Case{300, 64, 1792},   // B = 7, partial
-                    Case{1000, 64, 98304}, // the default SRAM: B = 384, partial
-                    Case{64, 128, 1},      // B = 1
-                    Case{1000, 128, 98304},  // B = 192, partial
-                    Case{200, 128, 4608},  // B = 9, partial
-                    Case{50, 256, 1},      // B = 1
-                    Case{300, 256, 7169},  // B = 8, partial
-                    Case{1000, 256, 102400}),  // B = 100, exact
-    [](const testing::TestParamInfo<Case>& i) {
-      return "N" + std::to_string(i.param.n) + "_d" + std::to_string(i.param.d) + "_M" +
-             std::to_string(i.param.m);
-    });
+INSTANTIATE_TEST_SUITE_P(Grid, Counted,
+                         testing::Values(Case{1, 1, 1},             // one token, B = 1
+                                         Case{13, 1, 1},            // B_c = B_r = 1
+                                         Case{100, 1, 10},          // B = 3, partial
+                                         Case{1000, 1, 50},         // B = 13, partial, d = 1 so B_r = 1
+                                         Case{1, 16, 5000},         // N far below a tile
+                                         Case{37, 16, 1},           // B = 1
+                                         Case{100, 16, 1000},       // B = 16, partial
+                                         Case{1000, 16, 1},         // B = 1: a thousand passes
+                                         Case{5, 64, 98304},        // N below the default tile (B = 384)
+                                         Case{129, 64, 1},          // B = 1
+                                         Case{300, 64, 1792},       // B = 7, partial
+                                         Case{1000, 64, 98304},     // the default SRAM: B = 384, partial
+                                         Case{64, 128, 1},          // B = 1
+                                         Case{1000, 128, 98304},    // B = 192, partial
+                                         Case{200, 128, 4608},      // B = 9, partial
+                                         Case{50, 256, 1},          // B = 1
+                                         Case{300, 256, 7169},      // B = 8, partial
+                                         Case{1000, 256, 102400}),  // B = 100, exact
+                         [](const testing::TestParamInfo<Case>& i) {
+                           return "N" + std::to_string(i.param.n) + "_d" + std::to_string(i.param.d) + "_M" +
+                                  std::to_string(i.param.m);
+                         });
 
 TEST(IoCounted, SeedDoesNotChangeTheCounts) {
   const auto a = attn::io::count_algorithm1(77, 8, 100, 1), b = attn::io::count_algorithm1(77, 8, 100, 42);
@@ -165,8 +164,7 @@ TEST(IoModel, BadParametersThrowNamingThem) {
   expect_invalid(with([](ModelParams& p) { p.sram_bytes = std::nan(""); }), "sram_bytes");
   expect_invalid(with([](ModelParams& p) { p.element_bytes = 0; }), "element_bytes");
   expect_invalid(with([](ModelParams& p) { p.bandwidth = -1; }), "bandwidth");
-  expect_invalid(with([](ModelParams& p) { p.bandwidth = std::numeric_limits<double>::infinity(); }),
-                 "bandwidth");
+  expect_invalid(with([](ModelParams& p) { p.bandwidth = std::numeric_limits<double>::infinity(); }), "bandwidth");
   expect_invalid(with([](ModelParams& p) { p.derate = 0; }), "derate");
   expect_invalid(with([](ModelParams& p) { p.derate = 1.5; }), "derate");
 

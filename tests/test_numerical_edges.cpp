@@ -24,12 +24,14 @@ using test::Tensor;
 struct Algo {
   std::string name;
   std::function<void(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                     const AttentionOptions&, const TensorView*)> call;
+                     const AttentionOptions&, const TensorView*)>
+      call;
 };
 
 std::vector<Algo> algos() {
   std::vector<Algo> a;
-  a.push_back({"reference", [](auto& q, auto& k, auto& v, auto& o, auto& op, auto* l) { attention_reference(q, k, v, o, op, l); }});
+  a.push_back({"reference",
+               [](auto& q, auto& k, auto& v, auto& o, auto& op, auto* l) { attention_reference(q, k, v, o, op, l); }});
   for (std::int64_t tile : {1, 3, 64}) {
     a.push_back({"tiled/" + std::to_string(tile), [tile](auto& q, auto& k, auto& v, auto& o, auto& op, auto* l) {
                    TileOptions t;
@@ -48,7 +50,8 @@ std::vector<Algo> algos() {
   // Decode over a contiguous cache holding all seqlen_k keys (seqlen_q queries, causal among them).
   for (std::int64_t s : {0, 1, 1000}) {
     a.push_back({"decode/" + std::to_string(s), [s](auto& q, auto& k, auto& v, auto& o, auto& op, auto* l) {
-                   std::vector<std::int32_t> seqlens(static_cast<std::size_t>(q.shape[0]), static_cast<std::int32_t>(k.shape[1]));
+                   std::vector<std::int32_t> seqlens(static_cast<std::size_t>(q.shape[0]),
+                                                     static_cast<std::int32_t>(k.shape[1]));
                    KVCache cache;
                    cache.k = k;
                    cache.v = v;
@@ -61,7 +64,8 @@ std::vector<Algo> algos() {
   return a;
 }
 
-template <class T> using LseT = detail::Acc<T>;
+template <class T>
+using LseT = detail::Acc<T>;
 
 // Runs `a` on dense tensors; returns out (as double) and lse.
 template <class T>
@@ -76,13 +80,15 @@ std::pair<std::vector<double>, std::vector<double>> run(const Algo& a, const Ten
   return {o64, l64};
 }
 
-template <class T> Tensor<T> filled(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, double x) {
+template <class T>
+Tensor<T> filled(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, double x) {
   Tensor<T> t(b, s, h, d);
   for (auto& e : t.data) e = detail::store<T>(x);
   return t;
 }
 
-template <class T> class Edges : public ::testing::Test {};
+template <class T>
+class Edges : public ::testing::Test {};
 using Types = ::testing::Types<double, float, bf16_t, f16_t>;
 TYPED_TEST_SUITE(Edges, Types);
 
@@ -131,9 +137,11 @@ TYPED_TEST(Edges, AllEqualLogitsGiveTheMean) {
           const std::int64_t n = causal ? i + SK - SQ + 1 : SK;
           for (std::int64_t c = 0; c < D; ++c) {
             double mean = 0;
-            for (std::int64_t j = 0; j < n; ++j) mean += detail::load<double>(v.data[static_cast<std::size_t>((j * 2 + h) * D + c)]);
+            for (std::int64_t j = 0; j < n; ++j)
+              mean += detail::load<double>(v.data[static_cast<std::size_t>((j * 2 + h) * D + c)]);
             mean /= double(n);
-            EXPECT_NEAR(out[static_cast<std::size_t>((i * 2 + h) * D + c)], mean, sizeof(T) == 2 ? 1e-2 : 1e-6) << a.name;
+            EXPECT_NEAR(out[static_cast<std::size_t>((i * 2 + h) * D + c)], mean, sizeof(T) == 2 ? 1e-2 : 1e-6)
+                << a.name;
           }
           EXPECT_NEAR(lse[static_cast<std::size_t>(h * SQ + i)], logit + std::log(double(n)), 1e-5) << a.name;
         }
@@ -146,8 +154,13 @@ TYPED_TEST(Edges, AllEqualLogitsGiveTheMean) {
 TYPED_TEST(Edges, FullyMaskedRowsAndNoKeys) {
   using T = TypeParam;
   const auto q = random_tensor<T>(2, 8, 2, 5, 1);
-  struct Case { std::int64_t sk; bool causal; std::int64_t wl, wr; };
-  for (const Case cs : {Case{4, true, -1, -1}, Case{6, false, 0, 0}, Case{3, false, -1, 0}, Case{0, false, -1, -1}, Case{0, true, 2, 2}}) {
+  struct Case {
+    std::int64_t sk;
+    bool causal;
+    std::int64_t wl, wr;
+  };
+  for (const Case cs : {Case{4, true, -1, -1}, Case{6, false, 0, 0}, Case{3, false, -1, 0}, Case{0, false, -1, -1},
+                        Case{0, true, 2, 2}}) {
     const auto k = random_tensor<T>(2, cs.sk, 2, 5, 2), v = random_tensor<T>(2, cs.sk, 2, 5, 3);
     AttentionOptions o;
     o.causal = cs.causal;
@@ -163,9 +176,13 @@ TYPED_TEST(Edges, FullyMaskedRowsAndNoKeys) {
           for (std::int64_t h = 0; h < 2; ++h) {
             const double l = lse[static_cast<std::size_t>((b * 2 + h) * 8 + i)];
             ASSERT_FALSE(std::isnan(l)) << a.name;
-            if (!masked) { EXPECT_TRUE(std::isfinite(l)) << a.name; continue; }
+            if (!masked) {
+              EXPECT_TRUE(std::isfinite(l)) << a.name;
+              continue;
+            }
             EXPECT_EQ(l, -INFINITY) << a.name << " sk " << cs.sk << " row " << i;
-            for (std::int64_t c = 0; c < 5; ++c) EXPECT_EQ(out[static_cast<std::size_t>(((b * 8 + i) * 2 + h) * 5 + c)], 0.0) << a.name;
+            for (std::int64_t c = 0; c < 5; ++c)
+              EXPECT_EQ(out[static_cast<std::size_t>(((b * 8 + i) * 2 + h) * 5 + c)], 0.0) << a.name;
           }
         }
     }
@@ -180,18 +197,22 @@ TYPED_TEST(Edges, FullyMaskedRowsAndNoKeys) {
 // d = 1 and a single key: the output is that key's value exactly and lse its score, in every type.
 TYPED_TEST(Edges, HeadDimOneSeqlenOne) {
   using T = TypeParam;
-  const auto q = random_tensor<T>(3, 1, 2, 1, 4), k = random_tensor<T>(3, 1, 1, 1, 5), v = random_tensor<T>(3, 1, 1, 1, 6);
+  const auto q = random_tensor<T>(3, 1, 2, 1, 4), k = random_tensor<T>(3, 1, 1, 1, 5),
+             v = random_tensor<T>(3, 1, 1, 1, 6);
   for (const auto& a : algos()) {
     const auto [out, lse] = run(a, q, k, v);
     for (std::int64_t b = 0; b < 3; ++b)
       for (std::int64_t h = 0; h < 2; ++h) {
-        EXPECT_EQ(out[static_cast<std::size_t>(b * 2 + h)], detail::load<double>(v.data[static_cast<std::size_t>(b)])) << a.name;
-        const double s = detail::load<double>(q.data[static_cast<std::size_t>(b * 2 + h)]) * detail::load<double>(k.data[static_cast<std::size_t>(b)]);
+        EXPECT_EQ(out[static_cast<std::size_t>(b * 2 + h)], detail::load<double>(v.data[static_cast<std::size_t>(b)]))
+            << a.name;
+        const double s = detail::load<double>(q.data[static_cast<std::size_t>(b * 2 + h)]) *
+                         detail::load<double>(k.data[static_cast<std::size_t>(b)]);
         EXPECT_NEAR(lse[static_cast<std::size_t>(b * 2 + h)], s, 1e-6) << a.name;
       }
   }
   // d = 1 with many keys agrees with the f64 oracle.
-  const auto q2 = random_tensor<T>(1, 17, 1, 1, 7), k2 = random_tensor<T>(1, 33, 1, 1, 8), v2 = random_tensor<T>(1, 33, 1, 1, 9);
+  const auto q2 = random_tensor<T>(1, 17, 1, 1, 7), k2 = random_tensor<T>(1, 33, 1, 1, 8),
+             v2 = random_tensor<T>(1, 33, 1, 1, 9);
   const auto [want, wl] = run(algos()[0], test::to_f64(q2), test::to_f64(k2), test::to_f64(v2));
   for (const auto& a : algos()) {
     const auto [out, lse] = run(a, q2, k2, v2);
@@ -211,7 +232,8 @@ TYPED_TEST(Edges, Denormals) {
     const auto [out, lse] = run(a, q, k, v);
     for (std::int64_t c = 0; c < 8; ++c) {
       double mean = 0;
-      for (std::int64_t j = 0; j < 6; ++j) mean += detail::load<double>(v.data[static_cast<std::size_t>(j * 8 + c)]) / 6;
+      for (std::int64_t j = 0; j < 6; ++j)
+        mean += detail::load<double>(v.data[static_cast<std::size_t>(j * 8 + c)]) / 6;
       EXPECT_NEAR(out[static_cast<std::size_t>(c)], mean, sizeof(T) == 2 ? 1e-2 : 1e-6) << a.name;
     }
     for (double l : lse) EXPECT_NEAR(l, std::log(6.0), 1e-6) << a.name;
@@ -235,7 +257,8 @@ void expect_confined(const char* what, const std::function<void(Tensor<T>&, Tens
                      const std::function<bool(std::int64_t b, std::int64_t i, std::int64_t h)>& may_change,
                      const AttentionOptions& o) {
   const std::int64_t B = 2, SQ = 6, SK = 6, H = 4, HK = 2, D = 3;
-  auto q = random_tensor<T>(B, SQ, H, D, 21), k = random_tensor<T>(B, SK, HK, D, 22), v = random_tensor<T>(B, SK, HK, D, 23);
+  auto q = random_tensor<T>(B, SQ, H, D, 21), k = random_tensor<T>(B, SK, HK, D, 22),
+       v = random_tensor<T>(B, SK, HK, D, 23);
   for (const auto& a : algos()) {
     const auto [clean, clean_lse] = run(a, q, k, v, o);
     auto q2 = q, k2 = k, v2 = v;
@@ -248,11 +271,12 @@ void expect_confined(const char* what, const std::function<void(Tensor<T>&, Tens
           for (std::int64_t c = 0; c < D; ++c) {
             const auto at = static_cast<std::size_t>(((b * SQ + i) * H + h) * D + c);
             EXPECT_EQ(std::memcmp(&out[at], &clean[at], sizeof(double)), 0)
-                << a.name << ": " << what << " leaked into row (b " << b << ", i " << i << ", h " << h << "): "
-                << out[at] << " vs " << clean[at];
+                << a.name << ": " << what << " leaked into row (b " << b << ", i " << i << ", h " << h
+                << "): " << out[at] << " vs " << clean[at];
           }
           const auto l = static_cast<std::size_t>((b * H + h) * SQ + i);
-          EXPECT_EQ(std::memcmp(&lse[l], &clean_lse[l], sizeof(double)), 0) << a.name << ": " << what << " leaked into lse";
+          EXPECT_EQ(std::memcmp(&lse[l], &clean_lse[l], sizeof(double)), 0)
+              << a.name << ": " << what << " leaked into lse";
         }
   }
 }
@@ -262,8 +286,9 @@ TYPED_TEST(Edges, NanOrInfInAQueryRowStaysInThatRow) {
   for (double bad : {double(NAN), double(INFINITY), -double(INFINITY)}) {
     AttentionOptions o;
     o.causal = true;
-    expect_confined<T>("a non-finite q entry", [bad](auto& q, auto&, auto&) { q.at(1, 2, 3, 1) = detail::store<T>(bad); },
-                       [](auto b, auto i, auto h) { return b == 1 && i == 2 && h == 3; }, o);
+    expect_confined<T>(
+        "a non-finite q entry", [bad](auto& q, auto&, auto&) { q.at(1, 2, 3, 1) = detail::store<T>(bad); },
+        [](auto b, auto i, auto h) { return b == 1 && i == 2 && h == 3; }, o);
   }
 }
 
@@ -274,8 +299,9 @@ TYPED_TEST(Edges, NanOrInfInAKeyRowStaysInTheRowsThatSeeIt) {
   for (double bad : {double(NAN), double(INFINITY)}) {
     AttentionOptions o;
     o.causal = true;
-    expect_confined<T>("a non-finite k entry", [bad](auto&, auto& k, auto&) { k.at(0, 3, 1, 0) = detail::store<T>(bad); },
-                       [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; }, o);
+    expect_confined<T>(
+        "a non-finite k entry", [bad](auto&, auto& k, auto&) { k.at(0, 3, 1, 0) = detail::store<T>(bad); },
+        [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; }, o);
   }
 }
 
@@ -284,8 +310,9 @@ TYPED_TEST(Edges, NanOrInfInAValueRowStaysInTheRowsThatSeeIt) {
   for (double bad : {double(NAN), double(INFINITY)}) {
     AttentionOptions o;
     o.causal = true;
-    expect_confined<T>("a non-finite v entry", [bad](auto&, auto&, auto& v) { v.at(0, 3, 1, 0) = detail::store<T>(bad); },
-                       [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; }, o);
+    expect_confined<T>(
+        "a non-finite v entry", [bad](auto&, auto&, auto& v) { v.at(0, 3, 1, 0) = detail::store<T>(bad); },
+        [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; }, o);
   }
 }
 
@@ -313,7 +340,9 @@ struct Virtual {
   explicit Virtual(std::size_t n) : bytes(n) {
     p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   }
-  ~Virtual() { if (p != MAP_FAILED) munmap(p, bytes); }
+  ~Virtual() {
+    if (p != MAP_FAILED) munmap(p, bytes);
+  }
   bool ok() const { return p != MAP_FAILED; }
 };
 
@@ -323,7 +352,8 @@ TEST(Int32Limits, ElementOffsetsPastInt32AreNotWrapped) {
   const std::int64_t big = (std::int64_t(1) << 31) + 5, SQ = 3, SK = 4, D = 2;
   Virtual mem(static_cast<std::size_t>(5 * 2 * big) * sizeof(float));
   if (!mem.ok()) GTEST_SKIP() << "cannot reserve 80 GiB of address space here";
-  auto q = random_tensor<float>(2, SQ, 1, D, 41), k = random_tensor<float>(2, SK, 1, D, 42), v = random_tensor<float>(2, SK, 1, D, 43);
+  auto q = random_tensor<float>(2, SQ, 1, D, 41), k = random_tensor<float>(2, SK, 1, D, 42),
+       v = random_tensor<float>(2, SK, 1, D, 43);
   float* base = static_cast<float*>(mem.p);
   auto place = [&](int slot, const Tensor<float>* t, std::int64_t s) {
     float* p = base + slot * 2 * big;
@@ -358,7 +388,8 @@ TEST(Int32Limits, KeyPositionsPastInt32AreNotWrapped) {
   const std::int64_t tail = 16, SK = (std::int64_t(1) << 31) + tail, SQ = 4, D = 1;
   Virtual km(static_cast<std::size_t>(SK) * sizeof(float)), vm(static_cast<std::size_t>(SK) * sizeof(float));
   if (!km.ok() || !vm.ok()) GTEST_SKIP() << "cannot reserve 16 GiB of address space here";
-  auto q = random_tensor<float>(1, SQ, 1, D, 51), k = random_tensor<float>(1, tail, 1, D, 52), v = random_tensor<float>(1, tail, 1, D, 53);
+  auto q = random_tensor<float>(1, SQ, 1, D, 51), k = random_tensor<float>(1, tail, 1, D, 52),
+       v = random_tensor<float>(1, tail, 1, D, 53);
   float* kb = static_cast<float*>(km.p) + (SK - tail);
   float* vb = static_cast<float*>(vm.p) + (SK - tail);
   std::memcpy(kb, k.data.data(), tail * sizeof(float));
@@ -387,7 +418,8 @@ TEST(Int32Limits, KeyPositionsPastInt32AreNotWrapped) {
 // Shapes whose element count or byte extent overflows int64 are rejected before any access, and a
 // DType value outside the enum is rejected rather than read as some other type.
 TEST(Int32Limits, OverflowingShapesAndUnknownDtypesAreRejected) {
-  auto q = random_tensor<float>(1, 2, 1, 4, 1), k = random_tensor<float>(1, 3, 1, 4, 2), v = random_tensor<float>(1, 3, 1, 4, 3);
+  auto q = random_tensor<float>(1, 2, 1, 4, 1), k = random_tensor<float>(1, 3, 1, 4, 2),
+       v = random_tensor<float>(1, 3, 1, 4, 3);
   std::vector<float> out(8, 7.0f);
   const TensorView ov = TensorView::contiguous(out.data(), 1, 2, 1, 4);
   for (const auto& a : algos()) {
@@ -484,13 +516,15 @@ TEST(Conversions, F16MatchesTheCompilersHalfType) {
       std::uint16_t next_bits = static_cast<std::uint16_t>(b + 1);
       _Float16 next;
       std::memcpy(&next, &next_bits, 2);
-      const float mid = static_cast<float>((static_cast<double>(want) + static_cast<double>(static_cast<float>(next))) / 2);
+      const float mid =
+          static_cast<float>((static_cast<double>(want) + static_cast<double>(static_cast<float>(next))) / 2);
       check_down(detail::float_bits(mid));
       check_down(detail::float_bits(mid) + 1);
       check_down(detail::float_bits(mid) - 1);
     }
   }
-  for (float f : {65504.0f, 65519.99f, 65520.0f, 65536.0f, 1e30f, 0x1.0p-24f, 0x1.0p-25f, 0x1.8p-25f, 0x1.0p-26f, 1e-30f})
+  for (float f :
+       {65504.0f, 65519.99f, 65520.0f, 65536.0f, 1e30f, 0x1.0p-24f, 0x1.0p-25f, 0x1.8p-25f, 0x1.0p-26f, 1e-30f})
     for (float s : {1.0f, -1.0f}) check_down(detail::float_bits(f * s));
   std::uint64_t x = 0x9E3779B97F4A7C15ull;
   for (int i = 0; i < 1 << 20; ++i) {

@@ -32,10 +32,20 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 }
 
 // Slack for the case where the textbook error happens to be ~0 (as in check_precision).
-template <class T> double slack();
-template <> double slack<float>() { return 2e-7; }
-template <> double slack<bf16_t>() { return 1e-3; }
-template <> double slack<f16_t>() { return 1e-4; }
+template <class T>
+double slack();
+template <>
+double slack<float>() {
+  return 2e-7;
+}
+template <>
+double slack<bf16_t>() {
+  return 1e-3;
+}
+template <>
+double slack<f16_t>() {
+  return 1e-4;
+}
 
 template <class T>
 void expect_accurate(const Case& c) {
@@ -44,8 +54,8 @@ void expect_accurate(const Case& c) {
        v = random_tensor<T>(c.b, c.sk, c.hk, c.d, 13);
   auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
   std::vector<float> slopes;
-  AttentionOptions o = test::options_of({c.b, c.sq, c.sk, c.h, c.hk, c.d, c.causal, c.left, c.right, c.softcap, c.alibi},
-                                        0.5f, slopes);
+  AttentionOptions o =
+      test::options_of({c.b, c.sq, c.sk, c.h, c.hk, c.d, c.causal, c.left, c.right, c.softcap, c.alibi}, 0.5f, slopes);
   o.num_threads = c.threads;
   TileOptions t;
   if (c.q_tile) t.q_tile = c.q_tile;
@@ -54,11 +64,13 @@ void expect_accurate(const Case& c) {
 
   std::vector<double> oracle(q.data.size()), oracle_lse(nl);
   TensorView ol = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
-  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.d), o, &ol);
+  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.d), o,
+                      &ol);
   std::vector<T> textbook(q.data.size());
   std::vector<float> textbook_lse(nl);
   TensorView tl = TensorView::contiguous(textbook_lse.data(), c.b, c.h, c.sq);
-  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.d), o, &tl);
+  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.d), o,
+                      &tl);
   std::vector<T> got(q.data.size());
   std::vector<float> got_lse(nl, 42.0f);
   TensorView gl = TensorView::contiguous(got_lse.data(), c.b, c.h, c.sq);
@@ -84,17 +96,17 @@ TEST_P(Prefill, F32WithinTwiceTheTextbookError) { expect_accurate<float>(GetPara
 TEST_P(Prefill, Bf16WithinTwiceTheTextbookError) { expect_accurate<bf16_t>(GetParam()); }
 TEST_P(Prefill, F16WithinTwiceTheTextbookError) { expect_accurate<f16_t>(GetParam()); }
 
-INSTANTIATE_TEST_SUITE_P(
-    HeadDims, Prefill,
-    ::testing::Values(Case{1, 67, 131, 2, 1, 64}, Case{1, 67, 131, 2, 1, 80}, Case{1, 67, 131, 2, 1, 96},
-                      Case{1, 67, 131, 2, 2, 128}, Case{1, 40, 75, 2, 1, 256}, Case{1, 33, 45, 2, 2, 1},
-                      Case{1, 33, 45, 2, 2, 3}, Case{1, 33, 45, 2, 2, 17}, Case{1, 33, 45, 2, 2, 100},
-                      Case{1, 21, 29, 1, 1, 200}));
+INSTANTIATE_TEST_SUITE_P(HeadDims, Prefill,
+                         ::testing::Values(Case{1, 67, 131, 2, 1, 64}, Case{1, 67, 131, 2, 1, 80},
+                                           Case{1, 67, 131, 2, 1, 96}, Case{1, 67, 131, 2, 2, 128},
+                                           Case{1, 40, 75, 2, 1, 256}, Case{1, 33, 45, 2, 2, 1},
+                                           Case{1, 33, 45, 2, 2, 3}, Case{1, 33, 45, 2, 2, 17},
+                                           Case{1, 33, 45, 2, 2, 100}, Case{1, 21, 29, 1, 1, 200}));
 
 INSTANTIATE_TEST_SUITE_P(
     TilesAndTails, Prefill,
     ::testing::Values(Case{2, 150, 150, 2, 2, 64, false, -1, -1, 0, false, 0, 0, 1},  // default plan, 1 thread
-                      Case{1, 150, 301, 4, 1, 64, true},                             // MQA, causal, default plan
+                      Case{1, 150, 301, 4, 1, 64, true},                              // MQA, causal, default plan
                       Case{1, 90, 90, 2, 2, 32, true, -1, -1, 0, false, 7, 9},        // tiny tiles, tails
                       Case{1, 90, 90, 8, 2, 32, false, -1, -1, 0, false, 5, 13, 2},   // GQA stacking, odd tiles
                       Case{1, 1, 300, 4, 4, 64, true},                                // one query row
@@ -102,11 +114,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 INSTANTIATE_TEST_SUITE_P(
     Masks, Prefill,
-    ::testing::Values(Case{1, 80, 120, 2, 1, 64, false, 17, 5},                   // sliding window
-                      Case{1, 120, 80, 2, 2, 64, true, 30},                       // causal + left window
-                      Case{1, 64, 64, 2, 2, 64, false, 0, 0},                     // one key per row
-                      Case{1, 70, 90, 4, 2, 64, false, -1, -1, 30.0},             // softcap
-                      Case{2, 70, 90, 4, 2, 64, true, -1, -1, 0, true},           // ALiBi, per batch and head
+    ::testing::Values(Case{1, 80, 120, 2, 1, 64, false, 17, 5},                         // sliding window
+                      Case{1, 120, 80, 2, 2, 64, true, 30},                             // causal + left window
+                      Case{1, 64, 64, 2, 2, 64, false, 0, 0},                           // one key per row
+                      Case{1, 70, 90, 4, 2, 64, false, -1, -1, 30.0},                   // softcap
+                      Case{2, 70, 90, 4, 2, 64, true, -1, -1, 0, true},                 // ALiBi, per batch and head
                       Case{1, 70, 130, 2, 1, 128, false, 40, 3, 20.0, true, 16, 32}));  // all together
 
 // The result does not depend on the number of threads: every task computes the same bits.
@@ -141,7 +153,8 @@ TEST(PrefillF64, ExactToTheReferenceForEveryHeadDimBlock) {
 // Strided bf16 inputs (head-major, padded rows) go through the element-wise packing path.
 TEST(PrefillStrides, StridedBf16MatchesContiguous) {
   const std::int64_t S = 50, H = 2, D = 64;
-  auto q = random_tensor<bf16_t>(1, S, H, D, 1), k = random_tensor<bf16_t>(1, S, H, D, 2), v = random_tensor<bf16_t>(1, S, H, D, 3);
+  auto q = random_tensor<bf16_t>(1, S, H, D, 1), k = random_tensor<bf16_t>(1, S, H, D, 2),
+       v = random_tensor<bf16_t>(1, S, H, D, 3);
   // Every element two apart: stride[3] = 2.
   auto spread = [&](const test::Tensor<bf16_t>& t, std::vector<bf16_t>& buf) {
     buf.assign(t.data.size() * 2, bf16_t{0x7fc0});

@@ -78,8 +78,10 @@ void check_varlen(const std::vector<std::pair<int, int>>& lens, std::int64_t H, 
       for (std::int64_t i = 0; i < nq; ++i) {
         const double want = olse[static_cast<std::size_t>(h * nq + i)];
         const double have = got_lse[static_cast<std::size_t>(h * TQ + q0 + i)];
-        if (std::isinf(want)) EXPECT_EQ(have, want);
-        else EXPECT_NEAR(have, want, (std::is_same_v<T, double> ? 1e-12 : 1e-4)) << "lse b" << b << " h" << h << " i" << i;
+        if (std::isinf(want))
+          EXPECT_EQ(have, want);
+        else
+          EXPECT_NEAR(have, want, (std::is_same_v<T, double> ? 1e-12 : 1e-4)) << "lse b" << b << " h" << h << " i" << i;
       }
   }
 }
@@ -103,12 +105,12 @@ struct Bad {
 TEST(Varlen, BadCuSeqlensAreRejectedAndNothingIsWritten) {
   const std::int64_t TQ = 10, TK = 12, H = 2, D = 4;
   std::vector<float> q(TQ * H * D, 0.5f), k(TK * H * D, 0.5f), v(TK * H * D, 0.5f);
-  for (const Bad& bad : {Bad{{0, 4, 10}, {0, 6, 12}, 2, ""},        // valid, as a control
-                         Bad{{1, 4, 10}, {0, 6, 12}, 2, "cu_seqlens_q"},  // does not start at 0
+  for (const Bad& bad : {Bad{{0, 4, 10}, {0, 6, 12}, 2, ""},                    // valid, as a control
+                         Bad{{1, 4, 10}, {0, 6, 12}, 2, "cu_seqlens_q"},        // does not start at 0
                          Bad{{0, 6, 4, 10}, {0, 6, 6, 12}, 3, "cu_seqlens_q"},  // decreasing
-                         Bad{{0, 4, 9}, {0, 6, 12}, 2, "cu_seqlens_q"},   // last != total_q
-                         Bad{{0, 4, 10}, {0, 6, 13}, 2, "cu_seqlens_k"},  // last beyond total_k
-                         Bad{{0, 4, 10}, {0, 7, 5}, 2, "cu_seqlens_k"},   // decreasing
+                         Bad{{0, 4, 9}, {0, 6, 12}, 2, "cu_seqlens_q"},         // last != total_q
+                         Bad{{0, 4, 10}, {0, 6, 13}, 2, "cu_seqlens_k"},        // last beyond total_k
+                         Bad{{0, 4, 10}, {0, 7, 5}, 2, "cu_seqlens_k"},         // decreasing
                          Bad{{0, 10}, {0, 12}, 0, "batch"}}) {
     std::vector<float> out(TQ * H * D, -3.0f);
     auto call = [&] {
@@ -131,13 +133,13 @@ TEST(Varlen, BadCuSeqlensAreRejectedAndNothingIsWritten) {
   std::vector<float> out(TQ * H * D);
   const std::vector<std::int32_t> cu_k{0, 12};
   EXPECT_THROW(attention_varlen(TensorView::contiguous(q.data(), TQ, H, D), TensorView::contiguous(k.data(), TK, H, D),
-                                TensorView::contiguous(v.data(), TK, H, D), TensorView::contiguous(out.data(), TQ, H, D),
-                                nullptr, cu_k.data(), 1),
+                                TensorView::contiguous(v.data(), TK, H, D),
+                                TensorView::contiguous(out.data(), TQ, H, D), nullptr, cu_k.data(), 1),
                std::invalid_argument);
   // Rank-4 views are not packed tensors.
-  EXPECT_THROW(attention_varlen(TensorView::contiguous(q.data(), 1, TQ, H, D), TensorView::contiguous(k.data(), TK, H, D),
-                                TensorView::contiguous(v.data(), TK, H, D), TensorView::contiguous(out.data(), TQ, H, D),
-                                cu_k.data(), cu_k.data(), 1),
+  EXPECT_THROW(attention_varlen(TensorView::contiguous(q.data(), 1, TQ, H, D),
+                                TensorView::contiguous(k.data(), TK, H, D), TensorView::contiguous(v.data(), TK, H, D),
+                                TensorView::contiguous(out.data(), TQ, H, D), cu_k.data(), cu_k.data(), 1),
                std::invalid_argument);
 }
 

@@ -36,7 +36,8 @@ void expect_rejected(const Fixture& f, std::initializer_list<std::string> needle
       call();
       ADD_FAILURE() << algo << ": no exception";
     } catch (const std::invalid_argument& e) {
-      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << algo << ": " << e.what();
+      for (const auto& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << algo << ": " << e.what();
     }
     if (f.ov.data == f.out.data())
       for (float x : f.out) ASSERT_EQ(x, 123.0f) << algo << " wrote out";
@@ -50,11 +51,32 @@ TEST(Validation, TheFixtureIsValid) {
   EXPECT_NE(f.out[0], 123.0f);
 }
 
-TEST(Validation, KBatchMismatch) { Fixture f; f.kv.shape[0] = 2; f.vv.shape[0] = 2; expect_rejected(f, {"k", "batch"}); }
-TEST(Validation, HeadDimMismatch) { Fixture f; f.kv.shape[3] = 4; expect_rejected(f, {"k", "head_dim"}); }
-TEST(Validation, VShapeMismatch) { Fixture f; f.vv.shape[1] = 4; expect_rejected(f, {"v", "seqlen"}); }
-TEST(Validation, OutShapeMismatch) { Fixture f; f.ov.shape[1] = 3; expect_rejected(f, {"out", "seqlen"}); }
-TEST(Validation, LseShapeMismatch) { Fixture f; f.lv.shape[2] = 5; expect_rejected(f, {"lse", "seqlen_q"}); }
+TEST(Validation, KBatchMismatch) {
+  Fixture f;
+  f.kv.shape[0] = 2;
+  f.vv.shape[0] = 2;
+  expect_rejected(f, {"k", "batch"});
+}
+TEST(Validation, HeadDimMismatch) {
+  Fixture f;
+  f.kv.shape[3] = 4;
+  expect_rejected(f, {"k", "head_dim"});
+}
+TEST(Validation, VShapeMismatch) {
+  Fixture f;
+  f.vv.shape[1] = 4;
+  expect_rejected(f, {"v", "seqlen"});
+}
+TEST(Validation, OutShapeMismatch) {
+  Fixture f;
+  f.ov.shape[1] = 3;
+  expect_rejected(f, {"out", "seqlen"});
+}
+TEST(Validation, LseShapeMismatch) {
+  Fixture f;
+  f.lv.shape[2] = 5;
+  expect_rejected(f, {"lse", "seqlen_q"});
+}
 TEST(Validation, HeadsNotDivisible) {
   Fixture f;
   auto k3 = random_tensor<float>(1, 5, 3, 8, 2), v3 = random_tensor<float>(1, 5, 3, 8, 3);
@@ -62,14 +84,46 @@ TEST(Validation, HeadsNotDivisible) {
   f.vv = v3.view();
   expect_rejected(f, {"heads", "multiple of"});
 }
-TEST(Validation, ZeroSize) { Fixture f; f.qv.shape[3] = 0; expect_rejected(f, {"q", "head_dim", ">= 1"}); }
-TEST(Validation, NegativeSize) { Fixture f; f.qv.shape[0] = -1; expect_rejected(f, {"q", "batch"}); }
-TEST(Validation, NegativeStride) { Fixture f; f.kv.strides[1] = -16; expect_rejected(f, {"k", "stride[1]"}); }
-TEST(Validation, WrongRank) { Fixture f; f.vv.rank = 3; expect_rejected(f, {"v", "rank"}); }
-TEST(Validation, NullQ) { Fixture f; f.qv.data = nullptr; expect_rejected(f, {"q", "null"}); }
-TEST(Validation, NullOut) { Fixture f; f.ov.data = nullptr; expect_rejected(f, {"out", "null"}); }
-TEST(Validation, DtypeMismatch) { Fixture f; f.vv.dtype = DType::f64; expect_rejected(f, {"v", "dtype"}); }
-TEST(Validation, LseDtype) { Fixture f; f.lv.dtype = DType::f64; expect_rejected(f, {"lse", "dtype", "f32"}); }
+TEST(Validation, ZeroSize) {
+  Fixture f;
+  f.qv.shape[3] = 0;
+  expect_rejected(f, {"q", "head_dim", ">= 1"});
+}
+TEST(Validation, NegativeSize) {
+  Fixture f;
+  f.qv.shape[0] = -1;
+  expect_rejected(f, {"q", "batch"});
+}
+TEST(Validation, NegativeStride) {
+  Fixture f;
+  f.kv.strides[1] = -16;
+  expect_rejected(f, {"k", "stride[1]"});
+}
+TEST(Validation, WrongRank) {
+  Fixture f;
+  f.vv.rank = 3;
+  expect_rejected(f, {"v", "rank"});
+}
+TEST(Validation, NullQ) {
+  Fixture f;
+  f.qv.data = nullptr;
+  expect_rejected(f, {"q", "null"});
+}
+TEST(Validation, NullOut) {
+  Fixture f;
+  f.ov.data = nullptr;
+  expect_rejected(f, {"out", "null"});
+}
+TEST(Validation, DtypeMismatch) {
+  Fixture f;
+  f.vv.dtype = DType::f64;
+  expect_rejected(f, {"v", "dtype"});
+}
+TEST(Validation, LseDtype) {
+  Fixture f;
+  f.lv.dtype = DType::f64;
+  expect_rejected(f, {"lse", "dtype", "f32"});
+}
 TEST(Validation, OutOverlapsQ) {
   Fixture f;
   f.ov = f.qv;  // same shape, same memory
@@ -83,7 +137,11 @@ TEST(Validation, LseOverlapsOut) {
   f.lv.data = f.out.data() + 60;
   expect_rejected(f, {"lse", "overlaps"});
 }
-TEST(Validation, OutStridesAlias) { Fixture f; f.ov.strides[1] = 0; expect_rejected(f, {"out", "alias"}); }
+TEST(Validation, OutStridesAlias) {
+  Fixture f;
+  f.ov.strides[1] = 0;
+  expect_rejected(f, {"out", "alias"});
+}
 TEST(Validation, SizesOverflow) {
   Fixture f;
   f.kv.shape[1] = std::int64_t(1) << 40;
@@ -96,7 +154,11 @@ TEST(Validation, NonFiniteScale) {
   f.opts.softmax_scale = std::numeric_limits<double>::quiet_NaN();
   expect_rejected(f, {"softmax_scale", "finite"});
 }
-TEST(Validation, NegativeThreads) { Fixture f; f.opts.num_threads = -2; expect_rejected(f, {"num_threads"}); }
+TEST(Validation, NegativeThreads) {
+  Fixture f;
+  f.opts.num_threads = -2;
+  expect_rejected(f, {"num_threads"});
+}
 
 TEST(Validation, TileSizeZero) {
   Fixture f;

@@ -29,13 +29,13 @@
 
 namespace {
 
-#define CHECK(x)                                                                               \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
+#define CHECK(x)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
 
 // Random bf16 in [-1, 1) (never zeros: zeros can run faster than real data).
@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
     void *x = random_bf16(n / 2, 1), *y = nullptr;
     CHECK(cudaMalloc(&y, n));
     const double ms = median_ms([&] { CHECK(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice)); }, 3, quick ? 5 : 30);
-    std::printf("{\"what\":\"copy\",\"impl\":\"attn-bench cudaMemcpy\",\"ms\":%.5f,\"gbps\":%.1f}\n", ms, 2.0 * n / ms / 1e6);
+    std::printf("{\"what\":\"copy\",\"impl\":\"attn-bench cudaMemcpy\",\"ms\":%.5f,\"gbps\":%.1f}\n", ms,
+                2.0 * n / ms / 1e6);
     CHECK(cudaFree(x));
     CHECK(cudaFree(y));
   }
@@ -151,9 +152,10 @@ int main(int argc, char** argv) {
     opts.causal = causal;
     auto view = [&](void* p) { return attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(p), B, S, H, D); };
     const double flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
-    const double ms = median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o), opts); }, 3, quick ? 3 : 15);
-    std::printf("{\"what\":\"forward\",\"causal\":%s,\"impl\":\"attn\",\"ms\":%.4f,\"tflops\":%.1f}\n", causal ? "true" : "false",
-                ms, flops / ms / 1e9);
+    const double ms =
+        median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o), opts); }, 3, quick ? 3 : 15);
+    std::printf("{\"what\":\"forward\",\"causal\":%s,\"impl\":\"attn\",\"ms\":%.4f,\"tflops\":%.1f}\n",
+                causal ? "true" : "false", ms, flops / ms / 1e9);
 #if defined(ATTN_GPU_VARIANTS)
     // Each configuration: its output against the library's (the same bf16 inputs), then its time.
     if (variants) {
@@ -165,10 +167,12 @@ int main(int argc, char** argv) {
         CHECK(cudaDeviceSynchronize());
         const double diff = max_diff_bf16(o, o2, n);
         variants_agree = variants_agree && diff <= kVariantTolerance;
-        const double t = median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o2), opts); }, 2, quick ? 3 : 7);
-        std::printf("{\"what\":\"forward_variant\",\"causal\":%s,\"name\":\"%s\",\"max_diff_vs_library\":%.3g,\"ms\":%.4f,"
-                    "\"tflops\":%.1f}\n",
-                    causal ? "true" : "false", var.name, diff, t, flops / t / 1e9);
+        const double t =
+            median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o2), opts); }, 2, quick ? 3 : 7);
+        std::printf(
+            "{\"what\":\"forward_variant\",\"causal\":%s,\"name\":\"%s\",\"max_diff_vs_library\":%.3g,\"ms\":%.4f,"
+            "\"tflops\":%.1f}\n",
+            causal ? "true" : "false", var.name, diff, t, flops / t / 1e9);
         std::fflush(stdout);
       }
       attn::cuda_detail::launchers() = {};
@@ -193,13 +197,16 @@ int main(int argc, char** argv) {
     attn::cuda::DecodeHostMirror mirror;
     mirror.seqlens = &seqlen;  // no device->host copy (and sync) per call
     const auto qv = attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(q), 1, 1, H, D);
-    auto out_view = [&](void* p) { return attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(p), 1, 1, H, D); };
+    auto out_view = [&](void* p) {
+      return attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(p), 1, 1, H, D);
+    };
     const std::int64_t splits = attn::cuda::decode_num_splits(N, 1, H, HK, 1);
     const double bytes = 2.0 * N * HK * D * 2;
     for (const char* layout : {"keys", "kv-heads"}) {
       const bool head_major = std::string(layout) == "kv-heads";
       auto cache_view = [&](void* p) {
-        return head_major ? attn::TensorView::strided(static_cast<const attn::bf16_t*>(p), {1, N, HK, D}, {HK * N * D, D, N * D, 1})
+        return head_major ? attn::TensorView::strided(static_cast<const attn::bf16_t*>(p), {1, N, HK, D},
+                                                      {HK * N * D, D, N * D, 1})
                           : attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(p), 1, N, HK, D);
       };
       attn::KVCache cache;
@@ -212,13 +219,16 @@ int main(int argc, char** argv) {
         attn::cuda::attention_decode(qv, cache, out_view(out), {}, dec, nullptr, nullptr, mirror);
       };
       const double ms = median_ms([&] { run(o, 0); }, 5, quick ? 5 : 30, 10);
-      std::printf("{\"what\":\"decode\",\"layout\":\"%s\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n", layout,
-                  static_cast<long long>(splits), ms, bytes / ms / 1e6);
+      std::printf(
+          "{\"what\":\"decode\",\"layout\":\"%s\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
+          layout, static_cast<long long>(splits), ms, bytes / ms / 1e6);
       if (sweep)
         for (std::int64_t sp : {8, 16, 33, 66, 132, 264, 528, 1056}) {
           const double t = median_ms([&] { run(o2, sp); }, 5, quick ? 5 : 30, 10);
-          std::printf("{\"what\":\"decode_sweep\",\"layout\":\"%s\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
-                      layout, static_cast<long long>(sp), t, bytes / t / 1e6);
+          std::printf(
+              "{\"what\":\"decode_sweep\",\"layout\":\"%s\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%."
+              "1f}\n",
+              layout, static_cast<long long>(sp), t, bytes / t / 1e6);
         }
 #if defined(ATTN_GPU_VARIANTS)
       if (variants) {
@@ -233,9 +243,10 @@ int main(int argc, char** argv) {
             const double diff = max_diff_bf16(o, o2, static_cast<std::size_t>(H * D));
             variants_agree = variants_agree && diff <= kVariantTolerance;
             const double t = median_ms([&] { run(o2, sp); }, 5, quick ? 5 : 20, 10);
-            std::printf("{\"what\":\"decode_variant\",\"layout\":\"%s\",\"name\":\"%s\",\"splits\":%lld,"
-                        "\"max_diff_vs_library\":%.3g,\"ms\":%.5f,\"gbps\":%.1f}\n",
-                        layout, var.name, static_cast<long long>(sp), diff, t, bytes / t / 1e6);
+            std::printf(
+                "{\"what\":\"decode_variant\",\"layout\":\"%s\",\"name\":\"%s\",\"splits\":%lld,"
+                "\"max_diff_vs_library\":%.3g,\"ms\":%.5f,\"gbps\":%.1f}\n",
+                layout, var.name, static_cast<long long>(sp), diff, t, bytes / t / 1e6);
             std::fflush(stdout);
           }
         }
@@ -247,7 +258,8 @@ int main(int argc, char** argv) {
     CHECK(cudaFree(dseq));
   }
   if (!variants_agree) {
-    std::fprintf(stderr, "attn_gpu_bench: a variant's output differs from the library's by more than %g\n", kVariantTolerance);
+    std::fprintf(stderr, "attn_gpu_bench: a variant's output differs from the library's by more than %g\n",
+                 kVariantTolerance);
     return 3;
   }
   return 0;

@@ -90,9 +90,14 @@ int main(int argc, char** argv) {
   float s = 0;
   for (int i = 0; i < 8; i++) s += _mm512_reduce_add_ps(acc[i]);
   printf("keys %ld, W %d, %s, pv %d, V %s: %.2f ms, %.1f GB/s (%d %g)\n", n, w,
-         mode == 2 ? "pipelined" : mode ? "interleaved" : "phased", pv,
-         vfetch == 2 ? "demand" : vfetch ? "prefetch" : "none", best * 1e3,
-         2.0 * (double)n * HEADS * ROW / best / 1e9, _mm512_reduce_add_epi32(sum) & 1, (double)s);
+         mode == 2 ? "pipelined"
+         : mode    ? "interleaved"
+                   : "phased",
+         pv,
+         vfetch == 2 ? "demand"
+         : vfetch    ? "prefetch"
+                     : "none",
+         best * 1e3, 2.0 * (double)n * HEADS * ROW / best / 1e9, _mm512_reduce_add_epi32(sum) & 1, (double)s);
   free(k);
   free(v);
   return 0;

@@ -21,21 +21,19 @@ namespace attn {
 
 // Algorithm 0, "the obvious way": materialises S = q k^T * scale ([seqlen_q, seqlen_k] per head),
 // then P = softmax(S) row by row, then out = P v. The oracle every other algorithm is tested against.
-void attention_reference(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const AttentionOptions& opts = {},
-                         const TensorView* lse = nullptr);
+void attention_reference(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                         const AttentionOptions& opts = {}, const TensorView* lse = nullptr);
 
 // FlashAttention: the online softmax over key tiles; never allocates anything of size
 // seqlen_q x seqlen_k. Its scratch is O(q_tile x (k_tile + head_dim)) per thread.
-void attention_tiled(const TensorView& q, const TensorView& k, const TensorView& v,
-                     const TensorView& out, const AttentionOptions& opts = {},
-                     const TileOptions& tiles = {}, const TensorView* lse = nullptr);
+void attention_tiled(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                     const AttentionOptions& opts = {}, const TileOptions& tiles = {}, const TensorView* lse = nullptr);
 
 // Split-K (Flash-Decoding): each query row's keys cut into num_splits slices whose partial states are
 // merged. Built for decode (seqlen_q of 1 or a few over a long cache) but valid for any shape.
-void attention_splitk(const TensorView& q, const TensorView& k, const TensorView& v,
-                      const TensorView& out, const AttentionOptions& opts = {},
-                      const SplitKOptions& split = {}, const TensorView* lse = nullptr);
+void attention_splitk(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const AttentionOptions& opts = {}, const SplitKOptions& split = {},
+                      const TensorView* lse = nullptr);
 
 // Slice w of split-K's cut of `keys` keys into `num_splits`: [begin, end), sizes differing by at most
 // one, the larger first; with num_splits > keys the slices past the first `keys` are empty.
@@ -46,10 +44,9 @@ KeyRange splitk_slice(std::int64_t keys, std::int64_t num_splits, std::int64_t w
 
 // The per-slice partial states split-K computes for one query row (batch b, query i, head h), before
 // the merge, in slice order; f64 accumulation whatever the input type. For tools and teaching.
-std::vector<PartialState<double>> splitk_partials(const TensorView& q, const TensorView& k,
-                                                  const TensorView& v, const AttentionOptions& opts,
-                                                  const SplitKOptions& split, std::int64_t b,
-                                                  std::int64_t i, std::int64_t h);
+std::vector<PartialState<double>> splitk_partials(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                  const AttentionOptions& opts, const SplitKOptions& split,
+                                                  std::int64_t b, std::int64_t i, std::int64_t h);
 
 // The tile sizes attention_tiled would use for this problem when `tiles` leaves them unset.
 struct TilePlan {

@@ -62,11 +62,10 @@ struct DecodeHostMirror {
 };
 void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out,
                       const AttentionOptions& opts = {}, const DecodeOptions& decode = {},
-                      const TensorView* lse = nullptr, Stream stream = nullptr,
-                      const DecodeHostMirror& host = {});
+                      const TensorView* lse = nullptr, Stream stream = nullptr, const DecodeHostMirror& host = {});
 
 // The split count attention_decode uses when num_splits = 0, for the current device.
-std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::int64_t heads,
-                               std::int64_t kv_heads, std::int64_t seqlen_q);
+std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                               std::int64_t seqlen_q);
 
 }  // namespace attn::cuda

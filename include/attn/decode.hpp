@@ -43,11 +43,11 @@
 namespace attn {
 
 struct KVCache {
-  TensorView k, v;                          // written only where k_new/v_new are appended
-  const std::int32_t* seqlens = nullptr;    // [batch]
+  TensorView k, v;                            // written only where k_new/v_new are appended
+  const std::int32_t* seqlens = nullptr;      // [batch]
   const std::int32_t* block_table = nullptr;  // nullptr: contiguous cache; else [batch, max_pages]
-  std::int64_t max_pages = 0;               // columns of block_table
-  std::int64_t block_table_stride = 0;      // elements between rows of block_table; 0 = max_pages
+  std::int64_t max_pages = 0;                 // columns of block_table
+  std::int64_t block_table_stride = 0;        // elements between rows of block_table; 0 = max_pages
 };
 
 struct DecodeOptions {
@@ -67,7 +67,7 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
 // heads together), and at least enough slices for 32 work items over the batch as long as each keeps
 // >= 128 keys. A function of the problem only -- never of the thread count -- so results do not
 // depend on the number of threads. See docs/decode.md.
-std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64_t kv_heads,
-                               std::int64_t head_dim, DType cache_dtype);
+std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
+                               DType cache_dtype);
 
 }  // namespace attn

@@ -21,12 +21,12 @@
 namespace attn::io {
 
 struct ModelParams {
-  std::int64_t seqlen = 4096;          // N
-  std::int64_t head_dim = 64;          // d
-  double sram_bytes = 192.0 * 1024;    // on-chip memory per multiprocessor (A100: 192 KB)
-  double element_bytes = 2;            // 16-bit
-  double bandwidth = 3.35e12;          // bytes/s (H100 SXM HBM3)
-  double derate = 0.8;                 // fraction of the bandwidth achieved
+  std::int64_t seqlen = 4096;        // N
+  std::int64_t head_dim = 64;        // d
+  double sram_bytes = 192.0 * 1024;  // on-chip memory per multiprocessor (A100: 192 KB)
+  double element_bytes = 2;          // 16-bit
+  double bandwidth = 3.35e12;        // bytes/s (H100 SXM HBM3)
+  double derate = 0.8;               // fraction of the bandwidth achieved
 };
 
 struct Traffic {
@@ -42,8 +42,8 @@ struct Report {
   ModelParams params;
   std::int64_t sram_elements = 0;  // M = floor(sram_bytes / element_bytes)
   Traffic standard, tiled, fa2;
-  double reduction = 0;            // standard.bytes / tiled.bytes
-  double score_matrix_bytes = 0;   // one N x N matrix
+  double reduction = 0;           // standard.bytes / tiled.bytes
+  double score_matrix_bytes = 0;  // one N x N matrix
 };
 
 // Throws std::invalid_argument (naming the parameter) for non-positive sizes, or an SRAM too small to
@@ -59,9 +59,9 @@ std::int64_t fa2_elements(std::int64_t n, std::int64_t d, std::int64_t m);
 struct Counted {
   std::int64_t reads = 0;
   std::int64_t writes = 0;
-  std::int64_t elements = 0;         // reads + writes
+  std::int64_t elements = 0;            // reads + writes
   std::int64_t sram_peak_elements = 0;  // largest on-chip working set the schedule held at once
-  double max_abs_diff = 0;           // its output against attention_reference
+  double max_abs_diff = 0;              // its output against attention_reference
 };
 Counted count_algorithm1(std::int64_t n, std::int64_t d, std::int64_t m, std::uint64_t seed = 1);
 Counted count_fa2(std::int64_t n, std::int64_t d, std::int64_t m, std::uint64_t seed = 1);

@@ -17,33 +17,57 @@ enum class DType : std::uint8_t { f64, f32, bf16, f16 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f64: return 8;
-    case DType::f32: return 4;
+    case DType::f64:
+      return 8;
+    case DType::f32:
+      return 4;
     case DType::bf16:
-    case DType::f16: return 2;
+    case DType::f16:
+      return 2;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
+    case DType::f64:
+      return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
   }
   return "?";
 }
 
 // 16-bit storage types. They only carry bits; arithmetic converts to float (see src/core/element.hpp).
-struct bf16_t { std::uint16_t bits; };
-struct f16_t { std::uint16_t bits; };
+struct bf16_t {
+  std::uint16_t bits;
+};
+struct f16_t {
+  std::uint16_t bits;
+};
 
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<bf16_t>() { return DType::bf16; }
-template <> constexpr DType dtype_of<f16_t>() { return DType::f16; }
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<bf16_t>() {
+  return DType::bf16;
+}
+template <>
+constexpr DType dtype_of<f16_t>() {
+  return DType::f16;
+}
 
 struct TensorView {
   static constexpr int kMaxRank = 4;
@@ -57,8 +81,7 @@ struct TensorView {
   // A dense row-major view (last dimension contiguous). Inputs are passed as `const T*`; attn never
   // writes through a view it was given as an input.
   template <class T>
-  static TensorView contiguous(const T* data, std::int64_t d0, std::int64_t d1, std::int64_t d2,
-                               std::int64_t d3) {
+  static TensorView contiguous(const T* data, std::int64_t d0, std::int64_t d1, std::int64_t d2, std::int64_t d3) {
     return dense(const_cast<T*>(data), dtype_of<T>(), {d0, d1, d2, d3}, 4);
   }
   template <class T>
@@ -67,8 +90,7 @@ struct TensorView {
   }
   // Any strides, in elements.
   template <class T>
-  static TensorView strided(const T* data, std::array<std::int64_t, 4> shape,
-                            std::array<std::int64_t, 4> strides) {
+  static TensorView strided(const T* data, std::array<std::int64_t, 4> shape, std::array<std::int64_t, 4> strides) {
     TensorView v;
     v.data = const_cast<T*>(data);
     v.dtype = dtype_of<T>();
@@ -78,7 +100,10 @@ struct TensorView {
     return v;
   }
 
-  template <class T> T* as() const { return static_cast<T*>(data); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 
  private:
   static TensorView dense(void* data, DType t, std::array<std::int64_t, 4> shape, int rank) {
@@ -92,7 +117,10 @@ struct TensorView {
       v.strides[i] = s;
       s *= shape[i];
     }
-    if (rank < kMaxRank) { v.shape[3] = 1; v.strides[3] = 1; }
+    if (rank < kMaxRank) {
+      v.shape[3] = 1;
+      v.strides[3] = 1;
+    }
     return v;
   }
 };

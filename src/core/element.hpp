@@ -11,9 +11,16 @@
 
 namespace attn::detail {
 
-template <class T> struct AccumulatorOf { using type = float; };
-template <> struct AccumulatorOf<double> { using type = double; };
-template <class T> using Acc = typename AccumulatorOf<T>::type;
+template <class T>
+struct AccumulatorOf {
+  using type = float;
+};
+template <>
+struct AccumulatorOf<double> {
+  using type = double;
+};
+template <class T>
+using Acc = typename AccumulatorOf<T>::type;
 
 inline std::uint32_t float_bits(float f) {
   std::uint32_t u;
@@ -59,24 +66,37 @@ inline f16_t float_to_f16(float f) {  // round to nearest even, overflow to Inf,
   return {static_cast<std::uint16_t>((sign >> 16) | (mag > 0xFF000000u ? 0x7E00u : nonsign))};
 }
 
-template <class A, class T> inline A load(const T& x) {
-  if constexpr (std::is_same_v<T, bf16_t>) return static_cast<A>(bf16_to_float(x));
-  else if constexpr (std::is_same_v<T, f16_t>) return static_cast<A>(f16_to_float(x));
-  else return static_cast<A>(x);
+template <class A, class T>
+inline A load(const T& x) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return static_cast<A>(bf16_to_float(x));
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return static_cast<A>(f16_to_float(x));
+  else
+    return static_cast<A>(x);
 }
-template <class T, class A> inline T store(A x) {
-  if constexpr (std::is_same_v<T, bf16_t>) return float_to_bf16(static_cast<float>(x));
-  else if constexpr (std::is_same_v<T, f16_t>) return float_to_f16(static_cast<float>(x));
-  else return static_cast<T>(x);
+template <class T, class A>
+inline T store(A x) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return float_to_bf16(static_cast<float>(x));
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return float_to_f16(static_cast<float>(x));
+  else
+    return static_cast<T>(x);
 }
 
 // Calls f.template operator()<T>() with T the C++ type of `t`.
-template <class F> decltype(auto) dispatch_dtype(DType t, F&& f) {
+template <class F>
+decltype(auto) dispatch_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::f64: return f.template operator()<double>();
-    case DType::f32: return f.template operator()<float>();
-    case DType::bf16: return f.template operator()<bf16_t>();
-    case DType::f16: return f.template operator()<f16_t>();
+    case DType::f64:
+      return f.template operator()<double>();
+    case DType::f32:
+      return f.template operator()<float>();
+    case DType::bf16:
+      return f.template operator()<bf16_t>();
+    case DType::f16:
+      return f.template operator()<f16_t>();
   }
   return f.template operator()<float>();
 }

@@ -27,7 +27,9 @@ struct Mask {
   ATTN_HOST_DEVICE std::int64_t end_key(std::int64_t i) const {
     return window_right < 0 ? seqlen_k : std::clamp<std::int64_t>(diagonal(i) + window_right + 1, 0, seqlen_k);
   }
-  ATTN_HOST_DEVICE std::int64_t visible_count(std::int64_t i) const { return std::max<std::int64_t>(0, end_key(i) - first_key(i)); }
+  ATTN_HOST_DEVICE std::int64_t visible_count(std::int64_t i) const {
+    return std::max<std::int64_t>(0, end_key(i) - first_key(i));
+  }
 
   // The score of a visible key from its raw dot product q . k: scaled, soft-capped, ALiBi-biased.
   template <class A>

@@ -15,8 +15,8 @@ namespace attn::detail {
 
 // dst[r * d + c] = t[b, s0 + r, h, c] for r in [0, rows).
 template <class T, class A>
-inline void pack_rows(A* dst, const TensorView& t, std::int64_t b, std::int64_t s0, std::int64_t rows,
-                      std::int64_t h, std::int64_t d) {
+inline void pack_rows(A* dst, const TensorView& t, std::int64_t b, std::int64_t s0, std::int64_t rows, std::int64_t h,
+                      std::int64_t d) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* src = row_ptr<const T>(t, b, s0 + r, h);
     const std::int64_t cs = t.strides[3];
@@ -47,8 +47,7 @@ inline void score_row(const Problem& p, A* scores, const A* q, const A* k_tile, 
 // Finalises one row's state into out[b, i, h, :] (converted to T) and lse[b, h, i] when requested.
 // `tmp` holds d accumulator values.
 template <class T, class A>
-inline void store_row(const Problem& p, RowState<A> s, A* tmp, std::int64_t b, std::int64_t i,
-                      std::int64_t h) {
+inline void store_row(const Problem& p, RowState<A> s, A* tmp, std::int64_t b, std::int64_t i, std::int64_t h) {
   const A lse = finalize(s, tmp);
   T* dst = row_ptr<T>(p.out, b, i, h);
   const std::int64_t cs = p.out.strides[3];

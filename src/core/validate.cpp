@@ -33,8 +33,7 @@ constexpr const char* kDimNamesLse[] = {"batch", "heads", "seqlen_q"};
 }  // namespace
 
 // Checks one view on its own and returns its byte span.
-Span check_view(std::string_view who, std::string_view arg, const TensorView& t, int rank,
-                bool allow_empty_seqlen) {
+Span check_view(std::string_view who, std::string_view arg, const TensorView& t, int rank, bool allow_empty_seqlen) {
   if (t.rank != rank) fail(who, arg, "rank must be " + std::to_string(rank) + ", got " + std::to_string(t.rank));
   if (static_cast<unsigned>(t.dtype) > static_cast<unsigned>(DType::f16))
     fail(who, arg, "dtype must be f64, f32, bf16 or f16, got code " + std::to_string(static_cast<unsigned>(t.dtype)));
@@ -44,8 +43,8 @@ Span check_view(std::string_view who, std::string_view arg, const TensorView& t,
   for (int i = 0; i < rank; ++i) {
     const bool may_be_zero = allow_empty_seqlen && i == 1;
     if (t.shape[i] < (may_be_zero ? 0 : 1))
-      fail(who, arg, std::string(names[i]) + " must be >= " + (may_be_zero ? "0" : "1") + ", got " +
-                         std::to_string(t.shape[i]));
+      fail(who, arg,
+           std::string(names[i]) + " must be >= " + (may_be_zero ? "0" : "1") + ", got " + std::to_string(t.shape[i]));
     if (t.strides[i] < 0)
       fail(who, arg, "stride[" + std::to_string(i) + "] must be >= 0, got " + std::to_string(t.strides[i]));
     if (t.shape[i] == 0) empty = true;
@@ -79,8 +78,9 @@ void check_no_self_alias(std::string_view who, std::string_view arg, const Tenso
   for (int j = 0; j < n; ++j) {
     const int i = order[j];
     if (t.strides[i] <= reach)
-      fail(who, arg, "strides make elements alias (stride[" + std::to_string(i) + "] = " +
-                         std::to_string(t.strides[i]) + "); outputs need distinct addresses");
+      fail(who, arg,
+           "strides make elements alias (stride[" + std::to_string(i) + "] = " + std::to_string(t.strides[i]) +
+               "); outputs need distinct addresses");
     reach += (t.shape[i] - 1) * t.strides[i];
   }
 }
@@ -90,8 +90,9 @@ bool overlaps(Span a, Span b) { return !a.empty() && !b.empty() && a.lo < b.hi &
 void require_equal(std::string_view who, std::string_view arg, const char* dim, std::int64_t got,
                    std::string_view other, std::int64_t want) {
   if (got != want)
-    fail(who, arg, std::string(dim) + " must equal " + std::string(other) + "'s (" + std::to_string(want) +
-                       "), got " + std::to_string(got));
+    fail(who, arg,
+         std::string(dim) + " must equal " + std::string(other) + "'s (" + std::to_string(want) + "), got " +
+             std::to_string(got));
 }
 
 ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& opts, std::int64_t head_dim) {
@@ -99,14 +100,17 @@ ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& op
   if (!std::isfinite(scale)) fail(who, "softmax_scale", "must be finite, got " + std::to_string(scale));
   if (opts.num_threads < 0)
     fail(who, "num_threads", "must be >= 0 (0 = all cores), got " + std::to_string(opts.num_threads));
-  if (opts.window_left < -1) fail(who, "window_left", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_left));
-  if (opts.window_right < -1) fail(who, "window_right", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_right));
+  if (opts.window_left < -1)
+    fail(who, "window_left", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_left));
+  if (opts.window_right < -1)
+    fail(who, "window_right", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_right));
   if (!(opts.softcap >= 0) || !std::isfinite(opts.softcap))
     fail(who, "softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(opts.softcap));
   if (opts.alibi_slopes && opts.alibi_batch_stride < 0)
     fail(who, "alibi_batch_stride", "must be >= 0, got " + std::to_string(opts.alibi_batch_stride));
-  return {scale,          opts.window_left,  opts.causal ? 0 : opts.window_right, opts.softcap,
-          opts.alibi_slopes, opts.alibi_batch_stride, opts.num_threads};
+  return {scale,           opts.window_left,  opts.causal ? 0 : opts.window_right,
+          opts.softcap,    opts.alibi_slopes, opts.alibi_batch_stride,
+          opts.num_threads};
 }
 
 Problem validate(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -115,18 +119,21 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   const Span sk = check_view(who, "k", k, 4, true);
   const Span sv = check_view(who, "v", v, 4, true);
   // Read-only callers validate as if writing a dense output that overlaps nothing.
-  const TensorView out = out_or_null ? *out_or_null : TensorView::contiguous<double>(nullptr, q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+  const TensorView out = out_or_null
+                             ? *out_or_null
+                             : TensorView::contiguous<double>(nullptr, q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
   const Span so = out_or_null ? check_view(who, "out", out, 4, false) : Span{};
   const Span sl = lse ? check_view(who, "lse", *lse, 3, false) : Span{};
 
   for (auto [name, t] : {std::pair<const char*, const TensorView*>{"k", &k}, {"v", &v}, {"out", out_or_null}})
     if (t && t->dtype != q.dtype)
-      fail(who, name, "dtype must match q's (" + std::string(dtype_name(q.dtype)) + "), got " +
-                          std::string(dtype_name(t->dtype)));
+      fail(who, name,
+           "dtype must match q's (" + std::string(dtype_name(q.dtype)) + "), got " + std::string(dtype_name(t->dtype)));
   const DType lse_dtype = q.dtype == DType::f64 ? DType::f64 : DType::f32;
   if (lse && lse->dtype != lse_dtype)
-    fail(who, "lse", "dtype must be " + std::string(dtype_name(lse_dtype)) + " for " +
-                         std::string(dtype_name(q.dtype)) + " inputs, got " + std::string(dtype_name(lse->dtype)));
+    fail(who, "lse",
+         "dtype must be " + std::string(dtype_name(lse_dtype)) + " for " + std::string(dtype_name(q.dtype)) +
+             " inputs, got " + std::string(dtype_name(lse->dtype)));
 
   require_equal(who, "k", "batch", k.shape[0], "q", q.shape[0]);
   require_equal(who, "k", "head_dim", k.shape[3], "q", q.shape[3]);
@@ -134,8 +141,9 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   if (out_or_null)
     for (int i = 0; i < 4; ++i) require_equal(who, "out", kDimNames4[i], out.shape[i], "q", q.shape[i]);
   if (q.shape[2] % k.shape[2] != 0)
-    fail(who, "q", "heads (" + std::to_string(q.shape[2]) + ") must be a multiple of k's kv_heads (" +
-                       std::to_string(k.shape[2]) + ")");
+    fail(who, "q",
+         "heads (" + std::to_string(q.shape[2]) + ") must be a multiple of k's kv_heads (" +
+             std::to_string(k.shape[2]) + ")");
   if (lse) {
     require_equal(who, "lse", "batch", lse->shape[0], "q", q.shape[0]);
     require_equal(who, "lse", "heads", lse->shape[1], "q", q.shape[2]);

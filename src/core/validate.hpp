@@ -35,7 +35,7 @@ struct ResolvedOptions {
   double softcap;                          // 0 = off
   const float* alibi_slopes;               // nullptr = off
   std::int64_t alibi_batch_stride;
-  int num_threads;                         // 0 = all cores
+  int num_threads;  // 0 = all cores
 };
 
 // Checks the shared options (scale, threads, window, softcap, ALiBi) and resolves them.

@@ -75,7 +75,8 @@ std::vector<std::int32_t> to_host(const char* who, const std::int32_t* dev, std:
 
 int sm_count() {
   int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return 1;
   return n;
 }
@@ -145,26 +146,32 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
                       const VarlenBatch& vb, const AttentionOptions& opts, const TensorView* lse, Stream stream) {
   const char* who = "attn::cuda::attention_varlen";
   const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
-  if (q.shape[0] != 1) fail(who, "q", "batch must be 1 for varlen (sequences are packed along dim 1), got " + std::to_string(q.shape[0]));
+  if (q.shape[0] != 1)
+    fail(who, "q", "batch must be 1 for varlen (sequences are packed along dim 1), got " + std::to_string(q.shape[0]));
   if (vb.batch < 1) fail(who, "varlen.batch", "must be >= 1, got " + std::to_string(vb.batch));
   if (!vb.cu_seqlens_q) fail(who, "cu_seqlens_q", "data pointer is null");
   if (!vb.cu_seqlens_k) fail(who, "cu_seqlens_k", "data pointer is null");
   validate_forward(who, q, k, v, out, opts, lse);
   require_device(who, "cu_seqlens_q", vb.cu_seqlens_q);
   require_device(who, "cu_seqlens_k", vb.cu_seqlens_k);
-  const auto cq = vb.host_cu_seqlens_q ? std::vector<std::int32_t>(vb.host_cu_seqlens_q, vb.host_cu_seqlens_q + vb.batch + 1)
-                                       : to_host(who, vb.cu_seqlens_q, vb.batch + 1, stream);
-  const auto ck = vb.host_cu_seqlens_k ? std::vector<std::int32_t>(vb.host_cu_seqlens_k, vb.host_cu_seqlens_k + vb.batch + 1)
-                                       : to_host(who, vb.cu_seqlens_k, vb.batch + 1, stream);
+  const auto cq = vb.host_cu_seqlens_q
+                      ? std::vector<std::int32_t>(vb.host_cu_seqlens_q, vb.host_cu_seqlens_q + vb.batch + 1)
+                      : to_host(who, vb.cu_seqlens_q, vb.batch + 1, stream);
+  const auto ck = vb.host_cu_seqlens_k
+                      ? std::vector<std::int32_t>(vb.host_cu_seqlens_k, vb.host_cu_seqlens_k + vb.batch + 1)
+                      : to_host(who, vb.cu_seqlens_k, vb.batch + 1, stream);
   std::int64_t max_q = 0;
   auto check_cu = [&](const char* name, const std::vector<std::int32_t>& cu, std::int64_t total) {
     if (cu[0] != 0) fail(who, name, "must start at 0, got " + std::to_string(cu[0]));
     for (std::int64_t b = 0; b < vb.batch; ++b)
       if (cu[b + 1] < cu[b])
-        fail(who, name, "must be non-decreasing, got [" + std::to_string(b) + "] = " + std::to_string(cu[b]) + " > [" +
-                            std::to_string(b + 1) + "] = " + std::to_string(cu[b + 1]));
+        fail(who, name,
+             "must be non-decreasing, got [" + std::to_string(b) + "] = " + std::to_string(cu[b]) + " > [" +
+                 std::to_string(b + 1) + "] = " + std::to_string(cu[b + 1]));
     if (cu[vb.batch] > total)
-      fail(who, name, "last entry (" + std::to_string(cu[vb.batch]) + ") exceeds the packed length (" + std::to_string(total) + ")");
+      fail(who, name,
+           "last entry (" + std::to_string(cu[vb.batch]) + ") exceeds the packed length (" + std::to_string(total) +
+               ")");
   };
   check_cu("cu_seqlens_q", cq, p.seqlen_q);
   check_cu("cu_seqlens_k", ck, p.seqlen_k);
@@ -191,7 +198,8 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   if (!cache.seqlens) fail(who, "cache.seqlens", "data pointer is null");
   const std::int64_t batch = q.rank == 4 ? q.shape[0] : 0;
   if (batch < 1) detail::check_view(who, "q", q, 4, false);  // throws with the view rule
-  if (paged && cache.max_pages < 1) fail(who, "cache.max_pages", "must be >= 1, got " + std::to_string(cache.max_pages));
+  if (paged && cache.max_pages < 1)
+    fail(who, "cache.max_pages", "must be >= 1, got " + std::to_string(cache.max_pages));
   const std::int64_t bt_stride = cache.block_table_stride == 0 ? cache.max_pages : cache.block_table_stride;
   if (paged && bt_stride < cache.max_pages)
     fail(who, "cache.block_table_stride", "must be >= max_pages (" + std::to_string(cache.max_pages) + ") or 0");
@@ -203,7 +211,8 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   std::vector<std::int32_t> table;
   if (paged) {
     const std::int64_t n = (batch - 1) * bt_stride + cache.max_pages;
-    table = host.block_table ? std::vector<std::int32_t>(host.block_table, host.block_table + n) : to_host(who, cache.block_table, n, stream);
+    table = host.block_table ? std::vector<std::int32_t>(host.block_table, host.block_table + n)
+                             : to_host(who, cache.block_table, n, stream);
   }
   KVCache hc = cache;
   hc.seqlens = seqlens.data();
@@ -254,12 +263,14 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   }
   std::int64_t max_keys = 0;
   for (std::int64_t b = 0; b < batch; ++b) max_keys = std::max<std::int64_t>(max_keys, seqlens[b] + p.seqlen_new);
-  d.num_splits = dec.num_splits > 0 ? dec.num_splits
-                                    : decode_num_splits(max_keys, p.batch, p.heads, p.kv_heads, p.seqlen_q);
-  if (d.num_splits > 65535) fail(who, "num_splits", "must be <= 65535 on CUDA (a grid dimension), got " + std::to_string(d.num_splits));
+  d.num_splits =
+      dec.num_splits > 0 ? dec.num_splits : decode_num_splits(max_keys, p.batch, p.heads, p.kv_heads, p.seqlen_q);
+  if (d.num_splits > 65535)
+    fail(who, "num_splits", "must be <= 65535 on CUDA (a grid dimension), got " + std::to_string(d.num_splits));
   void* scratch = nullptr;
   if (d.num_splits > 1) {
-    const std::size_t bytes = static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d.num_splits * (p.head_dim + 2)) * 4;
+    const std::size_t bytes =
+        static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d.num_splits * (p.head_dim + 2)) * 4;
     check_cuda(who, cudaMallocAsync(&scratch, bytes, stream), "allocating the split partials");
     d.partial = static_cast<float*>(scratch);
   }

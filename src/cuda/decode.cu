@@ -6,18 +6,21 @@ namespace attn::cuda_detail {
 namespace {
 
 //                    D   keys/tile stages      smem (K + V)
-using Dec64 = DecTraits<64, 128, 3>;    // 96 KB
-using Dec128 = DecTraits<128, 64, 3>;   // 96 KB
-using Dec256 = DecTraits<256, 64, 2>;   // 128 KB
+using Dec64 = DecTraits<64, 128, 3>;   // 96 KB
+using Dec128 = DecTraits<128, 64, 3>;  // 96 KB
+using Dec256 = DecTraits<256, 64, 2>;  // 128 KB
 
 }  // namespace
 
 int launch_decode(const DecodeParams& p, DType t, CUstream_st* stream) {
   const bool bf = t == DType::bf16;
   switch (p.head_dim) {
-    case 64: return bf ? launch_decode_with<Bf16, Dec64>(p, stream) : launch_decode_with<F16, Dec64>(p, stream);
-    case 128: return bf ? launch_decode_with<Bf16, Dec128>(p, stream) : launch_decode_with<F16, Dec128>(p, stream);
-    case 256: return bf ? launch_decode_with<Bf16, Dec256>(p, stream) : launch_decode_with<F16, Dec256>(p, stream);
+    case 64:
+      return bf ? launch_decode_with<Bf16, Dec64>(p, stream) : launch_decode_with<F16, Dec64>(p, stream);
+    case 128:
+      return bf ? launch_decode_with<Bf16, Dec128>(p, stream) : launch_decode_with<F16, Dec128>(p, stream);
+    case 256:
+      return bf ? launch_decode_with<Bf16, Dec256>(p, stream) : launch_decode_with<F16, Dec256>(p, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   constexpr int D = C::D, BK = C::BK, HB = C::HB, KW = C::KW, TILE = C::TILE, NT = KW / 8, DT = D / 8,
                 STAGES = C::STAGES;
   ATTN_DYNAMIC_SMEM(std::uint16_t, smem);
-  std::uint16_t* sQ = smem;               // [HB][kRows][D]
+  std::uint16_t* sQ = smem;                 // [HB][kRows][D]
   std::uint16_t* sK = sQ + HB * kRows * D;  // [STAGES][HB][BK][D]
   std::uint16_t* sV = sK + STAGES * TILE * D;
 
@@ -64,22 +64,28 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   auto load_kv = [&](int stage, std::int64_t t) {
     const std::int64_t j0 = lo + t * BK;
     const int keys = valid_rows(hi - j0, BK);  // >= 1: t < n_tiles
-    auto load = [&](std::uint16_t* tiles, const void* base, const std::int64_t (&s)[2], std::int64_t head_stride) {
+    auto load = [&](std::uint16_t* tiles, const void* base, const std::int64_t(&s)[2], std::int64_t head_stride) {
       const std::uint16_t* head0 = static_cast<const std::uint16_t*>(base) + g0 * head_stride;
       auto dst_row = [](int r) { return (r % C::HB) * C::BK + r / C::HB; };
       std::uint16_t* dst = tiles + stage * TILE * D;
       if (p.block_table == nullptr) {
         const std::uint16_t* first = head0 + b * s[0] + j0 * s[1];
-        load_tile<D, C::THREADS, TILE>(dst, [&](int r) {
-          return RowSource{first + clamp_row(r / C::HB, keys) * s[1] + (r % C::HB) * head_stride, r / C::HB < keys};
-        }, dst_row);
+        load_tile<D, C::THREADS, TILE>(
+            dst,
+            [&](int r) {
+              return RowSource{first + clamp_row(r / C::HB, keys) * s[1] + (r % C::HB) * head_stride, r / C::HB < keys};
+            },
+            dst_row);
       } else {
-        load_tile<D, C::THREADS, TILE>(dst, [&](int r) {
-          const std::int64_t j = j0 + clamp_row(r / C::HB, keys);
-          return RowSource{head0 + cache_row_offset(b, j, s[0], s[1], p.block_table, p.bt_stride, p.page_size) +
-                               (r % C::HB) * head_stride,
-                           r / C::HB < keys};
-        }, dst_row);
+        load_tile<D, C::THREADS, TILE>(
+            dst,
+            [&](int r) {
+              const std::int64_t j = j0 + clamp_row(r / C::HB, keys);
+              return RowSource{head0 + cache_row_offset(b, j, s[0], s[1], p.block_table, p.bt_stride, p.page_size) +
+                                   (r % C::HB) * head_stride,
+                               r / C::HB < keys};
+            },
+            dst_row);
       }
     };
     load(sK, p.k, p.ks, p.k_head_stride);
@@ -123,7 +129,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     if (t + STAGES - 1 < n_tiles) load_kv(static_cast<int>((t + STAGES - 1) % STAGES), t + STAGES - 1);
     cp_async_commit();
     const int stage = static_cast<int>(t % STAGES);
-    const int row0 = hw * BK + kw * KW;               // this warp's keys in the stage
+    const int row0 = hw * BK + kw * KW;             // this warp's keys in the stage
     const std::int64_t j0 = lo + t * BK + kw * KW;  // ... and their first key index
     float s1[1][NT][4];
     auto& s = s1[0];
@@ -197,7 +203,8 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     if (p.num_splits == 1) {
       float res[COLS];
       const float lse = finalize(RowState<float>{&mm, &ll, oo, COLS}, res);
-      std::uint16_t* out = static_cast<std::uint16_t*>(p.out) + b * p.os[0] + pr.query * p.os[1] + pr.head * p.os[2] + c0;
+      std::uint16_t* out =
+          static_cast<std::uint16_t*>(p.out) + b * p.os[0] + pr.query * p.os[1] + pr.head * p.os[2] + c0;
 #pragma unroll
       for (int c = 0; c < COLS; c += 2) *reinterpret_cast<std::uint32_t*>(out + c) = pack2<E>(res[c], res[c + 1]);
       if (p.lse && c0 == 0) p.lse[b * p.ls[0] + pr.head * p.ls[1] + pr.query * p.ls[2]] = lse;
@@ -290,7 +297,9 @@ template <class E, class C>
 int launch_decode_with(const DecodeParams& p, cudaStream_t stream) {
   constexpr int D = C::D;
   if (p.seqlen_new > 0) {
-    ATTN_LAUNCH(append_kernel<>, dim3(static_cast<unsigned>(p.seqlen_new), static_cast<unsigned>(p.batch)), 256, 0, stream)(p);
+    ATTN_LAUNCH(append_kernel<>, dim3(static_cast<unsigned>(p.seqlen_new), static_cast<unsigned>(p.batch)), 256, 0,
+                stream)
+    (p);
     if (cudaError_t e = cudaGetLastError()) return e;
   }
   constexpr int smem = C::SMEM_BYTES;

@@ -49,9 +49,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   }
   if (i0 >= sq) return;
   const std::int64_t kvh = h / (p.heads / p.kv_heads);
-  const std::uint16_t* q = static_cast<const std::uint16_t*>(p.q) + (p.cu_q ? 0 : b * p.qs[0]) + q_off * p.qs[1] + h * p.qs[2];
-  const std::uint16_t* k = static_cast<const std::uint16_t*>(p.k) + (p.cu_q ? 0 : b * p.ks[0]) + k_off * p.ks[1] + kvh * p.ks[2];
-  const std::uint16_t* v = static_cast<const std::uint16_t*>(p.v) + (p.cu_q ? 0 : b * p.vs[0]) + k_off * p.vs[1] + kvh * p.vs[2];
+  const std::uint16_t* q =
+      static_cast<const std::uint16_t*>(p.q) + (p.cu_q ? 0 : b * p.qs[0]) + q_off * p.qs[1] + h * p.qs[2];
+  const std::uint16_t* k =
+      static_cast<const std::uint16_t*>(p.k) + (p.cu_q ? 0 : b * p.ks[0]) + k_off * p.ks[1] + kvh * p.ks[2];
+  const std::uint16_t* v =
+      static_cast<const std::uint16_t*>(p.v) + (p.cu_q ? 0 : b * p.vs[0]) + k_off * p.vs[1] + kvh * p.vs[2];
 
   const detail::Mask mask{sq, sk, p.window_left, p.window_right, p.scale, p.softcap};
   const TileRange tiles = key_tiles(mask, i0, BR, BC);
@@ -61,9 +64,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // The query row a lane holds: slab mt of the warp, half 0 (row lane/4) or 1 (row lane/4 + 8).
-  auto lane_row = [&](int mt, int half) -> std::int64_t {
-    return i0 + (warp * C::MT + mt) * 16 + lane / 4 + 8 * half;
-  };
+  auto lane_row = [&](int mt, int half) -> std::int64_t { return i0 + (warp * C::MT + mt) * 16 + lane / 4 + 8 * half; };
   // Tiles lie in [0, sk) and row blocks start below sq, so each has at least one valid row.
   auto load_kv = [&](std::uint16_t* dst, const std::uint16_t* base, std::int64_t stride, std::int64_t t) {
     const int valid = valid_rows(sk - t * BC, BC);
@@ -145,7 +146,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
       const float lsum = quad_sum(l[mt][half]);
       if (i >= sq) continue;
       const float inv = lsum == 0.f ? 0.f : 1.f / lsum;
-      std::uint16_t* out = static_cast<std::uint16_t*>(p.out) + (p.cu_q ? 0 : b * p.os[0]) + (q_off + i) * p.os[1] + h * p.os[2];
+      std::uint16_t* out =
+          static_cast<std::uint16_t*>(p.out) + (p.cu_q ? 0 : b * p.os[0]) + (q_off + i) * p.os[1] + h * p.os[2];
 #pragma unroll
       for (int d = 0; d < DT; ++d) {
         const int c = d * 8 + (lane % 4) * 2;

@@ -45,14 +45,20 @@ ATTN_HOST_DEVICE constexpr RowCol ldmatrix_holds(int lane, int reg_half, bool tr
 // uses in the kernels. Each returns the row and the first column of that segment.
 //  A operand (Q, row-major [row][k]): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
 //  (rows 8-15, k 8-15) = registers a0..a3.
-ATTN_HOST_DEVICE constexpr RowCol ldmatrix_a_addr(int lane) { return {(lane % 8) + 8 * ((lane / 8) & 1), 8 * (lane / 16)}; }
+ATTN_HOST_DEVICE constexpr RowCol ldmatrix_a_addr(int lane) {
+  return {(lane % 8) + 8 * ((lane / 8) & 1), 8 * (lane / 16)};
+}
 //  B operand from a row-major [n][k] tile (K for S = Q K^T): matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
 //  (n 8-15, k 0-7), (n 8-15, k 8-15) = b0, b1 of n-tile 0, then b0, b1 of n-tile 1. Returns {n, k}.
-ATTN_HOST_DEVICE constexpr RowCol ldmatrix_b_addr(int lane) { return {(lane % 8) + 8 * (lane / 16), 8 * ((lane / 8) & 1)}; }
+ATTN_HOST_DEVICE constexpr RowCol ldmatrix_b_addr(int lane) {
+  return {(lane % 8) + 8 * (lane / 16), 8 * ((lane / 8) & 1)};
+}
 //  B operand from a row-major [k][n] tile with .trans (V for O = P V): matrices (k 0-7, n 0-7),
 //  (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15) = b0, b1 of n-tile 0, then of n-tile 1.
 //  Returns {k, n}.
-ATTN_HOST_DEVICE constexpr RowCol ldmatrix_bt_addr(int lane) { return {(lane % 8) + 8 * ((lane / 8) & 1), 8 * (lane / 16)}; }
+ATTN_HOST_DEVICE constexpr RowCol ldmatrix_bt_addr(int lane) {
+  return {(lane % 8) + 8 * ((lane / 8) & 1), 8 * (lane / 16)};
+}
 
 // ---- shared-memory swizzle -------------------------------------------------------------------------
 // Tiles are [rows][dim] 16-bit elements, dim a multiple of 64 (8 chunks of 16 bytes or more). Chunk c
@@ -67,7 +73,9 @@ ATTN_HOST_DEVICE constexpr int swizzle(int row, int col, int dim) {
 // (2 kk + c0) ^ (row % 8) = 8 (kk / 4) + ((2 (kk % 4) + c0) ^ (row % 8)), a lane keeps the four byte
 // offsets of kk % 4 = 0..3 (lane_chunk_bytes) and the rest is a compile-time constant that ldmatrix takes
 // as an immediate. tiled_byte_offset is that sum; tests/test_cuda_layout.cpp checks it equals 2 x swizzle.
-ATTN_HOST_DEVICE constexpr int lane_chunk_bytes(int row, int c0, int kk_mod4) { return ((2 * kk_mod4 + c0) ^ (row & 7)) << 4; }
+ATTN_HOST_DEVICE constexpr int lane_chunk_bytes(int row, int c0, int kk_mod4) {
+  return ((2 * kk_mod4 + c0) ^ (row & 7)) << 4;
+}
 ATTN_HOST_DEVICE constexpr int tiled_byte_offset(int row, int c0, int kk, int dim) {
   return row * dim * 2 + lane_chunk_bytes(row, c0, kk % 4) + (kk / 4) * 128;
 }
@@ -80,7 +88,8 @@ ATTN_HOST_DEVICE constexpr int tiled_byte_offset(int row, int c0, int kk, int di
 struct TileRange {
   std::int64_t first, end;  // tile indices; empty when first >= end
 };
-ATTN_HOST_DEVICE inline TileRange key_tiles(const detail::Mask& m, std::int64_t i0, std::int64_t rows, std::int64_t k_tile) {
+ATTN_HOST_DEVICE inline TileRange key_tiles(const detail::Mask& m, std::int64_t i0, std::int64_t rows,
+                                            std::int64_t k_tile) {
   const std::int64_t last = (i0 + rows < m.seqlen_q ? i0 + rows : m.seqlen_q) - 1;
   if (last < i0) return {0, 0};
   const std::int64_t lo = m.first_key(i0), hi = m.end_key(last);
@@ -89,14 +98,14 @@ ATTN_HOST_DEVICE inline TileRange key_tiles(const detail::Mask& m, std::int64_t 
 }
 // Whether every query of [i_first, i_last] sees every key of [j0, j1): since first_key and end_key are
 // non-decreasing in i, the last query's first key and the first query's end bound them all.
-ATTN_HOST_DEVICE inline bool all_rows_see(const detail::Mask& m, std::int64_t i_first, std::int64_t i_last, std::int64_t j0,
-                                          std::int64_t j1) {
+ATTN_HOST_DEVICE inline bool all_rows_see(const detail::Mask& m, std::int64_t i_first, std::int64_t i_last,
+                                          std::int64_t j0, std::int64_t j1) {
   return m.first_key(i_last) <= j0 && j1 <= m.end_key(i_first);
 }
 // Whether key tile t needs per-element masking for rows [i0, i0 + rows): false when every row of the
 // block (that exists) sees every key of the tile, and the tile lies inside seqlen_k.
-ATTN_HOST_DEVICE inline bool tile_needs_mask(const detail::Mask& m, std::int64_t i0, std::int64_t rows, std::int64_t k_tile,
-                                             std::int64_t t) {
+ATTN_HOST_DEVICE inline bool tile_needs_mask(const detail::Mask& m, std::int64_t i0, std::int64_t rows,
+                                             std::int64_t k_tile, std::int64_t t) {
   const std::int64_t last = (i0 + rows < m.seqlen_q ? i0 + rows : m.seqlen_q) - 1;
   const std::int64_t j0 = t * k_tile, j1 = j0 + k_tile;
   return j1 > m.seqlen_k || !all_rows_see(m, i0, last, j0, j1);
@@ -149,9 +158,9 @@ ATTN_HOST_DEVICE constexpr std::int64_t varlen_row(const std::int32_t* cu, std::
 }
 // Element offset of key `pos` of sequence b (kv head 0) in a cache with strides s0 (batch or page)
 // and s1 (position or slot). block_table == nullptr: contiguous.
-ATTN_HOST_DEVICE constexpr std::int64_t cache_row_offset(std::int64_t b, std::int64_t pos, std::int64_t s0, std::int64_t s1,
-                                                         const std::int32_t* block_table, std::int64_t bt_stride,
-                                                         std::int64_t page_size) {
+ATTN_HOST_DEVICE constexpr std::int64_t cache_row_offset(std::int64_t b, std::int64_t pos, std::int64_t s0,
+                                                         std::int64_t s1, const std::int32_t* block_table,
+                                                         std::int64_t bt_stride, std::int64_t page_size) {
   return block_table == nullptr
              ? b * s0 + pos * s1
              : std::int64_t{block_table[b * bt_stride + pos / page_size]} * s0 + (pos % page_size) * s1;

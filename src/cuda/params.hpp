@@ -13,7 +13,7 @@ namespace attn::cuda_detail {
 struct FwdParams {
   const void *q, *k, *v;
   void* out;
-  float* lse;                       // nullptr: not requested
+  float* lse;                                      // nullptr: not requested
   std::int64_t qs[3], ks[3], vs[3], os[3], ls[3];  // strides of dims 0..2 (last dim contiguous)
   std::int64_t batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim;
   const std::int32_t* cu_q = nullptr;  // varlen (device, [batch + 1]): rows [cu[b], cu[b+1]) of dim 1

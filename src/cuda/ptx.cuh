@@ -32,7 +32,8 @@ namespace attn::cuda_detail {
 
 // D = A B + D; a: 4 regs (16x16 row), b: 2 regs (16x8 col), d: 4 f32 (16x8).
 template <class E>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                          std::uint32_t b1) {
   if constexpr (std::is_same_v<E, Bf16>) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

@@ -48,7 +48,9 @@ __device__ __forceinline__ void load_tile(std::uint16_t* smem, SrcFn src) {
 }
 
 // How many of a tile's `rows` rows hold data when `left` rows remain from its first one (left >= 1).
-__device__ __forceinline__ int valid_rows(std::int64_t left, int rows) { return static_cast<int>(left < rows ? left : rows); }
+__device__ __forceinline__ int valid_rows(std::int64_t left, int rows) {
+  return static_cast<int>(left < rows ? left : rows);
+}
 // Row r's index, clamped to the last of `valid` rows (valid >= 1): the address a RowSource names for a
 // row past the end.
 __device__ __forceinline__ int clamp_row(int r, int valid) { return r < valid ? r : valid - 1; }
@@ -76,8 +78,8 @@ struct LaneOffsets {
 // with few (decode: one slab, NT = 2) the chains are split in two, even and odd k-steps, so twice as many
 // are in flight, and the halves are added at the end.
 template <class E, int D, int NT, int MT>
-__device__ __forceinline__ void warp_qk(float (&s)[MT][NT][4], const std::uint16_t* sq, int q_row0, const std::uint16_t* sk,
-                                        int k_row0) {
+__device__ __forceinline__ void warp_qk(float (&s)[MT][NT][4], const std::uint16_t* sq, int q_row0,
+                                        const std::uint16_t* sk, int k_row0) {
   static_assert(NT % 2 == 0);
   constexpr int kChains = NT * MT >= 4 ? 1 : 2;
   const int lane = threadIdx.x % 32;
@@ -220,7 +222,8 @@ __device__ __forceinline__ void mask_scores(float (&s)[NT][4], const detail::Mas
     for (int e = 0; e < 4; ++e) {
       const int half = e >> 1;
       const std::int64_t i = row_of(half), j = key_of(n, e);
-      s[n][e] = need_mask && !visible_fn(half, i, j) ? kNegInf : mask.score(s[n][e], i, j, half ? slope1 : slope0) * kLog2e;
+      s[n][e] =
+          need_mask && !visible_fn(half, i, j) ? kNegInf : mask.score(s[n][e], i, j, half ? slope1 : slope0) * kLog2e;
     }
 }
 
@@ -262,8 +265,8 @@ __device__ __forceinline__ void zero_nonfinite(std::uint16_t* tile) {
 // keep them in local memory on every tile (commit c61bf2c: 83 STL per thread per tile in the d = 128
 // kernel's SASS, none since).
 template <class E, int D, int NT, class VisibleFn>
-__device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const float (&p)[NT][4], const std::uint16_t* sv,
-                                                     int v_row0, VisibleFn visible_key) {
+__device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const float (&p)[NT][4],
+                                                     const std::uint16_t* sv, int v_row0, VisibleFn visible_key) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -273,7 +276,8 @@ __device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const
 #pragma unroll
       for (int e = 0; e < 2; ++e)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) prow[n * 8 + 2 * q + e] = __shfl_sync(0xffffffffu, p[n][2 * half + e], (lane & ~3) | q);
+        for (int q = 0; q < 4; ++q)
+          prow[n * 8 + 2 * q + e] = __shfl_sync(0xffffffffu, p[n][2 * half + e], (lane & ~3) | q);
     std::uint64_t sees = 0;  // bit j: the row sees key j
 #pragma unroll 1
     for (int j = 0; j < 8 * NT; ++j) sees |= std::uint64_t{visible_key(half, j)} << j;

@@ -81,8 +81,7 @@ void run(const DecodeProblem& p) {
     std::int64_t lo, n, splits, first_item;
   };
   std::vector<Seq> seqs(static_cast<std::size_t>(p.batch));
-  std::vector<std::int64_t> first_key(static_cast<std::size_t>(p.batch * p.seqlen_q)),
-      end_key(first_key.size());
+  std::vector<std::int64_t> first_key(static_cast<std::size_t>(p.batch * p.seqlen_q)), end_key(first_key.size());
   std::int64_t items = 0;
   for (std::int64_t b = 0; b < p.batch; ++b) {
     Seq& s = seqs[static_cast<std::size_t>(b)];
@@ -93,8 +92,8 @@ void run(const DecodeProblem& p) {
     }
     s.lo = s.mask.first_key(0);
     s.n = std::max<std::int64_t>(0, s.mask.end_key(p.seqlen_q - 1) - s.lo);
-    const std::int64_t W = p.num_splits > 0 ? p.num_splits
-                                            : decode_num_splits(s.n, p.batch, p.kv_heads, d, p.cache_dtype);
+    const std::int64_t W =
+        p.num_splits > 0 ? p.num_splits : decode_num_splits(s.n, p.batch, p.kv_heads, d, p.cache_dtype);
     s.splits = W;
     s.first_item = items;
     items += std::max<std::int64_t>(1, std::min(W, s.n));  // non-empty slices (one empty when n = 0)
@@ -118,7 +117,8 @@ void run(const DecodeProblem& p) {
           for (std::int64_t c = 0; c < d; ++c) dst[c] = load<A>(src[c * p.q.strides[3]]);
           if constexpr (std::is_same_v<Q, bf16_t>)
             if (split_q)
-              for (std::int64_t c = 0; c < d; ++c) q_hi[static_cast<std::size_t>(at + c)] = src[c * p.q.strides[3]].bits;
+              for (std::int64_t c = 0; c < d; ++c)
+                q_hi[static_cast<std::size_t>(at + c)] = src[c * p.q.strides[3]].bits;
         }
   });
   bool q_exact = true;
@@ -139,7 +139,8 @@ void run(const DecodeProblem& p) {
   if (p.alibi_slopes)
     for (std::int64_t b = 0; b < p.batch; ++b)
       for (std::int64_t h = 0; h < p.heads; ++h)
-        slopes[static_cast<std::size_t>(b * p.heads + h)] = static_cast<A>(p.alibi_slopes[b * p.alibi_batch_stride + h]);
+        slopes[static_cast<std::size_t>(b * p.heads + h)] =
+            static_cast<A>(p.alibi_slopes[b * p.alibi_batch_stride + h]);
 
   // Partial states in flight: items [i0, i0 + G), one state per (item, row), bounded to ~2^22
   // accumulator values so that any num_splits works in bounded memory. After each group every row
@@ -178,54 +179,59 @@ void run(const DecodeProblem& p) {
     auto fill = [&](std::int64_t b, std::int64_t j, std::int64_t n) {
       for (std::int64_t c = 0; c < n; ++c) {
         ptrs[static_cast<std::size_t>(c)] = kbase + p.row_offset(p.k, b, j + c) * static_cast<std::int64_t>(es);
-        ptrs[static_cast<std::size_t>(kChunk + c)] = vbase + p.row_offset(p.v, b, j + c) * static_cast<std::int64_t>(es);
+        ptrs[static_cast<std::size_t>(kChunk + c)] =
+            vbase + p.row_offset(p.v, b, j + c) * static_cast<std::int64_t>(es);
       }
     };
     for (std::int64_t i0 = 0; i0 < items; i0 += G) {  // every thread walks the same groups
-    const std::int64_t i1 = std::min(items, i0 + G);
+      const std::int64_t i1 = std::min(items, i0 + G);
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t it = i0; it < i1; ++it) {
-      const auto sit = std::upper_bound(seqs.begin(), seqs.end(), it,
-                                        [](std::int64_t x, const Seq& s) { return x < s.first_item; }) - 1;
-      const Seq& s = *sit;
-      const std::int64_t b = sit - seqs.begin(), w = it - s.first_item;
-      A* states = partial.get() + (it - i0) * rows * S;
-      for (std::int64_t r = 0; r < rows; ++r) reset(state_view(states + r * S, S, d));
-      if (s.n == 0) continue;
-      const KeyRange range = splitk_slice(s.n, s.splits, w);
-      a.mask = &s.mask;
-      a.first_key = first_key.data() + b * p.seqlen_q;
-      a.end_key = end_key.data() + b * p.seqlen_q;
-      a.q = q.data() + b * p.heads * p.seqlen_q * d;
-      a.slopes = slopes.data() + b * p.heads;
-      a.states = states;
-      if (!q_hi.empty()) {
-        a.q_hi = q_hi.data() + b * p.heads * p.seqlen_q * d;
-        a.q_lo = q_exact ? nullptr : q_lo.data() + b * p.heads * p.seqlen_q * d;
+      for (std::int64_t it = i0; it < i1; ++it) {
+        const auto sit = std::upper_bound(seqs.begin(), seqs.end(), it,
+                                          [](std::int64_t x, const Seq& s) { return x < s.first_item; }) -
+                         1;
+        const Seq& s = *sit;
+        const std::int64_t b = sit - seqs.begin(), w = it - s.first_item;
+        A* states = partial.get() + (it - i0) * rows * S;
+        for (std::int64_t r = 0; r < rows; ++r) reset(state_view(states + r * S, S, d));
+        if (s.n == 0) continue;
+        const KeyRange range = splitk_slice(s.n, s.splits, w);
+        a.mask = &s.mask;
+        a.first_key = first_key.data() + b * p.seqlen_q;
+        a.end_key = end_key.data() + b * p.seqlen_q;
+        a.q = q.data() + b * p.heads * p.seqlen_q * d;
+        a.slopes = slopes.data() + b * p.heads;
+        a.states = states;
+        if (!q_hi.empty()) {
+          a.q_hi = q_hi.data() + b * p.heads * p.seqlen_q * d;
+          a.q_lo = q_exact ? nullptr : q_lo.data() + b * p.heads * p.seqlen_q * d;
+        }
+        const std::int64_t lo = s.lo + range.begin, hi = s.lo + range.end;
+        for (std::int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+          const std::int64_t n = std::min(kChunk, hi - j0);
+          fill(b, j0, n);
+          a.n = n;
+          a.j0 = j0;
+          a.k_rows = ptrs.data();
+          a.v_rows = ptrs.data() + kChunk;
+          if constexpr (std::is_same_v<A, double>)
+            decode_chunk_f64(a);
+          else
+            decode_chunk_simd(a, p.cache_dtype);
+        }
+        if constexpr (std::is_same_v<A, float>) decode_finish_simd(a, p.cache_dtype);
       }
-      const std::int64_t lo = s.lo + range.begin, hi = s.lo + range.end;
-      for (std::int64_t j0 = lo; j0 < hi; j0 += kChunk) {
-        const std::int64_t n = std::min(kChunk, hi - j0);
-        fill(b, j0, n);
-        a.n = n;
-        a.j0 = j0;
-        a.k_rows = ptrs.data();
-        a.v_rows = ptrs.data() + kChunk;
-        if constexpr (std::is_same_v<A, double>) decode_chunk_f64(a);
-        else decode_chunk_simd(a, p.cache_dtype);
-      }
-      if constexpr (std::is_same_v<A, float>) decode_finish_simd(a, p.cache_dtype);
-    }
-    // Each row merges this group's slices of its sequence, in slice order.
+      // Each row merges this group's slices of its sequence, in slice order.
 #pragma omp for schedule(static)
-    for (std::int64_t t = 0; t < p.batch * rows; ++t) {
-      const std::int64_t b = t / rows, row = t % rows;
-      const Seq& s = seqs[static_cast<std::size_t>(b)];
-      const std::int64_t slices = std::max<std::int64_t>(1, std::min(s.splits, s.n));
-      const std::int64_t first = std::max(s.first_item, i0), last = std::min(s.first_item + slices, i1);
-      for (std::int64_t it = first; it < last; ++it)
-        merge(state_view(running.data() + t * S, S, d), state_view(partial.get() + ((it - i0) * rows + row) * S, S, d));
-    }
+      for (std::int64_t t = 0; t < p.batch * rows; ++t) {
+        const std::int64_t b = t / rows, row = t % rows;
+        const Seq& s = seqs[static_cast<std::size_t>(b)];
+        const std::int64_t slices = std::max<std::int64_t>(1, std::min(s.splits, s.n));
+        const std::int64_t first = std::max(s.first_item, i0), last = std::min(s.first_item + slices, i1);
+        for (std::int64_t it = first; it < last; ++it)
+          merge(state_view(running.data() + t * S, S, d),
+                state_view(partial.get() + ((it - i0) * rows + row) * S, S, d));
+      }
     }
 
     // Finalise.
@@ -249,25 +255,27 @@ void run(const DecodeProblem& p) {
 }  // namespace
 }  // namespace detail
 
-std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64_t kv_heads,
-                               std::int64_t head_dim, DType cache_dtype) {
+std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
+                               DType cache_dtype) {
   if (keys <= 0) return 1;
   constexpr double kSliceBytes = 2.0 * 1024 * 1024;  // K and V read per slice, all kv heads
   constexpr std::int64_t kMinItems = 32, kMinKeys = 128;
   const double bytes = 2.0 * static_cast<double>(keys) * static_cast<double>(kv_heads * head_dim) *
                        static_cast<double>(dtype_size(cache_dtype));
   const auto by_bytes = static_cast<std::int64_t>(std::min(1e15, std::ceil(bytes / kSliceBytes)));
-  const std::int64_t for_items = std::min((kMinItems + batch - 1) / std::max<std::int64_t>(1, batch),
-                                          std::max<std::int64_t>(1, keys / kMinKeys));
+  const std::int64_t for_items =
+      std::min((kMinItems + batch - 1) / std::max<std::int64_t>(1, batch), std::max<std::int64_t>(1, keys / kMinKeys));
   return std::clamp<std::int64_t>(std::max(by_bytes, for_items), 1, keys);
 }
 
-void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out,
-                      const AttentionOptions& opts, const DecodeOptions& decode, const TensorView* lse) {
+void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out, const AttentionOptions& opts,
+                      const DecodeOptions& decode, const TensorView* lse) {
   const detail::DecodeProblem p = detail::validate_decode("attn::attention_decode", q, cache, out, opts, decode, lse);
   detail::append_kv(p);
-  if (p.cache_dtype == DType::f64) detail::run<double>(p);
-  else detail::run<float>(p);
+  if (p.cache_dtype == DType::f64)
+    detail::run<double>(p);
+  else
+    detail::run<float>(p);
 }
 
 }  // namespace attn

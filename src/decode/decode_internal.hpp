@@ -20,7 +20,7 @@ struct DecodeProblem : ResolvedOptions {  // scale, window, softcap, ALiBi, thre
   std::int64_t batch, seqlen_q, heads, kv_heads, head_dim, seqlen_new;
   DType cache_dtype, q_dtype;
   bool paged;
-  std::int64_t page_size;  // paged: slots per page; contiguous: unused
+  std::int64_t page_size;   // paged: slots per page; contiguous: unused
   std::int64_t num_splits;  // 0 = automatic, per sequence
   TensorView q, k, v, out;
   const TensorView* lse;
@@ -32,9 +32,7 @@ struct DecodeProblem : ResolvedOptions {  // scale, window, softcap, ALiBi, thre
 
   std::int64_t group() const { return heads / kv_heads; }
   std::int64_t seqlen_k(std::int64_t b) const { return std::int64_t{seqlens[b]} + seqlen_new; }
-  Mask mask(std::int64_t b) const {
-    return {seqlen_q, seqlen_k(b), window_left, window_right, scale, softcap};
-  }
+  Mask mask(std::int64_t b) const { return {seqlen_q, seqlen_k(b), window_left, window_right, scale, softcap}; }
   // Element offset of key `pos` of sequence b, kv head 0, in a cache view with t's strides.
   std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t pos) const {
     if (!paged) return b * t.strides[0] + pos * t.strides[1];
@@ -45,9 +43,8 @@ struct DecodeProblem : ResolvedOptions {  // scale, window, softcap, ALiBi, thre
 
 // Checks every argument (see include/attn/decode.hpp) and throws std::invalid_argument on the first
 // bad one; writes nothing.
-DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache,
-                              const TensorView& out, const AttentionOptions& opts, const DecodeOptions& dec,
-                              const TensorView* lse);
+DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
+                              const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse);
 
 // Copies k_new/v_new into the cache at seqlens[b] ... (validated problem only).
 void append_kv(const DecodeProblem& p);
@@ -71,7 +68,7 @@ struct ChunkArgs {
   const A* slopes;  // [kv_heads * group] ALiBi slope per query head, 0 = none
   A* states;        // [kv_heads][group * seqlen_q][state_stride]: o[head_dim], then m, l
   std::int64_t state_stride;
-  A* scratch;       // chunk_scratch_size(kv_heads, group * seqlen_q, head_dim) values (layout below)
+  A* scratch;  // chunk_scratch_size(kv_heads, group * seqlen_q, head_dim) values (layout below)
   // q rounded to bf16 (q_hi) and the bf16 rounding of the remainder (q_lo, nullptr when q_hi is exact),
   // same layout as q: the bf16 dot-product path of decode_simd.cpp uses them when the CPU has it.
   const std::uint16_t* q_hi = nullptr;

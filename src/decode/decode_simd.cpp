@@ -41,9 +41,18 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-template <class T> struct HwyOf { using type = T; };
-template <> struct HwyOf<bf16_t> { using type = hwy::bfloat16_t; };
-template <> struct HwyOf<f16_t> { using type = hwy::float16_t; };
+template <class T>
+struct HwyOf {
+  using type = T;
+};
+template <>
+struct HwyOf<bf16_t> {
+  using type = hwy::bfloat16_t;
+};
+template <>
+struct HwyOf<f16_t> {
+  using type = hwy::float16_t;
+};
 
 // Lanes [x, x + N) of a cache row, widened to f32.
 template <class T>
@@ -87,7 +96,8 @@ HWY_INLINE void StoreSum4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT dst) 
   const V t1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
   const hn::Repartition<std::uint64_t, D> d64;
   const auto w0 = hn::BitCast(d64, t0), w1 = hn::BitCast(d64, t1);
-  const V u = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w0, w1)), hn::BitCast(d, hn::InterleaveUpper(d64, w0, w1)));
+  const V u =
+      hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w0, w1)), hn::BitCast(d, hn::InterleaveUpper(d64, w0, w1)));
   hn::StoreU(FoldBlocks(d, u), hn::Full128<float>(), dst);
 #endif
 }
@@ -115,8 +125,8 @@ HWY_INLINE void Dots4(const float* q, std::int64_t d, const T* k, float* dst) {
 
 // o_r[x .. x + NV*N) += sum_c p[r][c] v_c[x ..] for NR rows (states stride S, p stride kChunk).
 template <int NR, int NV, class T>
-HWY_INLINE void AccumulatePV(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
-                             float* o, std::int64_t S, std::int64_t x) {
+HWY_INLINE void AccumulatePV(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
+                             std::int64_t S, std::int64_t x) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   VF acc[NR][NV];
@@ -219,10 +229,14 @@ HWY_INLINE void PvRows(const ChunkArgs<float>& a, std::int64_t r0, std::int64_t 
   float* o = st + r0 * S;
   if (full) {
     switch (nr) {
-      case 4: return pv(std::integral_constant<int, 4>(), pr, 0, a.n, o);
-      case 3: return pv(std::integral_constant<int, 3>(), pr, 0, a.n, o);
-      case 2: return pv(std::integral_constant<int, 2>(), pr, 0, a.n, o);
-      default: return pv(std::integral_constant<int, 1>(), pr, 0, a.n, o);
+      case 4:
+        return pv(std::integral_constant<int, 4>(), pr, 0, a.n, o);
+      case 3:
+        return pv(std::integral_constant<int, 3>(), pr, 0, a.n, o);
+      case 2:
+        return pv(std::integral_constant<int, 2>(), pr, 0, a.n, o);
+      default:
+        return pv(std::integral_constant<int, 1>(), pr, 0, a.n, o);
     }
   }
   for (std::int64_t t = 0; t < nr; ++t)
@@ -258,7 +272,8 @@ HWY_INLINE void TransformScores(const ChunkArgs<float>& a, float* scores) {
 template <class T>
 HWY_INLINE void PrefetchV(const ChunkArgs<float>& a, std::int64_t c, std::int64_t g) {
   const char* vr = static_cast<const char*>(a.v_rows[c]) + g * a.v_head_stride * static_cast<std::int64_t>(sizeof(T));
-  for (std::int64_t b = 0; b < a.head_dim * static_cast<std::int64_t>(sizeof(T)); b += 64) __builtin_prefetch(vr + b, 0, 2);
+  for (std::int64_t b = 0; b < a.head_dim * static_cast<std::int64_t>(sizeof(T)); b += 64)
+    __builtin_prefetch(vr + b, 0, 2);
 }
 
 // The key walk's output layout: the dots of query rows 4b .. 4b + 3 of kv head g with key c are one
@@ -298,10 +313,18 @@ void ScoreKeys(const ChunkArgs<float>& a, float* dots4) {
         const float* q = a.q + (g * R + 4 * b) * d;
         float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
         switch (std::min<std::int64_t>(4, R - 4 * b)) {
-          case 4: Dots4<4, D>(q, d, kr, dst); break;
-          case 3: Dots4<3, D>(q, d, kr, dst); break;
-          case 2: Dots4<2, D>(q, d, kr, dst); break;
-          default: Dots4<1, D>(q, d, kr, dst); break;
+          case 4:
+            Dots4<4, D>(q, d, kr, dst);
+            break;
+          case 3:
+            Dots4<3, D>(q, d, kr, dst);
+            break;
+          case 2:
+            Dots4<2, D>(q, d, kr, dst);
+            break;
+          default:
+            Dots4<1, D>(q, d, kr, dst);
+            break;
         }
       }
     }
@@ -315,23 +338,32 @@ void Chunk(const ChunkArgs<float>& a) {
   float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
   const T* const* vrows = reinterpret_cast<const T* const*>(a.v_rows);
   switch (d) {
-    case 64: ScoreKeys<T, 64>(a, dots4); break;
-    case 128: ScoreKeys<T, 128>(a, dots4); break;
-    case 256: ScoreKeys<T, 256>(a, dots4); break;
-    default: ScoreKeys<T, 0>(a, dots4); break;
+    case 64:
+      ScoreKeys<T, 64>(a, dots4);
+      break;
+    case 128:
+      ScoreKeys<T, 128>(a, dots4);
+      break;
+    case 256:
+      ScoreKeys<T, 256>(a, dots4);
+      break;
+    default:
+      ScoreKeys<T, 0>(a, dots4);
+      break;
   }
   UntangleDots(a, dots4, scores);
   TransformScores(a, scores);
   for (std::int64_t g = 0; g < a.kv_heads; ++g) {
     float* st = a.states + g * R * S;
     for (std::int64_t r = 0; r < R; ++r)
-      FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, n, st + r * S, st + r * S + S - 2,
-              st + r * S + S - 1, d);
+      FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, n, st + r * S, st + r * S + S - 2, st + r * S + S - 1,
+              d);
     const std::int64_t vh = g * a.v_head_stride;
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
-      PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st, [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
-        PVRows<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d);
-      });
+      PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st,
+             [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
+               PVRows<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d);
+             });
   }
 }
 
@@ -456,10 +488,18 @@ ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
         const std::uint16_t* ql = kLo ? a.q_lo + (g * R + 4 * b) * d : nullptr;
         float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
         switch (std::min<std::int64_t>(4, R - 4 * b)) {
-          case 4: DotsDp<4, D, kLo>(qh, ql, d, kr, dst); break;
-          case 3: DotsDp<3, D, kLo>(qh, ql, d, kr, dst); break;
-          case 2: DotsDp<2, D, kLo>(qh, ql, d, kr, dst); break;
-          default: DotsDp<1, D, kLo>(qh, ql, d, kr, dst); break;
+          case 4:
+            DotsDp<4, D, kLo>(qh, ql, d, kr, dst);
+            break;
+          case 3:
+            DotsDp<3, D, kLo>(qh, ql, d, kr, dst);
+            break;
+          case 2:
+            DotsDp<2, D, kLo>(qh, ql, d, kr, dst);
+            break;
+          default:
+            DotsDp<1, D, kLo>(qh, ql, d, kr, dst);
+            break;
         }
       }
     }
@@ -474,10 +514,18 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
   const auto* const* vrows = reinterpret_cast<const std::uint16_t* const*>(a.v_rows);
   const bool lo = a.q_lo != nullptr;
   switch (d) {
-    case 64: lo ? ScoreKeysDp<64, true>(a, dots4) : ScoreKeysDp<64, false>(a, dots4); break;
-    case 128: lo ? ScoreKeysDp<128, true>(a, dots4) : ScoreKeysDp<128, false>(a, dots4); break;
-    case 256: lo ? ScoreKeysDp<256, true>(a, dots4) : ScoreKeysDp<256, false>(a, dots4); break;
-    default: lo ? ScoreKeysDp<0, true>(a, dots4) : ScoreKeysDp<0, false>(a, dots4); break;
+    case 64:
+      lo ? ScoreKeysDp<64, true>(a, dots4) : ScoreKeysDp<64, false>(a, dots4);
+      break;
+    case 128:
+      lo ? ScoreKeysDp<128, true>(a, dots4) : ScoreKeysDp<128, false>(a, dots4);
+      break;
+    case 256:
+      lo ? ScoreKeysDp<256, true>(a, dots4) : ScoreKeysDp<256, false>(a, dots4);
+      break;
+    default:
+      lo ? ScoreKeysDp<0, true>(a, dots4) : ScoreKeysDp<0, false>(a, dots4);
+      break;
   }
   UntangleDots(a, dots4, scores);
   TransformScores(a, scores);
@@ -488,9 +536,10 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
       FoldRow(scores + gs + r * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2, st + r * S + S - 1, d);
     const std::int64_t vh = g * a.v_head_stride;
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
-      PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st, [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
-        PVRowsDp<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d, a.bf16_out);
-      });
+      PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st,
+             [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
+               PVRowsDp<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d, a.bf16_out);
+             });
   }
 }
 
@@ -520,9 +569,12 @@ void ChunkDispatch(const ChunkArgs<float>& a, DType t) {
   if (UseDp(a, t)) return ChunkDp(a);
 #endif
   switch (t) {
-    case DType::bf16: return Chunk<bf16_t>(a);
-    case DType::f16: return Chunk<f16_t>(a);
-    default: return Chunk<float>(a);
+    case DType::bf16:
+      return Chunk<bf16_t>(a);
+    case DType::f16:
+      return Chunk<f16_t>(a);
+    default:
+      return Chunk<float>(a);
   }
 }
 

@@ -40,15 +40,15 @@ Span int32_span(const std::int32_t* p, std::int64_t count) {
 
 void require_dtype(std::string_view who, std::string_view arg, DType got, DType want, std::string_view whose) {
   if (got != want)
-    fail(who, arg, "dtype must match " + std::string(whose) + "'s (" + std::string(dtype_name(want)) + "), got " +
-                       std::string(dtype_name(got)));
+    fail(who, arg,
+         "dtype must match " + std::string(whose) + "'s (" + std::string(dtype_name(want)) + "), got " +
+             std::string(dtype_name(got)));
 }
 
 }  // namespace
 
-DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache,
-                              const TensorView& out, const AttentionOptions& opts, const DecodeOptions& dec,
-                              const TensorView* lse) {
+DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
+                              const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse) {
   const bool paged = cache.block_table != nullptr;
   const Span sq = check_view(who, "q", q, 4, false);
   const Span sk = check_view(who, "cache.k", cache.k, 4, !paged);
@@ -69,13 +69,15 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     require_dtype(who, "v_new", dec.v_new->dtype, ct, "cache.k");
   }
   if (q.dtype != ct && q.dtype != DType::f32)
-    fail(who, "q", "dtype must be cache.k's (" + std::string(dtype_name(ct)) + ") or f32, got " +
-                       std::string(dtype_name(q.dtype)));
+    fail(who, "q",
+         "dtype must be cache.k's (" + std::string(dtype_name(ct)) + ") or f32, got " +
+             std::string(dtype_name(q.dtype)));
   require_dtype(who, "out", out.dtype, q.dtype, "q");
   const DType lse_dtype = ct == DType::f64 ? DType::f64 : DType::f32;
   if (lse && lse->dtype != lse_dtype)
-    fail(who, "lse", "dtype must be " + std::string(dtype_name(lse_dtype)) + " for a " +
-                         std::string(dtype_name(ct)) + " cache, got " + std::string(dtype_name(lse->dtype)));
+    fail(who, "lse",
+         "dtype must be " + std::string(dtype_name(lse_dtype)) + " for a " + std::string(dtype_name(ct)) +
+             " cache, got " + std::string(dtype_name(lse->dtype)));
 
   // Shapes.
   const std::int64_t batch = q.shape[0], sqn = q.shape[1], heads = q.shape[2], d = q.shape[3];
@@ -102,7 +104,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     require_equal(who, "k_new", "batch", dec.k_new->shape[0], "q", batch);
     require_equal(who, "k_new", "heads", dec.k_new->shape[2], "cache.k", kv_heads);
     require_equal(who, "k_new", "head_dim", dec.k_new->shape[3], "cache.k", d);
-    for (int i = 0; i < 4; ++i) require_equal(who, "v_new", kDims[i], dec.v_new->shape[i], "k_new", dec.k_new->shape[i]);
+    for (int i = 0; i < 4; ++i)
+      require_equal(who, "v_new", kDims[i], dec.v_new->shape[i], "k_new", dec.k_new->shape[i]);
     seqlen_new = dec.k_new->shape[1];
   }
 
@@ -115,11 +118,12 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     if (cache.max_pages < 1) fail(who, "cache.max_pages", "must be >= 1, got " + str(cache.max_pages));
     bt_stride = cache.block_table_stride == 0 ? cache.max_pages : cache.block_table_stride;
     if (bt_stride < cache.max_pages)
-      fail(who, "cache.block_table_stride", "must be >= max_pages (" + str(cache.max_pages) + ") or 0, got " +
-                                                str(cache.block_table_stride));
+      fail(who, "cache.block_table_stride",
+           "must be >= max_pages (" + str(cache.max_pages) + ") or 0, got " + str(cache.block_table_stride));
     std::int64_t extent = 0;
-    if (__builtin_mul_overflow(batch - 1, bt_stride, &extent) || __builtin_add_overflow(extent, cache.max_pages, &extent) ||
-        extent > (std::int64_t{1} << 60) || __builtin_mul_overflow(cache.max_pages, page_size, &capacity))
+    if (__builtin_mul_overflow(batch - 1, bt_stride, &extent) ||
+        __builtin_add_overflow(extent, cache.max_pages, &extent) || extent > (std::int64_t{1} << 60) ||
+        __builtin_mul_overflow(cache.max_pages, page_size, &capacity))
       fail(who, "cache.block_table", "sizes overflow");
     sbt = int32_span(cache.block_table, extent);
   }
@@ -128,16 +132,18 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     const std::int64_t n = cache.seqlens[b];
     if (n < 0) fail(who, "cache.seqlens", "must be >= 0, got seqlens[" + str(b) + "] = " + str(n));
     if (n + seqlen_new > capacity)
-      fail(who, "cache.seqlens", "seqlens[" + str(b) + "] + seqlen_new (" + str(n) + " + " + str(seqlen_new) +
-                                     ") exceeds the cache capacity (" + str(capacity) +
-                                     (paged ? " = max_pages x page_size)" : " = max_seqlen)"));
+      fail(who, "cache.seqlens",
+           "seqlens[" + str(b) + "] + seqlen_new (" + str(n) + " + " + str(seqlen_new) +
+               ") exceeds the cache capacity (" + str(capacity) +
+               (paged ? " = max_pages x page_size)" : " = max_seqlen)"));
     if (paged) {
       const std::int64_t pages = (n + seqlen_new + page_size - 1) / page_size;
       for (std::int64_t j = 0; j < pages; ++j) {
         const std::int64_t e = cache.block_table[b * bt_stride + j];
         if (e < 0 || e >= num_pages)
-          fail(who, "cache.block_table", "entry [" + str(b) + "][" + str(j) + "] = " + str(e) +
-                                             " must be in [0, num_pages = " + str(num_pages) + ")");
+          fail(who, "cache.block_table",
+               "entry [" + str(b) + "][" + str(j) + "] = " + str(e) + " must be in [0, num_pages = " + str(num_pages) +
+                   ")");
       }
     }
   }
@@ -145,8 +151,9 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   // Aliasing and overlaps.
   check_no_self_alias(who, "out", out);
   if (lse) check_no_self_alias(who, "lse", *lse);
-  const std::pair<const char*, Span> inputs[] = {{"q", sq}, {"cache.k", sk}, {"cache.v", sv}, {"k_new", skn},
-                                                 {"v_new", svn}, {"cache.seqlens", sseq}, {"cache.block_table", sbt}};
+  const std::pair<const char*, Span> inputs[] = {
+      {"q", sq},      {"cache.k", sk},         {"cache.v", sv},           {"k_new", skn},
+      {"v_new", svn}, {"cache.seqlens", sseq}, {"cache.block_table", sbt}};
   for (auto [name, s] : inputs) {
     if (overlaps(so, s)) fail(who, "out", std::string("overlaps input ") + name);
     if (overlaps(sl, s)) fail(who, "lse", std::string("overlaps input ") + name);
@@ -162,7 +169,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
       if (overlaps(sk, s)) fail(who, "cache.k", std::string("overlaps ") + name + " (written when appending)");
       if (overlaps(sv, s)) fail(who, "cache.v", std::string("overlaps ") + name + " (written when appending)");
     }
-    if (paged) {  // two sequences must not append into the same slot
+    if (paged) {                                                 // two sequences must not append into the same slot
       std::vector<std::pair<std::int64_t, std::int64_t>> slots;  // (page * page_size + slot, b)
       slots.reserve(static_cast<std::size_t>(batch * seqlen_new));
       for (std::int64_t b = 0; b < batch; ++b)
@@ -173,9 +180,10 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
       std::sort(slots.begin(), slots.end());
       for (std::size_t i = 1; i < slots.size(); ++i)
         if (slots[i].first == slots[i - 1].first)
-          fail(who, "cache.block_table", "sequences " + str(slots[i - 1].second) + " and " + str(slots[i].second) +
-                                             " append into the same slot (page " + str(slots[i].first / page_size) +
-                                             ", slot " + str(slots[i].first % page_size) + ")");
+          fail(who, "cache.block_table",
+               "sequences " + str(slots[i - 1].second) + " and " + str(slots[i].second) +
+                   " append into the same slot (page " + str(slots[i].first / page_size) + ", slot " +
+                   str(slots[i].first % page_size) + ")");
     }
   }
 
@@ -222,7 +230,8 @@ void append_kv(const DecodeProblem& p) {
           unsigned char* to = base + (row + g * dst->strides[2]) * static_cast<std::int64_t>(es);
           const std::int64_t s0 = b * src->strides[0] + t * src->strides[1] + g * src->strides[2];
           for (std::int64_t c = 0; c < p.head_dim; ++c)
-            std::memcpy(to + c * static_cast<std::int64_t>(es), from + (s0 + c * src->strides[3]) * static_cast<std::int64_t>(es), es);
+            std::memcpy(to + c * static_cast<std::int64_t>(es),
+                        from + (s0 + c * src->strides[3]) * static_cast<std::int64_t>(es), es);
         }
       }
   }

@@ -55,9 +55,7 @@ class Hbm {
   std::int64_t writes() const { return writes_; }
 
   // For checking the result once the schedule is over; not traffic.
-  const std::vector<double>& contents(Array a) const {
-    return arrays_[static_cast<std::size_t>(a.index)].data;
-  }
+  const std::vector<double>& contents(Array a) const { return arrays_[static_cast<std::size_t>(a.index)].data; }
 
  private:
   struct Stored {
@@ -108,20 +106,18 @@ struct Problem {
   std::vector<double> q, k, v;
 };
 
-Problem make_problem(const char* where, std::int64_t n, std::int64_t d, std::int64_t m,
-                     std::uint64_t seed) {
+Problem make_problem(const char* where, std::int64_t n, std::int64_t d, std::int64_t m, std::uint64_t seed) {
   auto positive = [&](const char* name, std::int64_t x) {
     if (x < 1)
-      throw std::invalid_argument(std::string(where) + ": " + name + " must be >= 1, got " +
-                                  std::to_string(x));
+      throw std::invalid_argument(std::string(where) + ": " + name + " must be >= 1, got " + std::to_string(x));
   };
   positive("seqlen", n);
   positive("head_dim", d);
   positive("sram_elements", m);
   std::int64_t nd;
   if (__builtin_mul_overflow(n, d, &nd) || nd > (std::int64_t{1} << 32))
-    throw std::invalid_argument(std::string(where) + ": seqlen x head_dim must be <= 2^32, got " +
-                                std::to_string(n) + " x " + std::to_string(d));
+    throw std::invalid_argument(std::string(where) + ": seqlen x head_dim must be <= 2^32, got " + std::to_string(n) +
+                                " x " + std::to_string(d));
   Problem p{n, d, 1.0 / std::sqrt(static_cast<double>(d)), {}, {}, {}};
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(-1.0, 1.0);
@@ -139,8 +135,8 @@ std::int64_t block_for(std::int64_t d, std::int64_t m) {
 }
 
 // S_ij = Q_i K_j^T * scale for an nr x nb tile, row-major.
-void scores(const double* qi, const double* kj, std::int64_t nr, std::int64_t nb, std::int64_t d,
-            double scale, double* s) {
+void scores(const double* qi, const double* kj, std::int64_t nr, std::int64_t nb, std::int64_t d, double scale,
+            double* s) {
   for (std::int64_t r = 0; r < nr; ++r)
     for (std::int64_t c = 0; c < nb; ++c) {
       double acc = 0;
@@ -150,15 +146,13 @@ void scores(const double* qi, const double* kj, std::int64_t nr, std::int64_t nb
 }
 
 // Largest |a - b| over the output and the log-sum-exp, against attention_reference.
-double diff_vs_reference(const Problem& p, const std::vector<double>& out,
-                         const std::vector<double>& lse) {
+double diff_vs_reference(const Problem& p, const std::vector<double>& out, const std::vector<double>& lse) {
   std::vector<double> ref_out(out.size()), ref_lse(lse.size());
   const TensorView ref_lse_view = TensorView::contiguous(ref_lse.data(), 1, 1, p.n);
   attention_reference(TensorView::contiguous(p.q.data(), 1, p.n, 1, p.d),
                       TensorView::contiguous(p.k.data(), 1, p.n, 1, p.d),
                       TensorView::contiguous(p.v.data(), 1, p.n, 1, p.d),
-                      TensorView::contiguous(ref_out.data(), 1, p.n, 1, p.d), AttentionOptions{},
-                      &ref_lse_view);
+                      TensorView::contiguous(ref_out.data(), 1, p.n, 1, p.d), AttentionOptions{}, &ref_lse_view);
   double worst = 0;
   for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - ref_out[i]));
   for (std::size_t i = 0; i < lse.size(); ++i) worst = std::max(worst, std::abs(lse[i] - ref_lse[i]));
@@ -188,8 +182,8 @@ Counted count_algorithm1(std::int64_t n, std::int64_t d, std::int64_t m, std::ui
   const auto Q = hbm.add(n, d, p.q), K = hbm.add(n, d, p.k), V = hbm.add(n, d, p.v);
   const auto O = hbm.add(n, d, std::vector<double>(static_cast<std::size_t>(n * d), 0.0));
   const auto L = hbm.add(n, 1, std::vector<double>(static_cast<std::size_t>(n), 0.0));
-  const auto Mx = hbm.add(
-      n, 1, std::vector<double>(static_cast<std::size_t>(n), -std::numeric_limits<double>::infinity()));
+  const auto Mx =
+      hbm.add(n, 1, std::vector<double>(static_cast<std::size_t>(n), -std::numeric_limits<double>::infinity()));
 
   Sram sram;
   Sram::Buffer kj(sram), vj(sram), qi(sram), oi(sram), s(sram), li(sram), mi(sram);
@@ -264,8 +258,7 @@ Counted count_fa2(std::int64_t n, std::int64_t d, std::int64_t m, std::uint64_t 
       hbm.read(V, j0, nb, vj.data());
       scores(qi.data(), kj.data(), nr, nb, d, p.scale, s.data());
       for (std::int64_t r = 0; r < nr; ++r)
-        fold(RowState<double>{&mi[r], &li[r], oi.data() + r * d, d}, s.data() + r * nb, nb,
-             vj.data(), d);
+        fold(RowState<double>{&mi[r], &li[r], oi.data() + r * d, d}, s.data() + r * nb, nb, vj.data(), d);
     }
     // finalize in place; the row's m is no longer needed, so its slot carries the LSE out.
     for (std::int64_t r = 0; r < nr; ++r)

@@ -48,9 +48,7 @@ std::int64_t add(const char* where, std::int64_t a, std::int64_t b) {
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // B = ceil(M / 4d): the key tile that lets K_j, V_j, Q_i, O_i (each B x d) share M elements.
-std::int64_t block_for(const char* where, std::int64_t d, std::int64_t m) {
-  return ceil_div(m, mul(where, 4, d));
-}
+std::int64_t block_for(const char* where, std::int64_t d, std::int64_t m) { return ceil_div(m, mul(where, 4, d)); }
 
 void check_sizes(const char* where, std::int64_t n, std::int64_t d) {
   require_positive(where, "seqlen", n);
@@ -104,8 +102,8 @@ Report model(const ModelParams& p) {
   if (!(std::isfinite(p.element_bytes) && p.element_bytes > 0))
     fail(where, "element_bytes must be finite and > 0, got " + num(p.element_bytes));
   if (!(std::isfinite(p.sram_bytes) && p.sram_bytes >= p.element_bytes))
-    fail(where, "sram_bytes must be finite and hold at least one element (>= element_bytes = " +
-                    num(p.element_bytes) + "), got " + num(p.sram_bytes));
+    fail(where, "sram_bytes must be finite and hold at least one element (>= element_bytes = " + num(p.element_bytes) +
+                    "), got " + num(p.sram_bytes));
   if (!(std::isfinite(p.bandwidth) && p.bandwidth > 0))
     fail(where, "bandwidth must be finite and > 0 bytes/s, got " + num(p.bandwidth));
   if (!(std::isfinite(p.derate) && p.derate > 0 && p.derate <= 1))

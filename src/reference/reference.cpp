@@ -58,8 +58,7 @@ void run(const detail::Problem& p) {
       T* dst = detail::row_ptr<T>(p.out, b, i, h);
       for (std::int64_t c = 0; c < d; ++c) dst[c * p.out.strides[3]] = detail::store<T>(row[c]);
       if (p.lse) {
-        A* l = static_cast<A*>(p.lse->data) + b * p.lse->strides[0] + h * p.lse->strides[1] +
-               i * p.lse->strides[2];
+        A* l = static_cast<A*>(p.lse->data) + b * p.lse->strides[0] + h * p.lse->strides[1] + i * p.lse->strides[2];
         *l = empty ? -std::numeric_limits<A>::infinity() : m + std::log(sum);
       }
     }
@@ -68,8 +67,8 @@ void run(const detail::Problem& p) {
 
 }  // namespace
 
-void attention_reference(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const AttentionOptions& opts, const TensorView* lse) {
+void attention_reference(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                         const AttentionOptions& opts, const TensorView* lse) {
   const detail::Problem p = detail::validate("attn::attention_reference", q, k, v, &out, opts, lse);
   detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p); });
 }

@@ -22,9 +22,7 @@ namespace {
 
 constexpr std::int64_t kChunk = 64;  // keys scored at a time inside one slice
 
-std::int64_t slice_begin(std::int64_t n, std::int64_t W, std::int64_t w) {
-  return w * (n / W) + std::min(w, n % W);
-}
+std::int64_t slice_begin(std::int64_t n, std::int64_t W, std::int64_t w) { return w * (n / W) + std::min(w, n % W); }
 
 // Folds keys [lo, hi) of row (b, i, h) into `s`. Scratch: q (d), k and v chunks (2 kChunk d), scores.
 template <class T, class A>
@@ -98,7 +96,7 @@ void run(const detail::Problem& p, std::int64_t W) {
     for (std::int64_t r = 0; r < nr; ++r) {
       std::int64_t b, i, h;
       coords(r0 + r, b, i, h);
-        detail::store_row<T>(p, view(running.data() + r * state), scratch[0].data(), b, i, h);
+      detail::store_row<T>(p, view(running.data() + r * state), scratch[0].data(), b, i, h);
     }
   }
 }
@@ -114,26 +112,24 @@ KeyRange splitk_slice(std::int64_t keys, std::int64_t num_splits, std::int64_t w
   return {slice_begin(keys, num_splits, w), slice_begin(keys, num_splits, w + 1)};
 }
 
-void attention_splitk(const TensorView& q, const TensorView& k, const TensorView& v,
-                      const TensorView& out, const AttentionOptions& opts, const SplitKOptions& split,
-                      const TensorView* lse) {
+void attention_splitk(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const AttentionOptions& opts, const SplitKOptions& split, const TensorView* lse) {
   const char* who = "attn::attention_splitk";
   const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
   check_splits(who, split);
   detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p, split.num_splits); });
 }
 
-std::vector<PartialState<double>> splitk_partials(const TensorView& q, const TensorView& k,
-                                                  const TensorView& v, const AttentionOptions& opts,
-                                                  const SplitKOptions& split, std::int64_t b,
-                                                  std::int64_t i, std::int64_t h) {
+std::vector<PartialState<double>> splitk_partials(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                  const AttentionOptions& opts, const SplitKOptions& split,
+                                                  std::int64_t b, std::int64_t i, std::int64_t h) {
   const char* who = "attn::splitk_partials";
   const detail::Problem p = detail::validate(who, q, k, v, nullptr, opts, nullptr);
   check_splits(who, split);
   constexpr std::int64_t kMaxReturned = 1 << 20;
   if (split.num_splits > kMaxReturned)
-    detail::fail(who, "split.num_splits", "must be <= 2^20 when the partials are returned, got " +
-                                              std::to_string(split.num_splits));
+    detail::fail(who, "split.num_splits",
+                 "must be <= 2^20 when the partials are returned, got " + std::to_string(split.num_splits));
   if (b < 0 || b >= p.batch) detail::fail(who, "b", "must be in [0, batch), got " + std::to_string(b));
   if (i < 0 || i >= p.seqlen_q) detail::fail(who, "i", "must be in [0, seqlen_q), got " + std::to_string(i));
   if (h < 0 || h >= p.heads) detail::fail(who, "h", "must be in [0, heads), got " + std::to_string(h));

@@ -62,9 +62,8 @@ TilePlan plan_tiles(std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t h
   return plan;
 }
 
-void attention_tiled(const TensorView& q, const TensorView& k, const TensorView& v,
-                     const TensorView& out, const AttentionOptions& opts, const TileOptions& tiles,
-                     const TensorView* lse) {
+void attention_tiled(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                     const AttentionOptions& opts, const TileOptions& tiles, const TensorView* lse) {
   const char* who = "attn::attention_tiled";
   const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
   check_tiles(who, tiles);

@@ -72,9 +72,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Masked: the tile cuts through some row's window. Keys a row cannot see are skipped, not weighted by
 // p = 0: 0 x NaN is NaN, and a NaN or Inf in a value row must only reach the rows that see it.
 template <int CV_, bool Masked, class D, class A = hn::TFromD<D>>
-HWY_INLINE void PvBlock(D d, const A* HWY_RESTRICT p, std::size_t R, const A* HWY_RESTRICT v,
-                        std::size_t dp, std::size_t n, A* HWY_RESTRICT o, const A* HWY_RESTRICT alpha,
-                        const Rows<A>& rows, std::size_t r0, std::size_t x0) {
+HWY_INLINE void PvBlock(D d, const A* HWY_RESTRICT p, std::size_t R, const A* HWY_RESTRICT v, std::size_t dp,
+                        std::size_t n, A* HWY_RESTRICT o, const A* HWY_RESTRICT alpha, const Rows<A>& rows,
+                        std::size_t r0, std::size_t x0) {
   const std::size_t N = hn::Lanes(d);
   hn::Vec<D> acc[kPvRows][CV_];
   ATTN_UNROLL
@@ -107,9 +107,8 @@ HWY_INLINE void PvBlock(D d, const A* HWY_RESTRICT p, std::size_t R, const A* HW
     }
   }
   ATTN_UNROLL
-  for (int r = 0; r < kPvRows; ++r)
-    ATTN_UNROLL
-    for (int cv = 0; cv < CV_; ++cv) hn::Store(acc[r][cv], d, o + (r0 + r) * dp + x0 + cv * N);
+  for (int r = 0; r < kPvRows; ++r) ATTN_UNROLL
+  for (int cv = 0; cv < CV_; ++cv) hn::Store(acc[r][cv], d, o + (r0 + r) * dp + x0 + cv * N);
 }
 
 template <int CV_, class D, class A>
@@ -127,8 +126,8 @@ HWY_INLINE void PvDispatch(D d, int cv, bool masked, const A* p, std::size_t R, 
 // dst[r * ld + c] = t[b, s0 + r, h, c] as accumulator values, r < n, c < dim. Contiguous rows of
 // f32/f64 are copied, bf16/f16 rows widened with SIMD (F16C on x86); other strides go element-wise.
 template <class T, class D, class A = hn::TFromD<D>>
-HWY_INLINE void PackRows(D d, A* HWY_RESTRICT dst, std::size_t ld, const TensorView& t, std::int64_t b,
-                         std::int64_t s0, std::int64_t n, std::int64_t h, std::size_t dim) {
+HWY_INLINE void PackRows(D d, A* HWY_RESTRICT dst, std::size_t ld, const TensorView& t, std::int64_t b, std::int64_t s0,
+                         std::int64_t n, std::int64_t h, std::size_t dim) {
   const std::size_t N = hn::Lanes(d);
   for (std::int64_t r = 0; r < n; ++r) {
     const T* src = row_ptr<const T>(t, b, s0 + r, h);
@@ -165,8 +164,9 @@ HWY_INLINE void PrefetchRow(const TensorView& t, std::int64_t b, std::int64_t s,
 // this tile computes. Not inlined: on AVX-512 targets the score code carries the avx512bf16 attribute
 // (ATTN_SCORE_ATTR), which RunTask, run on every CPU of the target, must not.
 template <bool Dp, class T, class D, class A = hn::TFromD<D>>
-ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTask& task, const ScoreOperands<A>& op, std::int64_t n,
-                          std::int64_t next, std::int64_t next_n, A* s, const Rows<A>& rows, const Epilogue& ep) {
+ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTask& task, const ScoreOperands<A>& op,
+                                            std::int64_t n, std::int64_t next, std::int64_t next_n, A* s,
+                                            const Rows<A>& rows, const Epilogue& ep) {
   const std::size_t N = hn::Lanes(d), R = op.R;
   for (std::size_t r0 = 0; r0 < R; r0 += kQV * N) {
     const int qv = static_cast<int>(std::min<std::size_t>(kQV, (R - r0) / N));
@@ -247,8 +247,10 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
   const std::int64_t bc = plan.k_tile;
   for (std::int64_t j0 = k_begin; j0 < k_end; j0 += bc) {
     const std::int64_t n = std::min(bc, k_end - j0);
-    if (use_dp) PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, b, j0, n, task.kv_head, dim);
-    else PackRows<T>(d, w.k, dim, p.k, b, j0, n, task.kv_head, dim);
+    if (use_dp)
+      PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, b, j0, n, task.kv_head, dim);
+    else
+      PackRows<T>(d, w.k, dim, p.k, b, j0, n, task.kv_head, dim);
     PackRows<T>(d, w.v, dp, p.v, b, j0, n, task.kv_head, dim);
     Epilogue ep = base;
     for (std::size_t r = 0; r < R; ++r) {
@@ -266,8 +268,10 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
     }
 
     const std::int64_t next = j0 + bc, next_n = std::min(bc, k_end - next);
-    if (use_dp) ScoreTile<kMayDp, T>(d, p, task, op, n, next, next_n, w.s, rw, ep);
-    else ScoreTile<false, T>(d, p, task, op, n, next, next_n, w.s, rw, ep);
+    if (use_dp)
+      ScoreTile<kMayDp, T>(d, p, task, op, n, next, next_n, w.s, rw, ep);
+    else
+      ScoreTile<false, T>(d, p, task, op, n, next, next_n, w.s, rw, ep);
 
     // The online-softmax step, lane-wise over queries. The rescale factor is attn::rescale_factor's.
     for (std::size_t r = 0; r < R; ++r) {
@@ -333,14 +337,15 @@ void RunAll(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
   const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(ps[0].head_dim), dp = RoundUp(dim, N);
   std::size_t R = 0, bc = 0;
   for (std::size_t i = 0; i < ps.size(); ++i) {
-    R = std::max(R, RoundUp(static_cast<std::size_t>(ps[i].group() * plans[i].q_tile), std::max<std::size_t>(N, kPvRows)));
+    R = std::max(R,
+                 RoundUp(static_cast<std::size_t>(ps[i].group() * plans[i].q_tile), std::max<std::size_t>(N, kPvRows)));
     bc = std::max(bc, static_cast<std::size_t>(plans[i].k_tile));
   }
   const std::int64_t tasks = first_task.back();
   const std::size_t bytes = Scratch<A>::elements(R, bc, dim, dp) * sizeof(A);
 #pragma omp parallel num_threads(threads)
   {
-    A* base = static_cast<A*>(::operator new(bytes, std::align_val_t{64}));
+    A* base = static_cast<A*>(::operator new (bytes, std::align_val_t{64}));
     std::fill(base, base + bytes / sizeof(A), A(0));  // V's padding columns stay zero
     Scratch<A> w(base, R, bc, dim, dp);
 #pragma omp for schedule(dynamic, 1)
@@ -349,14 +354,26 @@ void RunAll(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
       const auto pi = static_cast<std::uint32_t>(it - first_task.begin() - 1);
       RunTask<T>(d, ps[pi], plans[pi], TaskOf(ps[pi], plans[pi], pi, t - first_task[pi]), w);
     }
-    ::operator delete(base, std::align_val_t{64});
+    ::operator delete (base, std::align_val_t{64});
   }
 }
 
-void RunF64(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f, int th) { RunAll<double>(ps, pl, f, th); }
-void RunF32(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f, int th) { RunAll<float>(ps, pl, f, th); }
-void RunBF16(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f, int th) { RunAll<bf16_t>(ps, pl, f, th); }
-void RunF16(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f, int th) { RunAll<f16_t>(ps, pl, f, th); }
+void RunF64(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f,
+            int th) {
+  RunAll<double>(ps, pl, f, th);
+}
+void RunF32(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f,
+            int th) {
+  RunAll<float>(ps, pl, f, th);
+}
+void RunBF16(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f,
+             int th) {
+  RunAll<bf16_t>(ps, pl, f, th);
+}
+void RunF16(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, const std::vector<std::int64_t>& f,
+            int th) {
+  RunAll<f16_t>(ps, pl, f, th);
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace attn::detail::tiled_simd
@@ -386,10 +403,14 @@ void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, i
     first_task.push_back(first_task.back() + p.batch * p.kv_heads * ((p.seqlen_q + q_tile - 1) / q_tile));
   }
   switch (problems[0].dtype) {
-    case DType::f64: return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF64)(problems, plans, first_task, threads);
-    case DType::f32: return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF32)(problems, plans, first_task, threads);
-    case DType::bf16: return HWY_DYNAMIC_DISPATCH(tiled_simd::RunBF16)(problems, plans, first_task, threads);
-    case DType::f16: return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF16)(problems, plans, first_task, threads);
+    case DType::f64:
+      return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF64)(problems, plans, first_task, threads);
+    case DType::f32:
+      return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF32)(problems, plans, first_task, threads);
+    case DType::bf16:
+      return HWY_DYNAMIC_DISPATCH(tiled_simd::RunBF16)(problems, plans, first_task, threads);
+    case DType::f16:
+      return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF16)(problems, plans, first_task, threads);
   }
 }
 

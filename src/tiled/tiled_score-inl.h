@@ -70,8 +70,9 @@ struct Epilogue {
 // the dot products acc[kk][v] of keys c0 + kk and query lanes r0 + v*N ..; stored to S^T, the row
 // maxima of the tile tracked.
 template <int RK_, int QV_, class D, class A = hn::TFromD<D>>
-ATTN_SCORE_ATTR HWY_INLINE void ScoreEpilogue(D d, hn::Vec<D> (&acc)[RK_][QV_], std::size_t R, std::size_t c0, std::size_t r0,
-                              A* HWY_RESTRICT s, const Rows<A>& rows, const Epilogue& ep) {
+ATTN_SCORE_ATTR HWY_INLINE void ScoreEpilogue(D d, hn::Vec<D> (&acc)[RK_][QV_], std::size_t R, std::size_t c0,
+                                              std::size_t r0, A* HWY_RESTRICT s, const Rows<A>& rows,
+                                              const Epilogue& ep) {
   const std::size_t N = hn::Lanes(d);
   const auto scale = hn::Set(d, static_cast<A>(ep.scale));
   const auto cap = hn::Set(d, static_cast<A>(ep.softcap));
@@ -85,7 +86,8 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreEpilogue(D d, hn::Vec<D> (&acc)[RK_][QV_], 
       auto sc = hn::Mul(acc[kk][v], scale);
       if (ep.softcap > 0) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
       const auto c = hn::Set(d, static_cast<A>(c0 + kk));
-      if (ep.alibi) sc = hn::NegMulAdd(hn::Load(d, rows.slope + r), hn::Abs(hn::Sub(hn::Load(d, rows.dist + r), c)), sc);
+      if (ep.alibi)
+        sc = hn::NegMulAdd(hn::Load(d, rows.slope + r), hn::Abs(hn::Sub(hn::Load(d, rows.dist + r), c)), sc);
       if (ep.mask) {
         const auto hidden = hn::Or(hn::Lt(c, hn::Load(d, rows.lo + r)), hn::Ge(c, hn::Load(d, rows.hi + r)));
         sc = hn::IfThenElse(hidden, neg_inf, sc);
@@ -110,14 +112,13 @@ struct ScoreOperands {
 // S^T[c0 + kk][r0 + v*N + lane] for kk < RK_, v < QV_: the d-long dot products (RK_ keys broadcast x
 // QV_ query vectors, d innermost), then the epilogue.
 template <int RK_, int QV_, bool Dp, class D, class A = hn::TFromD<D>>
-ATTN_SCORE_ATTR HWY_INLINE void ScoreBlock(D d, const ScoreOperands<A>& op, std::size_t c0, std::size_t r0, A* HWY_RESTRICT s,
-                           const Rows<A>& rows, const Epilogue& ep) {
+ATTN_SCORE_ATTR HWY_INLINE void ScoreBlock(D d, const ScoreOperands<A>& op, std::size_t c0, std::size_t r0,
+                                           A* HWY_RESTRICT s, const Rows<A>& rows, const Epilogue& ep) {
   const std::size_t N = hn::Lanes(d), R = op.R, dim = op.dim;
   hn::Vec<D> acc[RK_][QV_];
   ATTN_UNROLL
-  for (int kk = 0; kk < RK_; ++kk)
-    ATTN_UNROLL
-    for (int v = 0; v < QV_; ++v) acc[kk][v] = hn::Zero(d);
+  for (int kk = 0; kk < RK_; ++kk) ATTN_UNROLL
+  for (int v = 0; v < QV_; ++v) acc[kk][v] = hn::Zero(d);
   if constexpr (Dp) {
 #if ATTN_DPBF16_TARGET
     // Pairs of bf16 along d: half the instructions of the f32 loop, and K needs no widening.
@@ -126,9 +127,8 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreBlock(D d, const ScoreOperands<A>& op, std:
     const auto* krow = reinterpret_cast<const std::uint32_t*>(op.k) + c0 * dim2;
     __m512 raw[RK_][QV_];
     ATTN_UNROLL
-    for (int kk = 0; kk < RK_; ++kk)
-      ATTN_UNROLL
-      for (int v = 0; v < QV_; ++v) raw[kk][v] = _mm512_setzero_ps();
+    for (int kk = 0; kk < RK_; ++kk) ATTN_UNROLL
+    for (int v = 0; v < QV_; ++v) raw[kk][v] = _mm512_setzero_ps();
     for (std::size_t x = 0; x < dim2; ++x) {
       __m512i q[QV_];
       ATTN_UNROLL
@@ -141,9 +141,8 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreBlock(D d, const ScoreOperands<A>& op, std:
       }
     }
     ATTN_UNROLL
-    for (int kk = 0; kk < RK_; ++kk)
-      ATTN_UNROLL
-      for (int v = 0; v < QV_; ++v) acc[kk][v].raw = raw[kk][v];
+    for (int kk = 0; kk < RK_; ++kk) ATTN_UNROLL
+    for (int v = 0; v < QV_; ++v) acc[kk][v].raw = raw[kk][v];
 #endif
   } else {
     const A* krow = op.k + c0 * dim;
@@ -164,22 +163,21 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreBlock(D d, const ScoreOperands<A>& op, std:
 
 // Calls ScoreBlock with compile-time block sizes for the tails (rk <= kRK keys, qv <= kQV vectors).
 template <int RK_, int QV_, bool Dp, class D, class A>
-ATTN_SCORE_ATTR HWY_INLINE void ScoreDispatchQv(D d, int qv, const ScoreOperands<A>& op, std::size_t c0, std::size_t r0, A* s,
-                                const Rows<A>& rows, const Epilogue& ep) {
+ATTN_SCORE_ATTR HWY_INLINE void ScoreDispatchQv(D d, int qv, const ScoreOperands<A>& op, std::size_t c0, std::size_t r0,
+                                                A* s, const Rows<A>& rows, const Epilogue& ep) {
   if constexpr (QV_ >= 1) {
     if (qv == QV_) return ScoreBlock<RK_, QV_, Dp>(d, op, c0, r0, s, rows, ep);
     return ScoreDispatchQv<RK_, QV_ - 1, Dp>(d, qv, op, c0, r0, s, rows, ep);
   }
 }
 template <int RK_, bool Dp, class D, class A>
-ATTN_SCORE_ATTR HWY_INLINE void ScoreDispatch(D d, int rk, int qv, const ScoreOperands<A>& op, std::size_t c0, std::size_t r0,
-                              A* s, const Rows<A>& rows, const Epilogue& ep) {
+ATTN_SCORE_ATTR HWY_INLINE void ScoreDispatch(D d, int rk, int qv, const ScoreOperands<A>& op, std::size_t c0,
+                                              std::size_t r0, A* s, const Rows<A>& rows, const Epilogue& ep) {
   if constexpr (RK_ >= 1) {
     if (rk == RK_) return ScoreDispatchQv<RK_, kQV, Dp>(d, qv, op, c0, r0, s, rows, ep);
     return ScoreDispatch<RK_ - 1, Dp>(d, rk, qv, op, c0, r0, s, rows, ep);
   }
 }
-
 
 // The bf16 dot-product path's operands (ScoreOperands): raw bf16 pairs along d, the odd dim's last
 // pair padded with a zero. Q^T: dst[x * R + r] = (q[r][2x], q[r][2x + 1]) for r < real rows, zero

@@ -30,15 +30,19 @@ void check_cu(const std::int32_t* cu, const char* arg, std::int64_t batch, std::
   if (cu[0] != 0) detail::fail(kWho, arg, "[0] must be 0, got " + std::to_string(cu[0]));
   for (std::int64_t b = 0; b < batch; ++b)
     if (cu[b + 1] < cu[b])
-      detail::fail(kWho, arg, "must be non-decreasing, but [" + std::to_string(b + 1) + "] = " + std::to_string(cu[b + 1]) +
-                                  " < [" + std::to_string(b) + "] = " + std::to_string(cu[b]));
+      detail::fail(kWho, arg,
+                   "must be non-decreasing, but [" + std::to_string(b + 1) + "] = " + std::to_string(cu[b + 1]) +
+                       " < [" + std::to_string(b) + "] = " + std::to_string(cu[b]));
   if (cu[batch] != total)
-    detail::fail(kWho, arg, "[batch] must equal the packed length " + std::to_string(total) + ", got " + std::to_string(cu[batch]));
+    detail::fail(
+        kWho, arg,
+        "[batch] must equal the packed length " + std::to_string(total) + ", got " + std::to_string(cu[batch]));
 }
 
 // The rows [first, first + count) of dimension `dim`.
 TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::int64_t count) {
-  t.data = static_cast<unsigned char*>(t.data) + first * t.strides[dim] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  t.data =
+      static_cast<unsigned char*>(t.data) + first * t.strides[dim] * static_cast<std::int64_t>(dtype_size(t.dtype));
   t.shape[dim] = count;
   return t;
 }

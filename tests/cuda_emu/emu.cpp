@@ -100,7 +100,7 @@ struct Fiber {
   uint3 tid;
   int warp = 0, lane = 0, parity = 0, kind = 0;
   State state = kReady;
-  std::vector<Copy> open;                // cp.async since the last commit
+  std::vector<Copy> open;                 // cp.async since the last commit
   std::vector<std::vector<Copy>> groups;  // committed, oldest first
 };
 
@@ -150,7 +150,8 @@ void run_copies(std::vector<Copy>& copies) {
       die("cp.async reads outside every cudaMalloc allocation");
     // A zero-size copy reads nothing, but the kernels promise its address is still inside the tensor
     // (tile.cuh, RowSource): an index that ran past the end shows here.
-    if (c.bytes == 0 && !is_device(c.src, 16)) die("a zero-size cp.async names an address outside every cudaMalloc allocation");
+    if (c.bytes == 0 && !is_device(c.src, 16))
+      die("a zero-size cp.async names an address outside every cudaMalloc allocation");
     std::memset(g_block->smem.data() + c.dst, 0, 16);
     if (c.bytes > 0) std::memcpy(g_block->smem.data() + c.dst, c.src, static_cast<std::size_t>(c.bytes));
   }
@@ -354,8 +355,8 @@ void cp_async_wait(int groups_left) {
 
 void launch(dim3 grid, dim3 block, std::size_t smem_bytes, const std::function<void()>& body) {
   const std::size_t threads = std::size_t{block.x} * block.y * block.z;
-  if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
-      grid.z > 65535 || smem_bytes > kMaxDynamicSmem) {
+  if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
+      smem_bytes > kMaxDynamicSmem) {
     last_error = cudaErrorInvalidValue;
     return;
   }
@@ -367,7 +368,8 @@ void launch(dim3 grid, dim3 block, std::size_t smem_bytes, const std::function<v
   b.body = &body;
   b.fibers.resize(threads);
   b.warps.resize((threads + 31) / 32);
-  for (std::size_t w = 0; w < b.warps.size(); ++w) b.warps[w].lanes = static_cast<int>(std::min<std::size_t>(32, threads - 32 * w));
+  for (std::size_t w = 0; w < b.warps.size(); ++w)
+    b.warps[w].lanes = static_cast<int>(std::min<std::size_t>(32, threads - 32 * w));
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
@@ -418,7 +420,8 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
   const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  if ((src_dev && !is_device(src, bytes)) || (dst_dev && !is_device(dst, bytes))) return last_error = cudaErrorInvalidValue;
+  if ((src_dev && !is_device(src, bytes)) || (dst_dev && !is_device(dst, bytes)))
+    return last_error = cudaErrorInvalidValue;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -486,10 +489,14 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
 }
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    default: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    default:
+      return "unknown error";
   }
 }
 

@@ -13,22 +13,27 @@
 #include "cuda_runtime.h"
 
 #define ATTN_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::attn_emu::dynamic_smem())
-#define ATTN_LAUNCH(kernel, grid, block, smem_bytes, stream) \
-  ::attn_emu::Launch<std::remove_pointer_t<decltype(+kernel)>>{kernel, dim3(grid), dim3(block), std::size_t(smem_bytes)}
+#define ATTN_LAUNCH(kernel, grid, block, smem_bytes, stream)     \
+  ::attn_emu::Launch<std::remove_pointer_t<decltype(+kernel)>> { \
+    kernel, dim3(grid), dim3(block), std::size_t(smem_bytes)     \
+  }
 
 namespace attn::cuda_detail {
 
 template <class E>
 inline float to_float(std::uint16_t bits) {
-  if constexpr (std::is_same_v<E, Bf16>) return detail::bf16_to_float(bf16_t{bits});
-  else return detail::f16_to_float(f16_t{bits});
+  if constexpr (std::is_same_v<E, Bf16>)
+    return detail::bf16_to_float(bf16_t{bits});
+  else
+    return detail::f16_to_float(f16_t{bits});
 }
 
 // D = A B + D (m16n8k16): the first lane to resume forms the 16 x 8 product from all lanes' fragments.
 template <class E>
 inline void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   const std::uint32_t in[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  const auto x = ::attn_emu::warp_exchange(in, sizeof in, std::is_same_v<E, Bf16> ? ::attn_emu::kMmaBf16 : ::attn_emu::kMmaF16);
+  const auto x =
+      ::attn_emu::warp_exchange(in, sizeof in, std::is_same_v<E, Bf16> ? ::attn_emu::kMmaBf16 : ::attn_emu::kMmaF16);
   if (*x.fresh) {
     *x.fresh = false;
     float A[16][16], B[16][8];
@@ -63,7 +68,8 @@ inline std::uint32_t smem_addr(const void* p) { return ::attn_emu::smem_offset(p
 // ldmatrix.x4: lanes 8m .. 8m+7 address the rows of matrix m; register m of each lane receives the
 // elements ldmatrix_holds names.
 inline void emu_ldmatrix(std::uint32_t (&r)[4], std::uint32_t addr, bool trans) {
-  const auto x = ::attn_emu::warp_exchange(&addr, sizeof addr, trans ? ::attn_emu::kLdmatrixTrans : ::attn_emu::kLdmatrix);
+  const auto x =
+      ::attn_emu::warp_exchange(&addr, sizeof addr, trans ? ::attn_emu::kLdmatrixTrans : ::attn_emu::kLdmatrix);
   if (*x.fresh) {  // the first lane to resume counts the instruction's shared-memory wavefronts
     *x.fresh = false;
     ::attn_emu::count_ldmatrix(x.slots);
@@ -82,7 +88,9 @@ inline void emu_ldmatrix(std::uint32_t (&r)[4], std::uint32_t addr, bool trans) 
 inline void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) { emu_ldmatrix(r, addr, false); }
 inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) { emu_ldmatrix(r, addr, true); }
 
-inline void cp_async_16(std::uint32_t dst, const void* src, int src_bytes) { ::attn_emu::cp_async(dst, src, src_bytes); }
+inline void cp_async_16(std::uint32_t dst, const void* src, int src_bytes) {
+  ::attn_emu::cp_async(dst, src, src_bytes);
+}
 inline void cp_async_commit() { ::attn_emu::cp_async_commit(); }
 template <int N>
 inline void cp_async_wait() {

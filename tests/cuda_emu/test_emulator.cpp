@@ -25,9 +25,9 @@ TEST(CudaEmulator, ShufflesAndBarriersFollowCudaSemantics) {
   int* out = device_array<int>(64 * 3);
   launch(dim3(1), dim3(64), 0, [&] {
     const int t = static_cast<int>(threadIdx.x);
-    out[t] = __shfl_xor_sync(0xffffffffu, t, 1);            // the partner lane's value
-    out[64 + t] = __shfl_sync(0xffffffffu, t * 10, 5);      // lane 5 of the same warp
-    out[128 + t] = __syncthreads_or(t == 37 ? 1 : 0);        // one thread of the block says yes
+    out[t] = __shfl_xor_sync(0xffffffffu, t, 1);        // the partner lane's value
+    out[64 + t] = __shfl_sync(0xffffffffu, t * 10, 5);  // lane 5 of the same warp
+    out[128 + t] = __syncthreads_or(t == 37 ? 1 : 0);   // one thread of the block says yes
   });
   for (int t = 0; t < 64; ++t) {
     EXPECT_EQ(out[t], t ^ 1);
@@ -99,16 +99,21 @@ TEST(CudaEmulatorDeathTest, WhatWouldHangOrFaultOnAGpuAborts) {
   // Lanes of one warp at different collectives.
   EXPECT_DEATH(launch(dim3(1), dim3(32), 0,
                       [] {
-                        if (threadIdx.x == 0) (void)__shfl_xor_sync(0xffffffffu, 1, 1);
-                        else __syncthreads();
+                        if (threadIdx.x == 0)
+                          (void)__shfl_xor_sync(0xffffffffu, 1, 1);
+                        else
+                          __syncthreads();
                       }),
                "deadlock|different collectives");
   // A barrier that one lane waits at while the rest of its warp waits in a shuffle: neither can open.
   EXPECT_DEATH(launch(dim3(1), dim3(64), 0,
                       [] {
-                        if (threadIdx.x == 63) __syncthreads();
-                        else if (threadIdx.x >= 32) (void)__shfl_xor_sync(0xffffffffu, 1, 1);
-                        else __syncthreads();
+                        if (threadIdx.x == 63)
+                          __syncthreads();
+                        else if (threadIdx.x >= 32)
+                          (void)__shfl_xor_sync(0xffffffffu, 1, 1);
+                        else
+                          __syncthreads();
                       }),
                "deadlock");
   // A cp.async whose source is not device memory.

@@ -59,12 +59,12 @@ inline std::string describe(const Config& c) {
     << " causal=" << c.opts.causal << " window=(" << c.opts.window_left << "," << c.opts.window_right << ")"
     << " softcap=" << c.opts.softcap << " alibi=" << (c.alibi.empty() ? "off" : "on")
     << " alibi_bstride=" << c.opts.alibi_batch_stride
-    << " scale=" << (c.opts.softmax_scale ? std::to_string(*c.opts.softmax_scale) : "default")
-    << " amp=" << c.amplitude << " threads=" << c.opts.num_threads << "/" << c.alt_threads
-    << " lse=" << c.want_lse << " q_tile=" << (c.tiles.q_tile ? std::to_string(*c.tiles.q_tile) : "auto")
-    << " k_tile=" << (c.tiles.k_tile ? std::to_string(*c.tiles.k_tile) : "auto")
-    << " splits=" << c.num_splits << " layouts q" << layout_str(c.lq) << " k" << layout_str(c.lk) << " v"
-    << layout_str(c.lv) << " out" << layout_str(c.lout) << " lse" << layout_str(c.llse);
+    << " scale=" << (c.opts.softmax_scale ? std::to_string(*c.opts.softmax_scale) : "default") << " amp=" << c.amplitude
+    << " threads=" << c.opts.num_threads << "/" << c.alt_threads << " lse=" << c.want_lse
+    << " q_tile=" << (c.tiles.q_tile ? std::to_string(*c.tiles.q_tile) : "auto")
+    << " k_tile=" << (c.tiles.k_tile ? std::to_string(*c.tiles.k_tile) : "auto") << " splits=" << c.num_splits
+    << " layouts q" << layout_str(c.lq) << " k" << layout_str(c.lk) << " v" << layout_str(c.lv) << " out"
+    << layout_str(c.lout) << " lse" << layout_str(c.llse);
   return s.str();
 }
 
@@ -84,7 +84,10 @@ class Rng {
   }
   double real(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(g_); }
   bool chance(double p) { return real(0, 1) < p; }
-  template <class T> const T& pick(const std::vector<T>& v) { return v[static_cast<std::size_t>(uniform(0, std::int64_t(v.size()) - 1))]; }
+  template <class T>
+  const T& pick(const std::vector<T>& v) {
+    return v[static_cast<std::size_t>(uniform(0, std::int64_t(v.size()) - 1))];
+  }
   std::mt19937_64& engine() { return g_; }
 
  private:
@@ -125,7 +128,8 @@ inline Config generate(std::uint64_t seed) {
   // Budget: batch * heads * seqlen_q * seqlen_k * head_dim multiply-adds, at most ~1.5e6.
   const std::int64_t budget = 1500000 / (c.batch * c.heads * c.head_dim);
   c.seqlen_q = pick_len(r, std::max<std::int64_t>(1, std::min<std::int64_t>(300, budget)));
-  c.seqlen_k = r.chance(0.05) ? 0 : pick_len(r, std::max<std::int64_t>(1, std::min<std::int64_t>(300, budget / c.seqlen_q)));
+  c.seqlen_k =
+      r.chance(0.05) ? 0 : pick_len(r, std::max<std::int64_t>(1, std::min<std::int64_t>(300, budget / c.seqlen_q)));
   auto& o = c.opts;
   o.causal = r.chance(0.4);
   const std::int64_t span = std::max(c.seqlen_q, c.seqlen_k) + 2;

@@ -66,15 +66,22 @@ std::string check_decode(Config c, bool paged) {
         kc_want[dst] = kn[static_cast<std::size_t>((b * SN + t) * HK * D + x)];
         vc_want[dst] = vn[static_cast<std::size_t>((b * SN + t) * HK * D + x)];
       }
-  const TensorView knv = TensorView::contiguous(kn.data(), B, SN, HK, D), vnv = TensorView::contiguous(vn.data(), B, SN, HK, D);
+  const TensorView knv = TensorView::contiguous(kn.data(), B, SN, HK, D),
+                   vnv = TensorView::contiguous(vn.data(), B, SN, HK, D);
   KVCache cache;
   cache.k = TensorView::contiguous(kc.data(), num_pages, slots, HK, D);
   cache.v = TensorView::contiguous(vc.data(), num_pages, slots, HK, D);
   cache.seqlens = seqlens.data();
-  if (paged) { cache.block_table = table.data(); cache.max_pages = pages_per_seq; }
+  if (paged) {
+    cache.block_table = table.data();
+    cache.max_pages = pages_per_seq;
+  }
   DecodeOptions dec;
   dec.num_splits = c.num_splits % 7 == 0 ? 0 : c.num_splits;  // 0 = automatic
-  if (append) { dec.k_new = &knv; dec.v_new = &vnv; }
+  if (append) {
+    dec.k_new = &knv;
+    dec.v_new = &vnv;
+  }
   const DType lt = dtype_of<T>() == DType::f64 ? DType::f64 : DType::f32;
   auto run = [&](int threads, std::vector<T>& out, std::vector<A>& lse) {
     AttentionOptions o = c.opts;
@@ -92,30 +99,40 @@ std::string check_decode(Config c, bool paged) {
   run(c.alt_threads, out2, lse2);
   std::string fail;
   // Appending twice (once per run) writes the same values: the cache must equal the expected one.
-  if (std::memcmp(kc.data(), kc_want.data(), kc.size() * sizeof(T)) || std::memcmp(vc.data(), vc_want.data(), vc.size() * sizeof(T)))
+  if (std::memcmp(kc.data(), kc_want.data(), kc.size() * sizeof(T)) ||
+      std::memcmp(vc.data(), vc_want.data(), vc.size() * sizeof(T)))
     fail = "the cache after appending " + std::to_string(SN) + " keys differs from the old cache plus k_new/v_new; ";
-  if (std::memcmp(out.data(), out2.data(), out.size() * sizeof(T)) || std::memcmp(lse.data(), lse2.data(), lse.size() * sizeof(A)))
+  if (std::memcmp(out.data(), out2.data(), out.size() * sizeof(T)) ||
+      std::memcmp(lse.data(), lse2.data(), lse.size() * sizeof(A)))
     fail = "num_threads changes the bits; ";
   // Per sequence: the oracle (f64) and the textbook method (T) on its keys alone.
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t n = seqlens[static_cast<std::size_t>(b)] + SN;
     std::vector<double> q64(static_cast<std::size_t>(SQ * H * D)), k64(static_cast<std::size_t>(n * HK * D)), v64 = k64;
-    for (std::size_t i = 0; i < q64.size(); ++i) q64[i] = detail::load<double>(q[static_cast<std::size_t>(b * SQ * H * D) + i]);
+    for (std::size_t i = 0; i < q64.size(); ++i)
+      q64[i] = detail::load<double>(q[static_cast<std::size_t>(b * SQ * H * D) + i]);
     for (std::int64_t p = 0; p < n; ++p)
       for (std::int64_t x = 0; x < HK * D; ++x) {
-        k64[static_cast<std::size_t>(p * HK * D + x)] = detail::load<double>(kc_want[static_cast<std::size_t>(where(b, p) + x)]);
-        v64[static_cast<std::size_t>(p * HK * D + x)] = detail::load<double>(vc_want[static_cast<std::size_t>(where(b, p) + x)]);
+        k64[static_cast<std::size_t>(p * HK * D + x)] =
+            detail::load<double>(kc_want[static_cast<std::size_t>(where(b, p) + x)]);
+        v64[static_cast<std::size_t>(p * HK * D + x)] =
+            detail::load<double>(vc_want[static_cast<std::size_t>(where(b, p) + x)]);
       }
     std::vector<T> qT(q64.size()), kT(k64.size()), vT(v64.size()), text(q64.size());
     for (std::size_t i = 0; i < q64.size(); ++i) qT[i] = detail::store<T>(q64[i]);
-    for (std::size_t i = 0; i < k64.size(); ++i) { kT[i] = detail::store<T>(k64[i]); vT[i] = detail::store<T>(v64[i]); }
+    for (std::size_t i = 0; i < k64.size(); ++i) {
+      kT[i] = detail::store<T>(k64[i]);
+      vT[i] = detail::store<T>(v64[i]);
+    }
     std::vector<double> oracle(q64.size());
     AttentionOptions o = c.opts;
     if (o.alibi_slopes) o.alibi_slopes += b * o.alibi_batch_stride, o.alibi_batch_stride = 0;
-    attention_reference(TensorView::contiguous(q64.data(), 1, SQ, H, D), TensorView::contiguous(k64.data(), 1, n, HK, D),
-                        TensorView::contiguous(v64.data(), 1, n, HK, D), TensorView::contiguous(oracle.data(), 1, SQ, H, D), o);
+    attention_reference(
+        TensorView::contiguous(q64.data(), 1, SQ, H, D), TensorView::contiguous(k64.data(), 1, n, HK, D),
+        TensorView::contiguous(v64.data(), 1, n, HK, D), TensorView::contiguous(oracle.data(), 1, SQ, H, D), o);
     attention_reference(TensorView::contiguous(qT.data(), 1, SQ, H, D), TensorView::contiguous(kT.data(), 1, n, HK, D),
-                        TensorView::contiguous(vT.data(), 1, n, HK, D), TensorView::contiguous(text.data(), 1, SQ, H, D), o);
+                        TensorView::contiguous(vT.data(), 1, n, HK, D),
+                        TensorView::contiguous(text.data(), 1, SQ, H, D), o);
     double err = 0, base = 0;
     for (std::size_t i = 0; i < oracle.size(); ++i) {
       const double g = detail::load<double>(out[static_cast<std::size_t>(b * SQ * H * D) + i]);
@@ -123,8 +140,10 @@ std::string check_decode(Config c, bool paged) {
       base = std::max(base, std::abs(detail::load<double>(text[i]) - oracle[i]));
       if (std::isinf(err)) break;
     }
-    const double slack = dtype_of<T>() == DType::f64 ? 0 : dtype_of<T>() == DType::f32 ? logit_slack(c)
-                         : dtype_of<T>() == DType::bf16 ? std::ldexp(1.0, -8) + logit_slack(c) : std::ldexp(1.0, -11) + logit_slack(c);
+    const double slack = dtype_of<T>() == DType::f64    ? 0
+                         : dtype_of<T>() == DType::f32  ? logit_slack(c)
+                         : dtype_of<T>() == DType::bf16 ? std::ldexp(1.0, -8) + logit_slack(c)
+                                                        : std::ldexp(1.0, -11) + logit_slack(c);
     const double tol = dtype_of<T>() == DType::f64 ? 1e-12 : 2 * base + slack;
     if (!(err <= tol))
       fail += "sequence " + std::to_string(b) + " (" + std::to_string(n) + " keys): out error " + std::to_string(err) +

@@ -49,7 +49,9 @@ Buffer make_buffer(DType t, std::array<std::int64_t, 4> shape, int rank, const L
   b.view.rank = rank;
   b.view.shape = shape;
   b.view.strides = st;
-  if (rank == 3) { b.view.shape[3] = 1; }
+  if (rank == 3) {
+    b.view.shape[3] = 1;
+  }
   for (std::int64_t i0 = 0; i0 < shape[0]; ++i0)
     for (std::int64_t i1 = 0; i1 < shape[1]; ++i1)
       for (std::int64_t i2 = 0; i2 < shape[2]; ++i2)
@@ -58,13 +60,18 @@ Buffer make_buffer(DType t, std::array<std::int64_t, 4> shape, int rank, const L
   return b;
 }
 
-template <class T> T* base(const Buffer& b) { return static_cast<T*>(b.view.data); }
+template <class T>
+T* base(const Buffer& b) {
+  return static_cast<T*>(b.view.data);
+}
 
-template <class T> void fill_random(Buffer& b, Rng& r, double amp) {
+template <class T>
+void fill_random(Buffer& b, Rng& r, double amp) {
   for (auto off : b.offsets) base<T>(b)[off] = detail::store<T>(r.real(-amp, amp));
 }
 
-template <class T> std::vector<double> read(const Buffer& b) {
+template <class T>
+std::vector<double> read(const Buffer& b) {
   std::vector<double> v;
   v.reserve(b.offsets.size());
   for (auto off : b.offsets) v.push_back(detail::load<double>(base<T>(b)[off]));
@@ -97,7 +104,8 @@ double max_err(const std::vector<double>& a, const std::vector<double>& b) {
 }
 double max_abs(const std::vector<double>& a) {
   double m = 0;
-  for (double x : a) if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  for (double x : a)
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
   return m;
 }
 
@@ -166,15 +174,29 @@ std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
   const double lse_mag = 1 + max_abs(oracle_lse);
   double tol = 0, lse_tol = 0;
   switch (t) {
-    case DType::f64: tol = 1e-12 * std::max(1.0, max_abs(oracle)); lse_tol = 1e-12 * lse_mag; break;
-    case DType::f32: tol = 2 * base_err + logit_slack(c); lse_tol = 2 * base_lse + 1e-6 * lse_mag + logit_slack(c); break;
-    case DType::bf16: tol = 2 * base_err + std::ldexp(1.0, -8) + logit_slack(c); lse_tol = 2 * base_lse + 1e-5 * lse_mag + logit_slack(c); break;
-    case DType::f16: tol = 2 * base_err + std::ldexp(1.0, -11) + logit_slack(c); lse_tol = 2 * base_lse + 1e-5 * lse_mag + logit_slack(c); break;
+    case DType::f64:
+      tol = 1e-12 * std::max(1.0, max_abs(oracle));
+      lse_tol = 1e-12 * lse_mag;
+      break;
+    case DType::f32:
+      tol = 2 * base_err + logit_slack(c);
+      lse_tol = 2 * base_lse + 1e-6 * lse_mag + logit_slack(c);
+      break;
+    case DType::bf16:
+      tol = 2 * base_err + std::ldexp(1.0, -8) + logit_slack(c);
+      lse_tol = 2 * base_lse + 1e-5 * lse_mag + logit_slack(c);
+      break;
+    case DType::f16:
+      tol = 2 * base_err + std::ldexp(1.0, -11) + logit_slack(c);
+      lse_tol = 2 * base_lse + 1e-5 * lse_mag + logit_slack(c);
+      break;
   }
-  if (!(err <= tol)) note("out error " + std::to_string(err) + " > tolerance " + std::to_string(tol) +
-                          " (textbook error " + std::to_string(base_err) + ")");
-  if (!(lse_err <= lse_tol)) note("lse error " + std::to_string(lse_err) + " > tolerance " + std::to_string(lse_tol) +
-                                  " (textbook error " + std::to_string(base_lse) + ")");
+  if (!(err <= tol))
+    note("out error " + std::to_string(err) + " > tolerance " + std::to_string(tol) + " (textbook error " +
+         std::to_string(base_err) + ")");
+  if (!(lse_err <= lse_tol))
+    note("lse error " + std::to_string(lse_err) + " > tolerance " + std::to_string(lse_tol) + " (textbook error " +
+         std::to_string(base_lse) + ")");
   if (bitwise_textbook && std::memcmp(got.data(), text64.data(), got.size() * sizeof(double)) != 0)
     note("strided result differs from the dense result");
   // The thread count must not change a single bit.
@@ -199,27 +221,36 @@ struct Target {
 std::vector<Target> targets() {
   std::vector<Target> t;
   t.push_back({"reference", [](const Config& c) {
-                 return check(c, [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
-                   AttentionOptions opts = c.opts;
-                   opts.num_threads = th;
-                   attention_reference(q, k, v, o, opts, l);
-                 }, true);
+                 return check(
+                     c,
+                     [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
+                       AttentionOptions opts = c.opts;
+                       opts.num_threads = th;
+                       attention_reference(q, k, v, o, opts, l);
+                     },
+                     true);
                }});
   t.push_back({"tiled", [](const Config& c) {
-                 return check(c, [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
-                   AttentionOptions opts = c.opts;
-                   opts.num_threads = th;
-                   attention_tiled(q, k, v, o, opts, c.tiles, l);
-                 }, false);
+                 return check(
+                     c,
+                     [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
+                       AttentionOptions opts = c.opts;
+                       opts.num_threads = th;
+                       attention_tiled(q, k, v, o, opts, c.tiles, l);
+                     },
+                     false);
                }});
   t.push_back({"splitk", [](const Config& c) {
-                 return check(c, [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
-                   AttentionOptions opts = c.opts;
-                   opts.num_threads = th;
-                   SplitKOptions s;
-                   s.num_splits = c.num_splits;
-                   attention_splitk(q, k, v, o, opts, s, l);
-                 }, false);
+                 return check(
+                     c,
+                     [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
+                       AttentionOptions opts = c.opts;
+                       opts.num_threads = th;
+                       SplitKOptions s;
+                       s.num_splits = c.num_splits;
+                       attention_splitk(q, k, v, o, opts, s, l);
+                     },
+                     false);
                }});
   // Varlen: a packed batch with cu_seqlens (empty sequences included), each sequence against the oracle
   // on its own rows (tests/fuzz/varlen_target.hpp).
@@ -250,9 +281,9 @@ void fuzz_target(const char* name) {
       verdict = std::string("threw on a valid configuration: ") + e.what();
     }
     if (verdict.empty()) return true;
-    ADD_FAILURE() << name << ": " << verdict << "\n  config: " << describe(c)
-                  << "\n  replay: ATTN_FUZZ_SEED=" << seed << " " << "test_differential --gtest_filter='*"
-                  << name << "*'";
+    ADD_FAILURE() << name << ": " << verdict << "\n  config: " << describe(c) << "\n  replay: ATTN_FUZZ_SEED=" << seed
+                  << " "
+                  << "test_differential --gtest_filter='*" << name << "*'";
     return false;
   };
   if (const char* s = std::getenv("ATTN_FUZZ_SEED"); s && *s) {
@@ -260,8 +291,9 @@ void fuzz_target(const char* name) {
     return;
   }
   const double seconds = env_double("ATTN_FUZZ_SECONDS", 60) / double(all.size());
-  std::uint64_t seed = std::getenv("ATTN_FUZZ_BASE_SEED") ? std::strtoull(std::getenv("ATTN_FUZZ_BASE_SEED"), nullptr, 0)
-                                                            : std::random_device{}() * 0x100000000ull;
+  std::uint64_t seed = std::getenv("ATTN_FUZZ_BASE_SEED")
+                           ? std::strtoull(std::getenv("ATTN_FUZZ_BASE_SEED"), nullptr, 0)
+                           : std::random_device{}() * 0x100000000ull;
   const std::uint64_t first = seed;
   const auto start = std::chrono::steady_clock::now();
   int runs = 0, failures = 0;
@@ -287,12 +319,16 @@ TEST(Differential, CatchesABrokenKernel) {
   int caught = 0;
   const int n = 40;
   for (std::uint64_t s = 0; s < n; ++s)
-    caught += !check(generate(s), [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
-                AttentionOptions opts = c.opts;
-                opts.num_threads = th;
-                opts.softmax_scale = opts.softmax_scale.value_or(1 / std::sqrt(double(c.head_dim))) * 1.001;
-                attention_tiled(q, k, v, o, opts, c.tiles, l);
-              }, false).empty();
+    caught += !check(
+                   generate(s),
+                   [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
+                     AttentionOptions opts = c.opts;
+                     opts.num_threads = th;
+                     opts.softmax_scale = opts.softmax_scale.value_or(1 / std::sqrt(double(c.head_dim))) * 1.001;
+                     attention_tiled(q, k, v, o, opts, c.tiles, l);
+                   },
+                   false)
+                   .empty();
   EXPECT_GT(caught, n / 2) << "the accuracy rule let a 0.1 % scale error through on " << n - caught << " of " << n;
 }
 

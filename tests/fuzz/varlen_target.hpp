@@ -66,13 +66,17 @@ std::string check_varlen(Config c) {
     cu_q[b + 1] = cu_q[b] + static_cast<std::int32_t>(r.chance(0.15) ? 0 : r.uniform(1, c.seqlen_q));
     cu_k[b + 1] = cu_k[b] + static_cast<std::int32_t>(r.chance(0.15) ? 0 : r.uniform(0, c.seqlen_k));
   }
-  if (cu_q[B] == 0) for (std::int64_t b = 1; b <= B; ++b) cu_q[b] += 1;
+  if (cu_q[B] == 0)
+    for (std::int64_t b = 1; b <= B; ++b) cu_q[b] += 1;
   const std::int64_t TQ = cu_q[B], TK = cu_k[B];
-  PackedBuffer q = make_packed(t, TQ, H, D, pick_layout(r, 3, false)), k = make_packed(t, TK, HK, D, pick_layout(r, 3, false)),
+  PackedBuffer q = make_packed(t, TQ, H, D, pick_layout(r, 3, false)),
+               k = make_packed(t, TK, HK, D, pick_layout(r, 3, false)),
                v = make_packed(t, TK, HK, D, pick_layout(r, 3, false));
   const Layout lout = pick_layout(r, 3, false), llse = pick_layout(r, 3, false);
   for (auto* p : {&q, &k, &v})
-    for (auto off : p->offsets) static_cast<T*>(p->view.data)[off] = detail::store<T>(r.real(p == &v ? -1 : -c.amplitude, p == &v ? 1 : c.amplitude));
+    for (auto off : p->offsets)
+      static_cast<T*>(p->view.data)[off] =
+          detail::store<T>(r.real(p == &v ? -1 : -c.amplitude, p == &v ? 1 : c.amplitude));
   const auto q_in = q.bytes, k_in = k.bytes, v_in = v.bytes;
   const auto cu_q0 = cu_q, cu_k0 = cu_k;
 
@@ -92,20 +96,24 @@ std::string check_varlen(Config c) {
   if (auto n = lse.stray(0xA5)) note("wrote " + std::to_string(n) + " bytes outside lse's view");
   if (!c.want_lse && std::any_of(lse.bytes.begin(), lse.bytes.end(), [](unsigned char x) { return x != 0xA5; }))
     note("wrote lse although none was requested");
-  if (q.bytes != q_in || k.bytes != k_in || v.bytes != v_in || cu_q != cu_q0 || cu_k != cu_k0) note("an input was written");
+  if (q.bytes != q_in || k.bytes != k_in || v.bytes != v_in || cu_q != cu_q0 || cu_k != cu_k0)
+    note("an input was written");
   if (out2.bytes != out.bytes || lse2.bytes != lse.bytes)
-    note("num_threads " + std::to_string(c.alt_threads) + " gives different bits than " + std::to_string(c.opts.num_threads));
+    note("num_threads " + std::to_string(c.alt_threads) + " gives different bits than " +
+         std::to_string(c.opts.num_threads));
 
   auto val = [](const PackedBuffer& p, std::size_t i) {  // logical element i, as double
     double x = 0;
-    detail::dispatch_dtype(p.view.dtype, [&]<class U>() { x = detail::load<double>(static_cast<const U*>(p.view.data)[p.offsets[i]]); });
+    detail::dispatch_dtype(
+        p.view.dtype, [&]<class U>() { x = detail::load<double>(static_cast<const U*>(p.view.data)[p.offsets[i]]); });
     return x;
   };
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t q0 = cu_q[b], nq = cu_q[b + 1] - q0, k0 = cu_k[b], nk = cu_k[b + 1] - k0;
     if (nq == 0) continue;
     // The sequence alone, dense, in f64 and in T.
-    std::vector<double> q64(static_cast<std::size_t>(nq * H * D)), k64(static_cast<std::size_t>(nk * HK * D)), v64 = k64;
+    std::vector<double> q64(static_cast<std::size_t>(nq * H * D)), k64(static_cast<std::size_t>(nk * HK * D)),
+        v64 = k64;
     for (std::size_t i = 0; i < q64.size(); ++i) q64[i] = val(q, static_cast<std::size_t>(q0 * H * D) + i);
     for (std::size_t i = 0; i < k64.size(); ++i) {
       k64[i] = val(k, static_cast<std::size_t>(k0 * HK * D) + i);
@@ -113,16 +121,22 @@ std::string check_varlen(Config c) {
     }
     std::vector<T> qT(q64.size()), kT(k64.size()), vT(v64.size()), text(q64.size());
     for (std::size_t i = 0; i < q64.size(); ++i) qT[i] = detail::store<T>(q64[i]);
-    for (std::size_t i = 0; i < k64.size(); ++i) { kT[i] = detail::store<T>(k64[i]); vT[i] = detail::store<T>(v64[i]); }
+    for (std::size_t i = 0; i < k64.size(); ++i) {
+      kT[i] = detail::store<T>(k64[i]);
+      vT[i] = detail::store<T>(v64[i]);
+    }
     AttentionOptions o = c.opts;
     if (o.alibi_slopes) o.alibi_slopes += b * o.alibi_batch_stride, o.alibi_batch_stride = 0;
     std::vector<double> oracle(q64.size()), oracle_lse(static_cast<std::size_t>(H * nq));
     std::vector<A> text_lse(oracle_lse.size());
-    const TensorView ol = TensorView::contiguous(oracle_lse.data(), 1, H, nq), tl = TensorView::contiguous(text_lse.data(), 1, H, nq);
-    attention_reference(TensorView::contiguous(q64.data(), 1, nq, H, D), TensorView::contiguous(k64.data(), 1, nk, HK, D),
-                        TensorView::contiguous(v64.data(), 1, nk, HK, D), TensorView::contiguous(oracle.data(), 1, nq, H, D), o, &ol);
+    const TensorView ol = TensorView::contiguous(oracle_lse.data(), 1, H, nq),
+                     tl = TensorView::contiguous(text_lse.data(), 1, H, nq);
+    attention_reference(
+        TensorView::contiguous(q64.data(), 1, nq, H, D), TensorView::contiguous(k64.data(), 1, nk, HK, D),
+        TensorView::contiguous(v64.data(), 1, nk, HK, D), TensorView::contiguous(oracle.data(), 1, nq, H, D), o, &ol);
     attention_reference(TensorView::contiguous(qT.data(), 1, nq, H, D), TensorView::contiguous(kT.data(), 1, nk, HK, D),
-                        TensorView::contiguous(vT.data(), 1, nk, HK, D), TensorView::contiguous(text.data(), 1, nq, H, D), o, &tl);
+                        TensorView::contiguous(vT.data(), 1, nk, HK, D),
+                        TensorView::contiguous(text.data(), 1, nq, H, D), o, &tl);
     // Errors: NaN, or an infinity the oracle does not have, counts as infinite.
     auto err_of = [](double g, double want) -> double {
       if (std::isnan(g) || std::isnan(want)) return INFINITY;
@@ -138,21 +152,38 @@ std::string check_varlen(Config c) {
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t i = 0; i < nq; ++i) {
         const std::size_t j = static_cast<std::size_t>(h * nq + i);
-        if (c.want_lse) lerr = std::max(lerr, err_of(val(lse, static_cast<std::size_t>(h * TQ + q0 + i)), oracle_lse[j]));
+        if (c.want_lse)
+          lerr = std::max(lerr, err_of(val(lse, static_cast<std::size_t>(h * TQ + q0 + i)), oracle_lse[j]));
         lbase = std::max(lbase, err_of(text_lse[j], oracle_lse[j]));
         if (std::isfinite(oracle_lse[j])) lmax = std::max(lmax, std::abs(oracle_lse[j]));
       }
     double tol = 0, ltol = 0;
     switch (t) {
-      case DType::f64: tol = 1e-12 * std::max(1.0, omax); ltol = 1e-12 * (1 + lmax); break;
-      case DType::f32: tol = 2 * base + logit_slack(c); ltol = 2 * lbase + 1e-6 * (1 + lmax) + logit_slack(c); break;
-      case DType::bf16: tol = 2 * base + std::ldexp(1.0, -8) + logit_slack(c); ltol = 2 * lbase + 1e-5 * (1 + lmax) + logit_slack(c); break;
-      case DType::f16: tol = 2 * base + std::ldexp(1.0, -11) + logit_slack(c); ltol = 2 * lbase + 1e-5 * (1 + lmax) + logit_slack(c); break;
+      case DType::f64:
+        tol = 1e-12 * std::max(1.0, omax);
+        ltol = 1e-12 * (1 + lmax);
+        break;
+      case DType::f32:
+        tol = 2 * base + logit_slack(c);
+        ltol = 2 * lbase + 1e-6 * (1 + lmax) + logit_slack(c);
+        break;
+      case DType::bf16:
+        tol = 2 * base + std::ldexp(1.0, -8) + logit_slack(c);
+        ltol = 2 * lbase + 1e-5 * (1 + lmax) + logit_slack(c);
+        break;
+      case DType::f16:
+        tol = 2 * base + std::ldexp(1.0, -11) + logit_slack(c);
+        ltol = 2 * lbase + 1e-5 * (1 + lmax) + logit_slack(c);
+        break;
     }
     const std::string seq = "sequence " + std::to_string(b) + " of " + std::to_string(B) + " (" + std::to_string(nq) +
                             " queries, " + std::to_string(nk) + " keys): ";
-    if (!(err <= tol)) note(seq + "out error " + std::to_string(err) + " > " + std::to_string(tol) + " (textbook " + std::to_string(base) + ")");
-    if (!(lerr <= ltol)) note(seq + "lse error " + std::to_string(lerr) + " > " + std::to_string(ltol) + " (textbook " + std::to_string(lbase) + ")");
+    if (!(err <= tol))
+      note(seq + "out error " + std::to_string(err) + " > " + std::to_string(tol) + " (textbook " +
+           std::to_string(base) + ")");
+    if (!(lerr <= ltol))
+      note(seq + "lse error " + std::to_string(lerr) + " > " + std::to_string(ltol) + " (textbook " +
+           std::to_string(lbase) + ")");
   }
   return fail;
 }

@@ -7,8 +7,8 @@
 
 int main() {
   const int batch = 1, seqlen = 128, heads = 8, kv_heads = 2, head_dim = 64;
-  std::vector<float> q(batch * seqlen * heads * head_dim), k(batch * seqlen * kv_heads * head_dim),
-      v(k.size()), out(q.size()), lse(batch * heads * seqlen);
+  std::vector<float> q(batch * seqlen * heads * head_dim), k(batch * seqlen * kv_heads * head_dim), v(k.size()),
+      out(q.size()), lse(batch * heads * seqlen);
   for (std::size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.1f * i);
   for (std::size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.2f * i), v[i] = std::sin(0.3f * i);
 

@@ -55,8 +55,8 @@ namespace attn::cli {
 HWY_EXPORT(SoftmaxRow);
 
 void textbook_attention(const float* q, const float* k, const float* v, float* out, std::int64_t seq_q,
-                        std::int64_t seq_k, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
-                        bool causal, int threads) {
+                        std::int64_t seq_k, std::int64_t heads, std::int64_t kv_heads, std::int64_t d, bool causal,
+                        int threads) {
   openblas_set_num_threads(threads);
   const std::int64_t rows = std::clamp<std::int64_t>((64 << 20) / (4 * std::max<std::int64_t>(seq_k, 1)), 1, seq_q);
   std::vector<float> s(static_cast<std::size_t>(rows * seq_k));
@@ -77,8 +77,8 @@ void textbook_attention(const float* q, const float* k, const float* v, float* o
         HWY_DYNAMIC_DISPATCH(SoftmaxRow)(s.data() + r * seq_k, visible, seq_k);
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(d),
-                  static_cast<int>(seq_k), 1.0f, s.data(), static_cast<int>(seq_k), vh,
-                  static_cast<int>(kv_heads * d), 0.0f, out + (i0 * heads + h) * d, static_cast<int>(heads * d));
+                  static_cast<int>(seq_k), 1.0f, s.data(), static_cast<int>(seq_k), vh, static_cast<int>(kv_heads * d),
+                  0.0f, out + (i0 * heads + h) * d, static_cast<int>(heads * d));
     }
   }
 }

@@ -11,7 +11,7 @@ namespace attn::cli {
 // rows bottom-right aligned: keys past the diagonal masked), O = P V. BLAS and the softmax use
 // `threads` threads.
 void textbook_attention(const float* q, const float* k, const float* v, float* out, std::int64_t seq_q,
-                        std::int64_t seq_k, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
-                        bool causal, int threads);
+                        std::int64_t seq_k, std::int64_t heads, std::int64_t kv_heads, std::int64_t d, bool causal,
+                        int threads);
 
 }  // namespace attn::cli

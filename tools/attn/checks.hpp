@@ -18,7 +18,10 @@ TiledCheck check_tiled(std::int64_t seq, std::int64_t head_dim, std::int64_t til
 struct SplitKCheck {
   std::int64_t keys, workers, head_dim;
   double max_abs_diff;
-  struct Partial { double m, l; std::int64_t keys; };
+  struct Partial {
+    double m, l;
+    std::int64_t keys;
+  };
   std::vector<Partial> partials;
 };
 // One query over `keys` keys, split across `workers`: split-K against the reference.

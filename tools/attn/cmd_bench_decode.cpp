@@ -125,7 +125,8 @@ TensorView view4(void* data, DType t, std::int64_t a, std::int64_t b, std::int64
   v.dtype = t;
   v.rank = 4;
   v.shape = {a, b, c, d};
-  v.strides = swap_bc ? std::array<std::int64_t, 4>{b * c * d, d, b * d, 1} : std::array<std::int64_t, 4>{b * c * d, c * d, d, 1};
+  v.strides = swap_bc ? std::array<std::int64_t, 4>{b * c * d, d, b * d, 1}
+                      : std::array<std::int64_t, 4>{b * c * d, c * d, d, 1};
   return v;
 }
 
@@ -179,11 +180,11 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
   std::vector<const void*> kv_rows;
   kv_rows.reserve(static_cast<std::size_t>(2 * total_keys * (kv_heads_major ? HK : 1)));
   auto add = [&](std::int64_t b, std::int64_t j, std::int64_t g) {
-    const std::int64_t page = cs.page_size > 0 ? table[static_cast<std::size_t>(b * cache.max_pages + j / cs.page_size)] : b;
+    const std::int64_t page =
+        cs.page_size > 0 ? table[static_cast<std::size_t>(b * cache.max_pages + j / cs.page_size)] : b;
     const std::int64_t slot = cs.page_size > 0 ? j % cs.page_size : j;
-    const std::size_t off = kv_heads_major
-        ? static_cast<std::size_t>((page * HK + g) * slots + slot) * head_bytes
-        : static_cast<std::size_t>(page * slots + slot) * row_bytes;
+    const std::size_t off = kv_heads_major ? static_cast<std::size_t>((page * HK + g) * slots + slot) * head_bytes
+                                           : static_cast<std::size_t>(page * slots + slot) * row_bytes;
     kv_rows.push_back(static_cast<const unsigned char*>(kbuf.get()) + off);
     kv_rows.push_back(static_cast<const unsigned char*>(vbuf.get()) + off);
   };
@@ -200,22 +201,39 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
     o.num_threads = t;
     o.causal = seq_q > 1;
     const double bw_before = read_bandwidth_gbps(t);
-    const Timing tm = time_it([&] { attention_decode(q, cache, out, o, dec); }, args.quick ? 3 : 7,
-                              args.quick ? 0.1 : 1.0, 200);
+    const Timing tm =
+        time_it([&] { attention_decode(q, cache, out, o, dec); }, args.quick ? 3 : 7, args.quick ? 0.1 : 1.0, 200);
     const double bw = 0.5 * (bw_before + read_bandwidth_gbps(t));
     const double layout = rows_read_gbps(kv_rows, row_bytes, t);
     const double gbps = bytes / tm.median_s / 1e9, fraction = gbps / bw;
     if (args.json) {
-      std::printf("%s\n", nlohmann::json{{"kind", "decode"}, {"case", cs.name}, {"batch", B}, {"seq_q", seq_q},
-                                         {"seq_k", max_len}, {"total_keys", total_keys}, {"heads", H},
-                                         {"kv_heads", HK}, {"head_dim", D}, {"dtype", std::string(dtype_name(dt))},
-                                         {"causal", o.causal}, {"paged", cs.page_size > 0}, {"layout", args.layout},
-                                         {"page_size", cs.page_size}, {"threads", t}, {"seconds", tm.median_s},
-                                         {"gflops", flops / tm.median_s / 1e9}, {"gbps", gbps},
-                                         {"read_bandwidth_gbps", bw}, {"bandwidth_fraction", fraction},
-                                         {"layout_read_gbps", layout}, {"layout_fraction", gbps / layout},
-                                         {"reps", tm.reps}, {"machine", machine_name()},
-                                         {"kernels", kernel_paths()}}.dump().c_str());
+      std::printf("%s\n", nlohmann::json{{"kind", "decode"},
+                                         {"case", cs.name},
+                                         {"batch", B},
+                                         {"seq_q", seq_q},
+                                         {"seq_k", max_len},
+                                         {"total_keys", total_keys},
+                                         {"heads", H},
+                                         {"kv_heads", HK},
+                                         {"head_dim", D},
+                                         {"dtype", std::string(dtype_name(dt))},
+                                         {"causal", o.causal},
+                                         {"paged", cs.page_size > 0},
+                                         {"layout", args.layout},
+                                         {"page_size", cs.page_size},
+                                         {"threads", t},
+                                         {"seconds", tm.median_s},
+                                         {"gflops", flops / tm.median_s / 1e9},
+                                         {"gbps", gbps},
+                                         {"read_bandwidth_gbps", bw},
+                                         {"bandwidth_fraction", fraction},
+                                         {"layout_read_gbps", layout},
+                                         {"layout_fraction", gbps / layout},
+                                         {"reps", tm.reps},
+                                         {"machine", machine_name()},
+                                         {"kernels", kernel_paths()}}
+                              .dump()
+                              .c_str());
     } else {
       std::printf("%-22s %7d %10.3f ms %8.1f GB/s %8.1f GB/s %7.0f%% %8.1f GB/s %7.0f%%  %6.1f GFLOP/s\n",
                   cs.name.c_str(), t, tm.median_s * 1e3, gbps, bw, 100 * fraction, layout, 100 * gbps / layout,

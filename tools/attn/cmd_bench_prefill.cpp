@@ -65,10 +65,20 @@ struct Buffer {
     for (std::int64_t i = 0; i < n; ++i) {
       const float f = dist(rng);
       unsigned char* p = bytes.data() + i * dtype_size(t);
-      if (t == DType::f32) std::memcpy(p, &f, 4);
-      else if (t == DType::f64) { const double x = f; std::memcpy(p, &x, 8); }
-      else if (t == DType::bf16) { std::uint32_t u; std::memcpy(&u, &f, 4); const std::uint16_t h = static_cast<std::uint16_t>(u >> 16); std::memcpy(p, &h, 2); }
-      else { const _Float16 h = static_cast<_Float16>(f); std::memcpy(p, &h, 2); }
+      if (t == DType::f32)
+        std::memcpy(p, &f, 4);
+      else if (t == DType::f64) {
+        const double x = f;
+        std::memcpy(p, &x, 8);
+      } else if (t == DType::bf16) {
+        std::uint32_t u;
+        std::memcpy(&u, &f, 4);
+        const std::uint16_t h = static_cast<std::uint16_t>(u >> 16);
+        std::memcpy(p, &h, 2);
+      } else {
+        const _Float16 h = static_cast<_Float16>(f);
+        std::memcpy(p, &h, 2);
+      }
     }
   }
   TensorView view(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) const {
@@ -79,8 +89,8 @@ struct Buffer {
 };
 
 struct Args {
-  std::string seq = "512,1024,2048,4096,8192", seq_q, head_dim = "64,128", causal = "0,1", dtype = "f32,bf16",
-              threads, heads = "16", kv_heads, batch = "1";
+  std::string seq = "512,1024,2048,4096,8192", seq_q, head_dim = "64,128", causal = "0,1", dtype = "f32,bf16", threads,
+              heads = "16", kv_heads, batch = "1";
   std::string q_tile, k_tile;  // empty: attn's own tile plan
   bool json = false, quick = false, no_textbook = false;
 };
@@ -100,26 +110,32 @@ void run(const Args& a) {
   if (heads % kv_heads != 0) throw UsageError("--kv-heads: must divide --heads");
   std::vector<bool> causals;
   for (const auto& c : split_list(args.causal)) {
-    if (c == "0" || c == "off" || c == "false") causals.push_back(false);
-    else if (c == "1" || c == "on" || c == "true") causals.push_back(true);
-    else throw UsageError("--causal: list of 0/1, got " + c);
+    if (c == "0" || c == "off" || c == "false")
+      causals.push_back(false);
+    else if (c == "1" || c == "on" || c == "true")
+      causals.push_back(true);
+    else
+      throw UsageError("--causal: list of 0/1, got " + c);
   }
   std::vector<DType> dtypes;
   for (const auto& s : split_list(args.dtype)) dtypes.push_back(parse_dtype(s));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::int64_t> threads = args.threads.empty() ? std::vector<std::int64_t>{cores} : parse_counts(args.threads, "--threads", 1);
+  std::vector<std::int64_t> threads =
+      args.threads.empty() ? std::vector<std::int64_t>{cores} : parse_counts(args.threads, "--threads", 1);
 
   std::map<int, double> peak;
   for (auto t : threads) peak[static_cast<int>(t)] = fma_peak_gflops(static_cast<int>(t));
   if (!args.json) {
     std::printf("attn bench prefill: %s; %s; batch %lld, %lld heads, %lld kv heads\n", machine_name().c_str(),
-                kernel_paths().c_str(),
-                static_cast<long long>(batch), static_cast<long long>(heads), static_cast<long long>(kv_heads));
-    for (auto [t, g] : peak) std::printf("  measured FMA peak (f32): %.1f GFLOP/s with %d thread%s\n", g, t, t > 1 ? "s" : "");
+                kernel_paths().c_str(), static_cast<long long>(batch), static_cast<long long>(heads),
+                static_cast<long long>(kv_heads));
+    for (auto [t, g] : peak)
+      std::printf("  measured FMA peak (f32): %.1f GFLOP/s with %d thread%s\n", g, t, t > 1 ? "s" : "");
     std::printf("  textbook = OpenBLAS sgemm + vectorised softmax + sgemm (f32), same run; x = textbook s / attn s\n");
     if (std::find(dtypes.begin(), dtypes.end(), DType::bf16) != dtypes.end())
-      std::printf("  peak = GFLOP/s / f32 FMA peak; on AVX512-BF16 CPUs bf16 scores run on VDPBF16PS, two products\n"
-                  "  per lane per instruction, so bf16 rows can pass 100%%\n");
+      std::printf(
+          "  peak = GFLOP/s / f32 FMA peak; on AVX512-BF16 CPUs bf16 scores run on VDPBF16PS, two products\n"
+          "  per lane per instruction, so bf16 rows can pass 100%%\n");
     std::printf("\n");
     std::printf("%7s %7s %4s %6s %5s %3s %11s %9s %6s %11s %7s\n", "seq_q", "seq_k", "d", "causal", "dtype", "thr",
                 "seconds", "GFLOP/s", "peak", "textbook s", "x");
@@ -136,34 +152,51 @@ void run(const Args& a) {
           const bool big = static_cast<double>(sq) * static_cast<double>(sk) > 2e8;
           double textbook = 0;
           if (!args.no_textbook) {
-            Buffer q(sq * heads * d, DType::f32, 1), k(sk * kv_heads * d, DType::f32, 2), v(sk * kv_heads * d, DType::f32, 3);
+            Buffer q(sq * heads * d, DType::f32, 1), k(sk * kv_heads * d, DType::f32, 2),
+                v(sk * kv_heads * d, DType::f32, 3);
             std::vector<float> out(static_cast<std::size_t>(sq * heads * d));
             auto f = [&] {
               for (std::int64_t b = 0; b < batch; ++b)  // the same inputs per batch entry: time only
-                textbook_attention(reinterpret_cast<const float*>(q.bytes.data()), reinterpret_cast<const float*>(k.bytes.data()),
-                                   reinterpret_cast<const float*>(v.bytes.data()), out.data(), sq, sk, heads, kv_heads, d, causal,
-                                   static_cast<int>(t));
+                textbook_attention(reinterpret_cast<const float*>(q.bytes.data()),
+                                   reinterpret_cast<const float*>(k.bytes.data()),
+                                   reinterpret_cast<const float*>(v.bytes.data()), out.data(), sq, sk, heads, kv_heads,
+                                   d, causal, static_cast<int>(t));
             };
             textbook = time_it(f, big ? 1 : min_reps, big ? 0.0 : 0.3).median_s;
           }
           for (DType dt : dtypes) {
-            Buffer q(batch * sq * heads * d, dt, 1), k(batch * sk * kv_heads * d, dt, 2), v(batch * sk * kv_heads * d, dt, 3),
-                out(batch * sq * heads * d, dt, 4);
+            Buffer q(batch * sq * heads * d, dt, 1), k(batch * sk * kv_heads * d, dt, 2),
+                v(batch * sk * kv_heads * d, dt, 3), out(batch * sq * heads * d, dt, 4);
             AttentionOptions o;
             o.causal = causal;
             o.num_threads = static_cast<int>(t);
             TileOptions tiles;
             if (!args.q_tile.empty()) tiles.q_tile = parse_count(args.q_tile, "--q-tile");
             if (!args.k_tile.empty()) tiles.k_tile = parse_count(args.k_tile, "--k-tile");
-            auto f = [&] { attention_tiled(q.view(batch, sq, heads, d), k.view(batch, sk, kv_heads, d), v.view(batch, sk, kv_heads, d),
-                                           out.view(batch, sq, heads, d), o, tiles); };
+            auto f = [&] {
+              attention_tiled(q.view(batch, sq, heads, d), k.view(batch, sk, kv_heads, d),
+                              v.view(batch, sk, kv_heads, d), out.view(batch, sq, heads, d), o, tiles);
+            };
             const Timing tm = time_it(f, big ? 1 : min_reps, big ? 0.0 : 0.3);
             const double gf = flops / tm.median_s / 1e9, pk = peak[static_cast<int>(t)];
             if (args.json) {
-              nlohmann::json j{{"kind", "prefill"}, {"batch", batch}, {"seq_q", sq}, {"seq_k", sk}, {"heads", heads},
-                               {"kv_heads", kv_heads}, {"head_dim", d}, {"dtype", std::string(dtype_name(dt))},
-                               {"causal", causal}, {"threads", t}, {"seconds", tm.median_s}, {"reps", tm.reps},
-                               {"gflops", gf}, {"peak_gflops", pk}, {"peak_fraction", gf / pk}, {"machine", machine_name()}, {"kernels", kernel_paths()}};
+              nlohmann::json j{{"kind", "prefill"},
+                               {"batch", batch},
+                               {"seq_q", sq},
+                               {"seq_k", sk},
+                               {"heads", heads},
+                               {"kv_heads", kv_heads},
+                               {"head_dim", d},
+                               {"dtype", std::string(dtype_name(dt))},
+                               {"causal", causal},
+                               {"threads", t},
+                               {"seconds", tm.median_s},
+                               {"reps", tm.reps},
+                               {"gflops", gf},
+                               {"peak_gflops", pk},
+                               {"peak_fraction", gf / pk},
+                               {"machine", machine_name()},
+                               {"kernels", kernel_paths()}};
               if (textbook > 0) {
                 j["textbook_seconds"] = textbook;
                 j["textbook_gflops"] = flops / textbook / 1e9;
@@ -178,7 +211,8 @@ void run(const Args& a) {
               }
               std::printf("%7lld %7lld %4lld %6s %5s %3lld %11.4g %9.1f %5.0f%% %11s %7s\n", static_cast<long long>(sq),
                           static_cast<long long>(sk), static_cast<long long>(d), causal ? "yes" : "no",
-                          std::string(dtype_name(dt)).c_str(), static_cast<long long>(t), tm.median_s, gf, 100 * gf / pk, tb, x);
+                          std::string(dtype_name(dt)).c_str(), static_cast<long long>(t), tm.median_s, gf,
+                          100 * gf / pk, tb, x);
             }
             std::fflush(stdout);
           }
@@ -188,7 +222,8 @@ void run(const Args& a) {
 }  // namespace
 
 void add_bench_prefill(CLI::App& bench) {
-  auto* c = bench.add_subcommand("prefill", "Forward attention over long prompts vs the FMA peak and the textbook method");
+  auto* c =
+      bench.add_subcommand("prefill", "Forward attention over long prompts vs the FMA peak and the textbook method");
   auto a = std::make_shared<Args>();
   c->add_option("--seq", a->seq, "key lengths (comma list; 16k, 64k accepted)")->capture_default_str();
   c->add_option("--seq-q", a->seq_q, "query lengths, paired with --seq (default: = seq; 1 = decode shape)");

@@ -62,9 +62,11 @@ SplitKCheck check_splitk(std::int64_t keys, std::int64_t workers, std::int64_t d
   if (workers > (1 << 20)) throw UsageError("--workers: must be <= 1048576");
   std::mt19937_64 rng(seed);
   auto q = random_values(static_cast<std::size_t>(d), rng);
-  auto k = random_values(static_cast<std::size_t>(keys * d), rng), v = random_values(static_cast<std::size_t>(keys * d), rng);
+  auto k = random_values(static_cast<std::size_t>(keys * d), rng),
+       v = random_values(static_cast<std::size_t>(keys * d), rng);
   std::vector<double> ref(static_cast<std::size_t>(d)), out(static_cast<std::size_t>(d));
-  const TensorView qv = TensorView::contiguous(q.data(), 1, 1, 1, d), kv = TensorView::contiguous(k.data(), 1, keys, 1, d),
+  const TensorView qv = TensorView::contiguous(q.data(), 1, 1, 1, d),
+                   kv = TensorView::contiguous(k.data(), 1, keys, 1, d),
                    vv = TensorView::contiguous(v.data(), 1, keys, 1, d);
   attention_reference(qv, kv, vv, TensorView::contiguous(ref.data(), 1, 1, 1, d));
   SplitKOptions s;
@@ -90,18 +92,25 @@ void print(const SplitKCheck& c, std::int64_t max_shown) {
               with_commas(c.workers).c_str(), c.max_abs_diff, c.max_abs_diff <= kExactTolerance ? "(exact)" : "FAIL");
   for (std::size_t w = 0; w < c.partials.size() && static_cast<std::int64_t>(w) < max_shown; ++w) {
     const auto& p = c.partials[w];
-    if (std::isinf(p.m)) std::printf("  #%zu: empty slice (m=-inf l=0)\n", w);
-    else std::printf("  #%zu: m=%.2f l=%.1f  (%lld keys)\n", w, p.m, p.l, static_cast<long long>(p.keys));
+    if (std::isinf(p.m))
+      std::printf("  #%zu: empty slice (m=-inf l=0)\n", w);
+    else
+      std::printf("  #%zu: m=%.2f l=%.1f  (%lld keys)\n", w, p.m, p.l, static_cast<long long>(p.keys));
   }
   if (static_cast<std::int64_t>(c.partials.size()) > max_shown)
     std::printf("  ... %zu more (--json lists all)\n", c.partials.size() - static_cast<std::size_t>(max_shown));
 }
 
 void add_check_command(CLI::App& app) {
-  auto* check = app.add_subcommand("check", "Exactness checks on random f64 data: tiled and split-K vs the textbook method");
+  auto* check =
+      app.add_subcommand("check", "Exactness checks on random f64 data: tiled and split-K vs the textbook method");
   check->require_subcommand(1);
 
-  struct TiledArgs { std::string seq = "48", d = "16", tile = "8"; std::uint64_t seed = 1; bool json = false; };
+  struct TiledArgs {
+    std::string seq = "48", d = "16", tile = "8";
+    std::uint64_t seed = 1;
+    bool json = false;
+  };
   auto ta = std::make_shared<TiledArgs>();
   auto* tiled = check->add_subcommand("tiled", "Tiled attention (online softmax over key tiles) vs the reference");
   tiled->add_option("--seq", ta->seq, "queries = keys")->capture_default_str();
@@ -113,14 +122,25 @@ void add_check_command(CLI::App& app) {
     const auto c = check_tiled(parse_count(ta->seq, "--seq"), parse_count(ta->d, "--head-dim"),
                                parse_count(ta->tile, "--tile"), ta->seed);
     if (ta->json)
-      std::printf("%s\n", nlohmann::json{{"check", "tiled"}, {"seq", c.seq}, {"head_dim", c.head_dim}, {"tile", c.tile},
-                                         {"max_abs_diff", c.max_abs_diff}, {"tolerance", kExactTolerance},
-                                         {"passed", c.max_abs_diff <= kExactTolerance}}.dump().c_str());
-    else print(c);
+      std::printf("%s\n", nlohmann::json{{"check", "tiled"},
+                                         {"seq", c.seq},
+                                         {"head_dim", c.head_dim},
+                                         {"tile", c.tile},
+                                         {"max_abs_diff", c.max_abs_diff},
+                                         {"tolerance", kExactTolerance},
+                                         {"passed", c.max_abs_diff <= kExactTolerance}}
+                              .dump()
+                              .c_str());
+    else
+      print(c);
     if (c.max_abs_diff > kExactTolerance) throw CLI::RuntimeError(1);
   });
 
-  struct SplitArgs { std::string keys = "4096", workers = "4", d = "16"; std::uint64_t seed = 1; bool json = false; };
+  struct SplitArgs {
+    std::string keys = "4096", workers = "4", d = "16";
+    std::uint64_t seed = 1;
+    bool json = false;
+  };
   auto sa = std::make_shared<SplitArgs>();
   auto* splitk = check->add_subcommand("splitk", "Split-K: one query's keys split across workers, partials merged");
   splitk->add_option("--keys", sa->keys, "keys in the cache")->capture_default_str();
@@ -134,11 +154,18 @@ void add_check_command(CLI::App& app) {
     if (sa->json) {
       nlohmann::json parts = nlohmann::json::array();
       for (const auto& p : c.partials)
-        parts.push_back({{"m", std::isinf(p.m) ? nlohmann::json(nullptr) : nlohmann::json(p.m)}, {"l", p.l}, {"keys", p.keys}});
-      std::printf("%s\n", nlohmann::json{{"check", "splitk"}, {"keys", c.keys}, {"workers", c.workers},
-                                         {"head_dim", c.head_dim}, {"max_abs_diff", c.max_abs_diff},
-                                         {"tolerance", kExactTolerance}, {"passed", c.max_abs_diff <= kExactTolerance},
-                                         {"partials", parts}}.dump().c_str());
+        parts.push_back(
+            {{"m", std::isinf(p.m) ? nlohmann::json(nullptr) : nlohmann::json(p.m)}, {"l", p.l}, {"keys", p.keys}});
+      std::printf("%s\n", nlohmann::json{{"check", "splitk"},
+                                         {"keys", c.keys},
+                                         {"workers", c.workers},
+                                         {"head_dim", c.head_dim},
+                                         {"max_abs_diff", c.max_abs_diff},
+                                         {"tolerance", kExactTolerance},
+                                         {"passed", c.max_abs_diff <= kExactTolerance},
+                                         {"partials", parts}}
+                              .dump()
+                              .c_str());
     } else {
       print(c, 16);
     }

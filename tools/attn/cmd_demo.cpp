@@ -51,7 +51,8 @@ struct DemoResult {
 };
 
 DemoResult measure(std::int64_t seq, std::int64_t heads, std::int64_t d) {
-  DemoResult r{io::model({}), check_tiled(48, 16, 8, 1), check_splitk(4096, 4, 16, 1), {}, {}, 0, omp_get_max_threads()};
+  DemoResult r{io::model({}),        check_tiled(48, 16, 8, 1), check_splitk(4096, 4, 16, 1), {}, {}, 0,
+               omp_get_max_threads()};
   const auto n = static_cast<std::size_t>(seq * heads * d);
   std::mt19937_64 rng(7);
   std::normal_distribution<float> dist;
@@ -69,16 +70,27 @@ DemoResult measure(std::int64_t seq, std::int64_t heads, std::int64_t d) {
 void print_json(const DemoResult& r, std::int64_t seq, std::int64_t heads, std::int64_t d) {
   const double flops = 4.0 * seq * seq * d * heads;
   auto timed = [&](const Timed& t) {
-    return nlohmann::json{{"seconds", t.median_s}, {"gflops", flops / t.median_s / 1e9}, {"peak_heap_bytes", t.peak_heap}};
+    return nlohmann::json{
+        {"seconds", t.median_s}, {"gflops", flops / t.median_s / 1e9}, {"peak_heap_bytes", t.peak_heap}};
   };
-  nlohmann::json j{
-      {"io", {{"standard_bytes", r.io.standard.bytes}, {"standard_seconds", r.io.standard.seconds},
-              {"tiled_bytes", r.io.tiled.bytes}, {"tiled_seconds", r.io.tiled.seconds},
-              {"reduction", r.io.reduction}, {"score_matrix_bytes", r.io.score_matrix_bytes}}},
-      {"check_tiled", {{"max_abs_diff", r.tiled_check.max_abs_diff}}},
-      {"check_splitk", {{"max_abs_diff", r.splitk_check.max_abs_diff}}},
-      {"timed", {{"dtype", "f32"}, {"seq", seq}, {"heads", heads}, {"head_dim", d}, {"threads", r.threads},
-                 {"textbook", timed(r.textbook)}, {"tiled", timed(r.tiled)}, {"max_abs_diff", r.max_abs_diff}}}};
+  nlohmann::json j{{"io",
+                    {{"standard_bytes", r.io.standard.bytes},
+                     {"standard_seconds", r.io.standard.seconds},
+                     {"tiled_bytes", r.io.tiled.bytes},
+                     {"tiled_seconds", r.io.tiled.seconds},
+                     {"reduction", r.io.reduction},
+                     {"score_matrix_bytes", r.io.score_matrix_bytes}}},
+                   {"check_tiled", {{"max_abs_diff", r.tiled_check.max_abs_diff}}},
+                   {"check_splitk", {{"max_abs_diff", r.splitk_check.max_abs_diff}}},
+                   {"timed",
+                    {{"dtype", "f32"},
+                     {"seq", seq},
+                     {"heads", heads},
+                     {"head_dim", d},
+                     {"threads", r.threads},
+                     {"textbook", timed(r.textbook)},
+                     {"tiled", timed(r.tiled)},
+                     {"max_abs_diff", r.max_abs_diff}}}};
   std::printf("%s\n", j.dump().c_str());
 }
 
@@ -106,19 +118,24 @@ void print_text(const DemoResult& dr, std::int64_t seq, std::int64_t heads, std:
   const double diff = dr.max_abs_diff;
   const double flops = 4.0 * seq * seq * d * heads;
   std::printf("   %-9s %10s %9s  %s\n", "", "median", "GFLOP/s", "peak heap");
-  std::printf("   %-9s %10s %9.2f  %s  (S and P: N×N per head in flight)\n", "textbook", format_seconds(ref.median_s).c_str(),
-              flops / ref.median_s / 1e9, format_bytes(static_cast<double>(ref.peak_heap)).c_str());
+  std::printf("   %-9s %10s %9.2f  %s  (S and P: N×N per head in flight)\n", "textbook",
+              format_seconds(ref.median_s).c_str(), flops / ref.median_s / 1e9,
+              format_bytes(static_cast<double>(ref.peak_heap)).c_str());
   std::printf("   %-9s %10s %9.2f  %s  (tiles only)\n", "tiled", format_seconds(tiled.median_s).c_str(),
               flops / tiled.median_s / 1e9, format_bytes(static_cast<double>(tiled.peak_heap)).c_str());
   std::printf("   speed-up %.2f×, memory %.0f× less, max |Δ| = %.1e (f32)\n", ref.median_s / tiled.median_s,
-              static_cast<double>(ref.peak_heap) / static_cast<double>(std::max<std::size_t>(tiled.peak_heap, 1)), diff);
+              static_cast<double>(ref.peak_heap) / static_cast<double>(std::max<std::size_t>(tiled.peak_heap, 1)),
+              diff);
   std::printf("\nNext: attn io --help, attn check --help, README.md\n");
 }
 
 }  // namespace
 
 void add_demo_command(CLI::App& app) {
-  struct Args { std::string seq = "2048", heads = "4", d = "64"; bool json = false; };
+  struct Args {
+    std::string seq = "2048", heads = "4", d = "64";
+    bool json = false;
+  };
   auto a = std::make_shared<Args>();
   auto* demo = app.add_subcommand("demo", "A tour: the traffic model, both exactness checks, textbook vs tiled timed");
   demo->add_option("--seq", a->seq, "sequence length for the timed comparison")->capture_default_str();
@@ -130,8 +147,10 @@ void add_demo_command(CLI::App& app) {
                        d = parse_count(a->d, "--head-dim");
     if (seq < 1 || heads < 1 || d < 1) throw UsageError("--seq, --heads, --head-dim: must be >= 1");
     const DemoResult r = measure(seq, heads, d);
-    if (a->json) print_json(r, seq, heads, d);
-    else print_text(r, seq, heads, d);
+    if (a->json)
+      print_json(r, seq, heads, d);
+    else
+      print_text(r, seq, heads, d);
   });
 }
 

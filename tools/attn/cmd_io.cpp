@@ -58,14 +58,20 @@ std::string format_count(double v) {  // 4096, 16K, 1M (K = 1024, as --seq accep
 std::string format_tick_bytes(double b) {  // x-axis ticks at powers of 2: 512 B, 1 KiB, 256 KiB, 1 MiB
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
   int u = 0;
-  while (b >= 1024 && u < 3) { b /= 1024; ++u; }
+  while (b >= 1024 && u < 3) {
+    b /= 1024;
+    ++u;
+  }
   return printf_str("%g ", b) + units[u];
 }
 
 std::string format_si_bytes(double b) {  // y-axis ticks: 1 MB, 10 GB (10^3 steps, as format_mb)
   const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
   int u = 0;
-  while (b >= 999.5 && u < 5) { b /= 1000; ++u; }
+  while (b >= 999.5 && u < 5) {
+    b /= 1000;
+    ++u;
+  }
   return printf_str("%g ", b) + units[u];
 }
 
@@ -82,14 +88,15 @@ io::ModelParams params_from(const IoArgs& a) {
   if (p.head_dim < 1) throw UsageError("--head-dim: must be >= 1, got " + a.head_dim);
   if (!(p.derate > 0 && p.derate <= 1)) throw UsageError("--derate: must be in (0, 1], got " + a.derate);
   if (p.sram_bytes < p.element_bytes)
-    throw UsageError("--sram: must hold at least one element of --bytes " + format_bytes(p.element_bytes) +
-                     ", got " + format_bytes(p.sram_bytes));
+    throw UsageError("--sram: must hold at least one element of --bytes " + format_bytes(p.element_bytes) + ", got " +
+                     format_bytes(p.sram_bytes));
   return p;
 }
 
 json params_json(const io::ModelParams& p) {
-  return {{"seqlen", p.seqlen},          {"head_dim", p.head_dim},   {"sram_bytes", p.sram_bytes},
-          {"element_bytes", p.element_bytes}, {"bandwidth", p.bandwidth}, {"derate", p.derate}};
+  return {{"seqlen", p.seqlen},         {"head_dim", p.head_dim},
+          {"sram_bytes", p.sram_bytes}, {"element_bytes", p.element_bytes},
+          {"bandwidth", p.bandwidth},   {"derate", p.derate}};
 }
 
 json traffic_json(const io::Traffic& t, bool tiled) {
@@ -117,9 +124,8 @@ void add_counted(json& j, const io::Counted& c) {
 }
 
 void print_counted(const char* name, const io::Counted& c, const io::Traffic& t) {
-  std::printf("  %s%s %s closed form, max |Δ| vs reference %.1e, SRAM peak %lld elements\n",
-              pad(name, 24).c_str(), pad(std::to_string(c.elements), 13, true).c_str(),
-              c.elements == t.elements ? "==" : "!=", c.max_abs_diff,
+  std::printf("  %s%s %s closed form, max |Δ| vs reference %.1e, SRAM peak %lld elements\n", pad(name, 24).c_str(),
+              pad(std::to_string(c.elements), 13, true).c_str(), c.elements == t.elements ? "==" : "!=", c.max_abs_diff,
               static_cast<long long>(c.sram_peak_elements));
 }
 
@@ -129,17 +135,19 @@ void run_point(const IoArgs& a) {
   io::Counted c1, c2;
   if (a.count) {
     // The two simulations are independent and each single-threaded: run them side by side.
-    auto fa2 = std::async(std::launch::async,
-                          [&] { return io::count_fa2(p.seqlen, p.head_dim, r.sram_elements); });
+    auto fa2 = std::async(std::launch::async, [&] { return io::count_fa2(p.seqlen, p.head_dim, r.sram_elements); });
     c1 = io::count_algorithm1(p.seqlen, p.head_dim, r.sram_elements);
     c2 = fa2.get();
   }
   const bool ok = !a.count || (counted_ok(c1, r.tiled) && counted_ok(c2, r.fa2));
 
   if (a.json) {
-    json j = {{"params", params_json(p)}, {"sram_elements", r.sram_elements},
-              {"standard", traffic_json(r.standard, false)}, {"tiled", traffic_json(r.tiled, true)},
-              {"fa2", traffic_json(r.fa2, true)}, {"reduction", r.reduction},
+    json j = {{"params", params_json(p)},
+              {"sram_elements", r.sram_elements},
+              {"standard", traffic_json(r.standard, false)},
+              {"tiled", traffic_json(r.tiled, true)},
+              {"fa2", traffic_json(r.fa2, true)},
+              {"reduction", r.reduction},
               {"score_matrix_bytes", r.score_matrix_bytes}};
     if (a.count) {
       add_counted(j["tiled"], c1);
@@ -151,14 +159,12 @@ void run_point(const IoArgs& a) {
     std::printf("HBM traffic for one attention head (FlashAttention §3.2, Theorem 2)\n");
     std::printf("  N = %lld, d = %lld, SRAM %s = %lld elements of %g B, %s x %g = %s\n\n",
                 static_cast<long long>(p.seqlen), static_cast<long long>(p.head_dim),
-                format_bytes(p.sram_bytes).c_str(), static_cast<long long>(r.sram_elements),
-                p.element_bytes, format_rate(p.bandwidth).c_str(), p.derate,
-                format_rate(p.bandwidth * p.derate).c_str());
-    auto row = [](const std::string& name, const std::string& elements, const std::string& mb,
-                  const std::string& time, const std::string& note) {
-      std::printf("  %s%s%s%s%s\n", pad(name, 24).c_str(), pad(elements, 13, true).c_str(),
-                  pad(mb, 11, true).c_str(), pad(time, 10, true).c_str(),
-                  note.empty() ? "" : ("   " + note).c_str());
+                format_bytes(p.sram_bytes).c_str(), static_cast<long long>(r.sram_elements), p.element_bytes,
+                format_rate(p.bandwidth).c_str(), p.derate, format_rate(p.bandwidth * p.derate).c_str());
+    auto row = [](const std::string& name, const std::string& elements, const std::string& mb, const std::string& time,
+                  const std::string& note) {
+      std::printf("  %s%s%s%s%s\n", pad(name, 24).c_str(), pad(elements, 13, true).c_str(), pad(mb, 11, true).c_str(),
+                  pad(time, 10, true).c_str(), note.empty() ? "" : ("   " + note).c_str());
     };
     auto traffic_row = [&](const char* name, const io::Traffic& t, const std::string& note) {
       row(name, std::to_string(t.elements), format_mb(t.bytes), format_seconds(t.seconds), note);
@@ -168,9 +174,9 @@ void run_point(const IoArgs& a) {
     traffic_row("Tiled (Algorithm 1)", r.tiled,
                 "B_c = " + std::to_string(r.tiled.block_cols) + ", B_r = " + std::to_string(r.tiled.block_rows) +
                     ", T_c = " + std::to_string(r.tiled.passes) + " passes");
-    traffic_row("FA2 order", r.fa2,
-                "B_r = B_c = " + std::to_string(r.fa2.block_cols) + ", T_r = " + std::to_string(r.fa2.passes) +
-                    " query tiles");
+    traffic_row(
+        "FA2 order", r.fa2,
+        "B_r = B_c = " + std::to_string(r.fa2.block_cols) + ", T_r = " + std::to_string(r.fa2.passes) + " query tiles");
     row("Reduction", "", format_reduction(r.reduction), "", "standard / tiled");
     row("N×N matrix", "", format_mb(r.score_matrix_bytes), "", "never written when tiled");
     if (a.count) {
@@ -187,8 +193,8 @@ void run_point(const IoArgs& a) {
 // ---- sweeps -------------------------------------------------------------------------------------
 
 struct SweepVar {
-  std::string name;     // seq | head-dim | sram
-  std::string label;    // column / axis text
+  std::string name;   // seq | head-dim | sram
+  std::string label;  // column / axis text
   bool is_bytes;
 };
 
@@ -206,8 +212,8 @@ std::vector<double> sweep_points(double from, double to, std::int64_t steps) {
 
 struct Crossing {
   double x;
-  double y;           // bytes at the crossing (both series agree there)
-  bool wins_above;    // the tiled series moves less for x above the crossing
+  double y;         // bytes at the crossing (both series agree there)
+  bool wins_above;  // the tiled series moves less for x above the crossing
 };
 
 // Where `tiled` and `standard` cross, interpolated in log space between the two points around it.
@@ -229,10 +235,14 @@ std::vector<Crossing> crossings(const std::vector<double>& x, const std::vector<
 
 void run_sweep(const IoArgs& a) {
   SweepVar var;
-  if (a.sweep == "seq") var = {"seq", "N", false};
-  else if (a.sweep == "head-dim") var = {"head-dim", "d", false};
-  else if (a.sweep == "sram") var = {"sram", "SRAM", true};
-  else throw UsageError("--sweep: '" + a.sweep + "' is not one of seq, head-dim, sram");
+  if (a.sweep == "seq")
+    var = {"seq", "N", false};
+  else if (a.sweep == "head-dim")
+    var = {"head-dim", "d", false};
+  else if (a.sweep == "sram")
+    var = {"sram", "SRAM", true};
+  else
+    throw UsageError("--sweep: '" + a.sweep + "' is not one of seq, head-dim, sram");
   if (a.from.empty()) throw UsageError("--from: required with --sweep");
   if (a.to.empty()) throw UsageError("--to: required with --sweep");
   const double from = var.is_bytes ? parse_bytes(a.from, "--from") : double(parse_count(a.from, "--from"));
@@ -260,28 +270,34 @@ void run_sweep(const IoArgs& a) {
                             printf_str("%g-bit", base.element_bytes * 8);
   if (!a.json) {
     std::printf("HBM traffic per head, sweeping %s (%s)\n\n", var.name.c_str(), fixed.c_str());
-    std::printf("%10s %14s %14s %14s %11s\n", var.label.c_str(), "standard MB", "tiled MB", "FA2 MB",
-                "reduction");
+    std::printf("%10s %14s %14s %14s %11s\n", var.label.c_str(), "standard MB", "tiled MB", "FA2 MB", "reduction");
   }
   for (double x : xs) {
     io::ModelParams p = base;
-    if (var.name == "seq") p.seqlen = static_cast<std::int64_t>(x);
-    else if (var.name == "head-dim") p.head_dim = static_cast<std::int64_t>(x);
-    else p.sram_bytes = x;
+    if (var.name == "seq")
+      p.seqlen = static_cast<std::int64_t>(x);
+    else if (var.name == "head-dim")
+      p.head_dim = static_cast<std::int64_t>(x);
+    else
+      p.sram_bytes = x;
     const io::Report r = io::model(p);
     sb.push_back(r.standard.bytes);
     tb.push_back(r.tiled.bytes);
     fb.push_back(r.fa2.bytes);
     if (a.json) {
       const json value = var.is_bytes ? json(x) : json(static_cast<std::int64_t>(x));
-      json j = {{"sweep", var.name}, {"value", value}, {"params", params_json(p)},
-                {"standard", traffic_json(r.standard, false)}, {"tiled", traffic_json(r.tiled, true)},
-                {"fa2", traffic_json(r.fa2, true)}, {"reduction", r.reduction}};
+      json j = {{"sweep", var.name},
+                {"value", value},
+                {"params", params_json(p)},
+                {"standard", traffic_json(r.standard, false)},
+                {"tiled", traffic_json(r.tiled, true)},
+                {"fa2", traffic_json(r.fa2, true)},
+                {"reduction", r.reduction}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       const std::string red = format_reduction(r.reduction);
-      std::printf("%10s %14.1f %14.1f %14.1f %s\n", x_text(x).c_str(), r.standard.bytes / 1e6,
-                  r.tiled.bytes / 1e6, r.fa2.bytes / 1e6, pad(red, 11, true).c_str());
+      std::printf("%10s %14.1f %14.1f %14.1f %s\n", x_text(x).c_str(), r.standard.bytes / 1e6, r.tiled.bytes / 1e6,
+                  r.fa2.bytes / 1e6, pad(red, 11, true).c_str());
     }
   }
 
@@ -290,8 +306,7 @@ void run_sweep(const IoArgs& a) {
     std::string s;
     for (const Crossing& c : cs)
       s += std::string(s.empty() ? "" : "\n") + name + " breaks even with standard at " + var.label + " ≈ " +
-           x_text(c.x) + " (" + format_mb(c.y) + ") and moves less " + (c.wins_above ? "above" : "below") +
-           " it";
+           x_text(c.x) + " (" + format_mb(c.y) + ") and moves less " + (c.wins_above ? "above" : "below") + " it";
     if (cs.empty())
       s = std::string(name) + (t.front() < sb.front() ? " moves less than" : " moves more than") +
           " standard over the whole range";
@@ -312,8 +327,9 @@ void run_sweep(const IoArgs& a) {
     svg::Plot plot;
     const char* what = var.name == "seq" ? "sequence length" : var.name == "head-dim" ? "head dim" : "on-chip SRAM";
     plot.title = std::string("HBM traffic per head vs ") + what + " (" + fixed + ")";
-    plot.x = {var.name == "seq" ? "Sequence length N" : var.name == "head-dim" ? "Head dim d"
-                                                                                : "On-chip SRAM per multiprocessor",
+    plot.x = {var.name == "seq"        ? "Sequence length N"
+              : var.name == "head-dim" ? "Head dim d"
+                                       : "On-chip SRAM per multiprocessor",
               true, 2, var.is_bytes ? format_tick_bytes : format_count};
     plot.y = {"HBM traffic (bytes, log scale)", true, 10, format_si_bytes};
     plot.series.push_back({"Standard (Algorithm 0)", xs, sb, "#d62728", false, true});
@@ -340,7 +356,8 @@ void add_io_command(CLI::App& app) {
       "io", "HBM traffic of standard vs tiled attention (FlashAttention's IO model), counted or swept");
   sub->add_option("--seq", a->seq, "sequence length N (default 4096; 4k accepted)")->type_name("N");
   sub->add_option("--head-dim", a->head_dim, "head dimension d (default 64)")->type_name("D");
-  sub->add_option("--sram", a->sram, "on-chip SRAM per multiprocessor (default 192KB = 196608 bytes)")->type_name("SIZE");
+  sub->add_option("--sram", a->sram, "on-chip SRAM per multiprocessor (default 192KB = 196608 bytes)")
+      ->type_name("SIZE");
   sub->add_option("--bytes", a->bytes, "bytes per element (default 2, 16-bit)")->type_name("B");
   sub->add_option("--bandwidth", a->bandwidth, "HBM bandwidth (default 3.35TB/s, H100 SXM)")->type_name("RATE");
   sub->add_option("--derate", a->derate, "fraction of the bandwidth achieved (default 0.8)")->type_name("F");

@@ -2,7 +2,9 @@
 // one JSON object (one per line for tables).
 #pragma once
 
-namespace CLI { class App; }
+namespace CLI {
+class App;
+}
 
 namespace attn::cli {
 void add_io_command(CLI::App& app);

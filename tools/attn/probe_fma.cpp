@@ -30,13 +30,22 @@ double FmaChains(std::int64_t iters, float* sink) {
   auto c4 = hn::Set(d, 1.4f), c5 = hn::Set(d, 1.5f), c6 = hn::Set(d, 1.6f), c7 = hn::Set(d, 1.7f);
   auto c8 = hn::Set(d, 1.8f), c9 = hn::Set(d, 1.9f), c10 = hn::Set(d, 2.0f), c11 = hn::Set(d, 2.1f);
   for (std::int64_t i = 0; i < iters; ++i) {
-    c0 = hn::MulAdd(c0, a, b); c1 = hn::MulAdd(c1, a, b); c2 = hn::MulAdd(c2, a, b);
-    c3 = hn::MulAdd(c3, a, b); c4 = hn::MulAdd(c4, a, b); c5 = hn::MulAdd(c5, a, b);
-    c6 = hn::MulAdd(c6, a, b); c7 = hn::MulAdd(c7, a, b); c8 = hn::MulAdd(c8, a, b);
-    c9 = hn::MulAdd(c9, a, b); c10 = hn::MulAdd(c10, a, b); c11 = hn::MulAdd(c11, a, b);
+    c0 = hn::MulAdd(c0, a, b);
+    c1 = hn::MulAdd(c1, a, b);
+    c2 = hn::MulAdd(c2, a, b);
+    c3 = hn::MulAdd(c3, a, b);
+    c4 = hn::MulAdd(c4, a, b);
+    c5 = hn::MulAdd(c5, a, b);
+    c6 = hn::MulAdd(c6, a, b);
+    c7 = hn::MulAdd(c7, a, b);
+    c8 = hn::MulAdd(c8, a, b);
+    c9 = hn::MulAdd(c9, a, b);
+    c10 = hn::MulAdd(c10, a, b);
+    c11 = hn::MulAdd(c11, a, b);
   }
-  const auto s = hn::Add(hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)),
-                         hn::Add(hn::Add(hn::Add(c4, c5), hn::Add(c6, c7)), hn::Add(hn::Add(c8, c9), hn::Add(c10, c11))));
+  const auto s =
+      hn::Add(hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)),
+              hn::Add(hn::Add(hn::Add(c4, c5), hn::Add(c6, c7)), hn::Add(hn::Add(c8, c9), hn::Add(c10, c11))));
   *sink += hn::GetLane(s);
   return 2.0 * 12.0 * static_cast<double>(hn::Lanes(d)) * static_cast<double>(iters);
 }

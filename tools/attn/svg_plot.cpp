@@ -74,11 +74,20 @@ std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -115,9 +124,8 @@ std::string render(const Plot& plot) {
 
   std::ostringstream o;
   o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-    << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << plot.width << "\" height=\""
-    << plot.height << "\" viewBox=\"0 0 " << plot.width << ' ' << plot.height << "\" " << kFont
-    << " font-size=\"12\">\n"
+    << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << plot.width << "\" height=\"" << plot.height
+    << "\" viewBox=\"0 0 " << plot.width << ' ' << plot.height << "\" " << kFont << " font-size=\"12\">\n"
     << "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
   o << "<text x=\"" << fmt(plot.width / 2.0) << "\" y=\"26\" text-anchor=\"middle\" font-size=\"16\" "
     << "font-weight=\"bold\" fill=\"#222\">" << xml_escape(plot.title) << "</text>\n";
@@ -135,42 +143,40 @@ std::string render(const Plot& plot) {
   }
   for (double v : x_ticks) {
     const double px = xs.pix(v);
-    o << "<line x1=\"" << fmt(px) << "\" y1=\"" << fmt(top) << "\" x2=\"" << fmt(px) << "\" y2=\""
-      << fmt(bottom) << "\"/>\n";
+    o << "<line x1=\"" << fmt(px) << "\" y1=\"" << fmt(top) << "\" x2=\"" << fmt(px) << "\" y2=\"" << fmt(bottom)
+      << "\"/>\n";
     labels << "<text x=\"" << fmt(px) << "\" y=\"" << fmt(bottom + 18) << "\" text-anchor=\"middle\">"
            << xml_escape(label(plot.x, v)) << "</text>\n";
   }
   for (double v : ticks(ys, 8)) {
     const double py = ys.pix(v);
-    o << "<line x1=\"" << fmt(left) << "\" y1=\"" << fmt(py) << "\" x2=\"" << fmt(right) << "\" y2=\""
-      << fmt(py) << "\"/>\n";
+    o << "<line x1=\"" << fmt(left) << "\" y1=\"" << fmt(py) << "\" x2=\"" << fmt(right) << "\" y2=\"" << fmt(py)
+      << "\"/>\n";
     labels << "<text x=\"" << fmt(left - 8) << "\" y=\"" << fmt(py + 4) << "\" text-anchor=\"end\">"
            << xml_escape(label(plot.y, v)) << "</text>\n";
   }
   o << "</g>\n<g fill=\"#444\">\n" << labels.str() << "</g>\n";
-  o << "<rect x=\"" << fmt(left) << "\" y=\"" << fmt(top) << "\" width=\"" << fmt(right - left)
-    << "\" height=\"" << fmt(bottom - top) << "\" fill=\"none\" stroke=\"#888\"/>\n";
+  o << "<rect x=\"" << fmt(left) << "\" y=\"" << fmt(top) << "\" width=\"" << fmt(right - left) << "\" height=\""
+    << fmt(bottom - top) << "\" fill=\"none\" stroke=\"#888\"/>\n";
 
   // Axis titles.
   o << "<text x=\"" << fmt((left + right) / 2) << "\" y=\"" << fmt(plot.height - 16.0)
-    << "\" text-anchor=\"middle\" font-size=\"13\" fill=\"#222\">" << xml_escape(plot.x.title)
-    << "</text>\n";
+    << "\" text-anchor=\"middle\" font-size=\"13\" fill=\"#222\">" << xml_escape(plot.x.title) << "</text>\n";
   o << "<text transform=\"translate(18," << fmt((top + bottom) / 2) << ") rotate(-90)\" "
-    << "text-anchor=\"middle\" font-size=\"13\" fill=\"#222\">" << xml_escape(plot.y.title)
-    << "</text>\n";
+    << "text-anchor=\"middle\" font-size=\"13\" fill=\"#222\">" << xml_escape(plot.y.title) << "</text>\n";
 
   // Markers under the data, so the lines stay readable where they meet.
   for (const Marker& m : plot.markers) {
     if (!xs.usable(m.x)) continue;
     const double px = xs.pix(m.x);
     if (px < left || px > right) continue;
-    o << "<line x1=\"" << fmt(px) << "\" y1=\"" << fmt(top) << "\" x2=\"" << fmt(px) << "\" y2=\""
-      << fmt(bottom) << "\" stroke=\"" << m.color << "\" stroke-width=\"1.2\" stroke-dasharray=\"5,4\"/>\n";
+    o << "<line x1=\"" << fmt(px) << "\" y1=\"" << fmt(top) << "\" x2=\"" << fmt(px) << "\" y2=\"" << fmt(bottom)
+      << "\" stroke=\"" << m.color << "\" stroke-width=\"1.2\" stroke-dasharray=\"5,4\"/>\n";
   }
 
   // Series, clipped to the plot area.
-  o << "<clipPath id=\"area\"><rect x=\"" << fmt(left) << "\" y=\"" << fmt(top) << "\" width=\""
-    << fmt(right - left) << "\" height=\"" << fmt(bottom - top) << "\"/></clipPath>\n"
+  o << "<clipPath id=\"area\"><rect x=\"" << fmt(left) << "\" y=\"" << fmt(top) << "\" width=\"" << fmt(right - left)
+    << "\" height=\"" << fmt(bottom - top) << "\"/></clipPath>\n"
     << "<g clip-path=\"url(#area)\" fill=\"none\" stroke-linejoin=\"round\">\n";
   std::vector<std::pair<double, double>> all_points;  // for placing the legend
   for (const Series& s : plot.series) {
@@ -225,11 +231,11 @@ std::string render(const Plot& plot) {
     o << "<g>\n";
     for (std::size_t i = 0; i < plot.series.size(); ++i) {
       const Series& s = plot.series[i];
-      o << "<line x1=\"" << fmt(bx) << "\" y1=\"" << fmt(ly) << "\" x2=\"" << fmt(bx + 26) << "\" y2=\""
-        << fmt(ly) << "\" stroke=\"" << s.color << "\" stroke-width=\"2.2\""
-        << (s.dashed ? " stroke-dasharray=\"7,4\"" : "") << "/>\n"
-        << "<text x=\"" << fmt(bx + 32) << "\" y=\"" << fmt(ly + 4) << "\" fill=\"#222\">"
-        << xml_escape(s.name) << "</text>\n";
+      o << "<line x1=\"" << fmt(bx) << "\" y1=\"" << fmt(ly) << "\" x2=\"" << fmt(bx + 26) << "\" y2=\"" << fmt(ly)
+        << "\" stroke=\"" << s.color << "\" stroke-width=\"2.2\"" << (s.dashed ? " stroke-dasharray=\"7,4\"" : "")
+        << "/>\n"
+        << "<text x=\"" << fmt(bx + 32) << "\" y=\"" << fmt(ly + 4) << "\" fill=\"#222\">" << xml_escape(s.name)
+        << "</text>\n";
       bx += widths[i];
     }
     o << "</g>\n";

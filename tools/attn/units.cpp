@@ -57,15 +57,24 @@ double parse_rate(std::string_view text, std::string_view flag) {
   auto [v, u] = split_number(text, flag, expect);
   if (u.size() >= 2 && u.substr(u.size() - 2) == "/s") u.resize(u.size() - 2);
   double mult = -1;
-  if (u.empty() || u == "b") mult = 1;
-  else if (u == "kb") mult = 1e3;
-  else if (u == "mb") mult = 1e6;
-  else if (u == "gb") mult = 1e9;
-  else if (u == "tb") mult = 1e12;
-  else if (u == "kib") mult = 1024.0;
-  else if (u == "mib") mult = 1024.0 * 1024;
-  else if (u == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (u == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  if (u.empty() || u == "b")
+    mult = 1;
+  else if (u == "kb")
+    mult = 1e3;
+  else if (u == "mb")
+    mult = 1e6;
+  else if (u == "gb")
+    mult = 1e9;
+  else if (u == "tb")
+    mult = 1e12;
+  else if (u == "kib")
+    mult = 1024.0;
+  else if (u == "mib")
+    mult = 1024.0 * 1024;
+  else if (u == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (u == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
   if (mult < 0) bad_unit(text, flag, expect);
   if (v <= 0) throw UsageError(std::string(flag) + ": '" + std::string(text) + "' must be positive");
   return v * mult;
@@ -75,9 +84,12 @@ std::int64_t parse_count(std::string_view text, std::string_view flag) {
   constexpr std::string_view expect = "a whole number such as 4096 or 4k";
   auto [v, u] = split_number(text, flag, expect);
   double mult = 1;
-  if (u == "k") mult = 1024.0;
-  else if (u == "m") mult = 1024.0 * 1024;
-  else if (!u.empty()) bad_unit(text, flag, expect);
+  if (u == "k")
+    mult = 1024.0;
+  else if (u == "m")
+    mult = 1024.0 * 1024;
+  else if (!u.empty())
+    bad_unit(text, flag, expect);
   const double n = v * mult;
   if (n != std::floor(n) || n < 0 || n > 9.0e15)
     throw UsageError(std::string(flag) + ": '" + std::string(text) + "' is not " + std::string(expect));
@@ -99,18 +111,25 @@ std::string format_mb(double bytes) {
 
 std::string format_seconds(double s) {
   char buf[64];
-  if (s < 1e-3) std::snprintf(buf, sizeof buf, "%.1f µs", s * 1e6);
-  else if (s < 1) std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
-  else std::snprintf(buf, sizeof buf, "%.3f s", s);
+  if (s < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.1f µs", s * 1e6);
+  else if (s < 1)
+    std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
   return buf;
 }
 
 std::string format_bytes(double bytes) {
   char buf[64];
-  if (bytes < 1024) std::snprintf(buf, sizeof buf, "%.0f B", bytes);
-  else if (bytes < 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024);
-  else if (bytes < 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576);
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
+  if (bytes < 1024)
+    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else if (bytes < 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024);
+  else if (bytes < 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
   return buf;
 }
 
