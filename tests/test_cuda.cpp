@@ -81,8 +81,11 @@ TEST_F(Gpu, VarlenMatchesPerSequenceOracle) {
     vb.cu_seqlens_q = dcq.ptr;
     vb.cu_seqlens_k = dck.ptr;
     vb.batch = static_cast<std::int64_t>(lq.size());
-    cuda::attention_varlen(dview(dq, 1, cq.back(), H, D), dview(dk, 1, ck.back(), HK, D),
-                           dview(dv, 1, ck.back(), HK, D), dview(dout, 1, cq.back(), H, D), vb, o, &lv);
+    auto packed = [](auto& dev, std::int64_t total, std::int64_t heads) {
+      return TensorView::contiguous(dev.ptr, total, heads, D);
+    };
+    cuda::attention_varlen(packed(dq, cq.back(), H), packed(dk, ck.back(), HK), packed(dv, ck.back(), HK),
+                           packed(dout, cq.back(), H), vb, o, &lv);
     CUDA_OK(cudaDeviceSynchronize());
     std::int64_t unwritten = 0;
     EXPECT_LE(max_err(dout.get(), oracle, &unwritten), 2 * base + 1e-3) << "causal " << causal;

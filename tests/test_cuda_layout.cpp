@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "attn/attention.hpp"
+#include "core/kv_cache.hpp"
+#include "core/split.hpp"
+#include "cuda/heuristics.hpp"
 #include "cuda/layout.hpp"
 
 namespace attn::cuda_detail {
@@ -198,8 +201,11 @@ TEST(CudaTiles, ScheduleSkipsOnlyInvisibleTilesAndMasksOnlyWhereNeeded) {
   std::mt19937 rng(3);
   for (int trial = 0; trial < 400; ++trial) {
     std::uniform_int_distribution<int> len(1, 300), w(-1, 40);
-    detail::Mask m{len(rng), std::uniform_int_distribution<int>(0, 300)(rng), w(rng), w(rng), 1.0, 0.0};
-    if (trial % 3 == 0) m.window_right = 0;  // causal
+    detail::ScoreRule rule;
+    rule.window_left = w(rng);
+    rule.window_right = trial % 3 == 0 ? 0 : w(rng);  // every third causal
+    const std::int64_t sq = len(rng), sk = std::uniform_int_distribution<int>(0, 300)(rng);
+    const detail::Mask m = rule.mask(sq, sk);
     for (std::int64_t rows : {16, 64, 128})
       for (std::int64_t kt : {32, 64}) {
         for (std::int64_t i0 = 0; i0 < m.seqlen_q; i0 += rows) {
@@ -226,7 +232,9 @@ TEST(CudaTiles, ScheduleSkipsOnlyInvisibleTilesAndMasksOnlyWhereNeeded) {
 }
 
 TEST(CudaTiles, CausalSquareSkipsTheUpperTriangle) {
-  detail::Mask m{1024, 1024, -1, 0, 1.0, 0.0};
+  detail::ScoreRule causal;
+  causal.window_right = 0;
+  const detail::Mask m = causal.mask(1024, 1024);
   std::int64_t visited = 0;
   for (std::int64_t i0 = 0; i0 < 1024; i0 += 128) {
     const TileRange tr = key_tiles(m, i0, 128, 64);
@@ -239,15 +247,26 @@ TEST(CudaTiles, CausalSquareSkipsTheUpperTriangle) {
 
 // ---- split-K, packing, varlen, paged ----------------------------------------------------------------
 
-TEST(CudaSplits, SlicesAgreeWithTheCpuSplitK) {
+// One split rule for every backend (core/split.hpp): contiguous slices covering [0, keys) in order,
+// sizes differing by at most one with the larger first, and the public splitk_slice is that rule.
+TEST(CoreSplits, SlicesTileTheKeysLargestFirst) {
   for (std::int64_t keys : {0, 1, 7, 100, 4097})
-    for (std::int64_t splits : {1, 2, 3, 8, 33, 200})
+    for (std::int64_t splits : {1, 2, 3, 8, 33, 200}) {
+      std::int64_t next = 0;
       for (std::int64_t w = 0; w < splits; ++w) {
-        const KeySlice g = split_slice(keys, splits, w);
+        const KeyRange g = detail::split_slice(keys, splits, w);
+        EXPECT_EQ(g.begin, next);
+        const std::int64_t size = g.end - g.begin;
+        EXPECT_TRUE(size == keys / splits || size == keys / splits + 1) << keys << " / " << splits;
+        EXPECT_EQ(size == keys / splits + 1, w < keys % splits);
+        EXPECT_EQ(size > 0, w < detail::nonempty_slices(keys, splits) && keys > 0);
         const KeyRange c = splitk_slice(keys, splits, w);
         EXPECT_EQ(g.begin, c.begin);
         EXPECT_EQ(g.end, c.end);
+        next = g.end;
       }
+      EXPECT_EQ(next, keys);
+    }
 }
 
 TEST(CudaSplits, HeuristicFillsTheGpuWithoutTinySlices) {
@@ -284,12 +303,12 @@ TEST(CudaIndex, VarlenAndPagedOffsets) {
   EXPECT_EQ(varlen_row(cu, 2, 0), 5);
   EXPECT_EQ(varlen_row(cu, 2, 6), 11);
   // contiguous: [batch, seqlen, kv_heads, d] with strides (s0, s1)
-  EXPECT_EQ(cache_row_offset(2, 7, 1000, 10, nullptr, 0, 0), 2070);
+  EXPECT_EQ(detail::cache_row_offset(2, 7, 1000, 10, nullptr, 0, 0), 2070);
   // paged, page_size 4, block table rows of stride 3
   const std::int32_t table[] = {5, 1, 9, 2, 0, 7};
   for (std::int64_t pos = 0; pos < 12; ++pos) {
-    EXPECT_EQ(cache_row_offset(0, pos, 400, 100, table, 3, 4), table[pos / 4] * 400 + (pos % 4) * 100);
-    EXPECT_EQ(cache_row_offset(1, pos, 400, 100, table, 3, 4), table[3 + pos / 4] * 400 + (pos % 4) * 100);
+    EXPECT_EQ(detail::cache_row_offset(0, pos, 400, 100, table, 3, 4), table[pos / 4] * 400 + (pos % 4) * 100);
+    EXPECT_EQ(detail::cache_row_offset(1, pos, 400, 100, table, 3, 4), table[3 + pos / 4] * 400 + (pos % 4) * 100);
   }
 }
 

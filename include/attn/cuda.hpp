@@ -34,10 +34,11 @@ int device_count();
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const AttentionOptions& opts = {}, const TensorView* lse = nullptr, Stream stream = nullptr);
 
-// Variable-length batch (flash-attn's varlen layout): q [1, total_q, heads, d], k/v [1, total_k,
-// kv_heads, d], out like q, lse [1, heads, total_q]. Sequence b owns rows [cu_seqlens_q[b],
-// cu_seqlens_q[b+1]) of q and out and rows [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v; each
-// array has batch + 1 non-decreasing entries starting at 0 and ending at or below total_q / total_k.
+// Variable-length batch, with the rules of the CPU's attention_varlen (include/attn/varlen.hpp):
+// q [total_q, heads, d], k/v [total_k, kv_heads, d], out like q, lse [1, heads, total_q]. Sequence b
+// owns rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q and out and rows [cu_seqlens_k[b],
+// cu_seqlens_k[b+1]) of k and v; each array has batch + 1 non-decreasing entries, 0 first and the last
+// equal to total_q / total_k.
 struct VarlenBatch {
   const std::int32_t* cu_seqlens_q = nullptr;  // device
   const std::int32_t* cu_seqlens_k = nullptr;  // device

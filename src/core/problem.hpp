@@ -2,20 +2,18 @@
 // Every entry point validates into a Problem first, so nothing is written before all checks pass.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
-#include "core/mask.hpp"
+#include "core/score_rule.hpp"
 #include "core/validate.hpp"
 
 namespace attn::detail {
 
-struct Problem : ResolvedOptions {  // scale, window, softcap, ALiBi, threads
+struct Problem : ResolvedOptions {  // the score rule and the thread count
   std::int64_t batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim;
   DType dtype;
   TensorView q, k, v, out;
@@ -24,20 +22,11 @@ struct Problem : ResolvedOptions {  // scale, window, softcap, ALiBi, threads
   std::int64_t group() const { return heads / kv_heads; }  // query heads per kv head
   std::int64_t kv_head_of(std::int64_t h) const { return h / group(); }
 
-  // Masks and score transforms live in core/mask.hpp; Problem is one (seqlen_q, seqlen_k) pair.
-  Mask mask() const { return {seqlen_q, seqlen_k, window_left, window_right, scale, softcap}; }
-  std::int64_t diagonal(std::int64_t i) const { return mask().diagonal(i); }
+  // The score rule applied to this problem's one (seqlen_q, seqlen_k) pair (core/score_rule.hpp).
+  Mask mask() const { return rule.mask(seqlen_q, seqlen_k); }
   std::int64_t first_key(std::int64_t i) const { return mask().first_key(i); }
   std::int64_t end_key(std::int64_t i) const { return mask().end_key(i); }
   std::int64_t visible_count(std::int64_t i) const { return mask().visible_count(i); }
-
-  float alibi_slope(std::int64_t b, std::int64_t h) const {
-    return alibi_slopes ? alibi_slopes[b * alibi_batch_stride + h] : 0.0f;
-  }
-  template <class A>
-  A score(A dot, std::int64_t i, std::int64_t j, A slope) const {
-    return mask().score(dot, i, j, slope);
-  }
 };
 
 // Validates q, k, v, out (and lse when non-null) against the rules in include/attn/attention.hpp.

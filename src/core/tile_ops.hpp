@@ -30,7 +30,8 @@ inline void pack_rows(A* dst, const TensorView& t, std::int64_t b, std::int64_t 
 template <class A>
 inline void score_row(const Problem& p, A* scores, const A* q, const A* k_tile, std::int64_t n, std::int64_t j0,
                       std::int64_t i, A slope) {
-  const std::int64_t lo = p.first_key(i), hi = p.end_key(i), d = p.head_dim;
+  const Mask mask = p.mask();
+  const std::int64_t lo = mask.first_key(i), hi = mask.end_key(i), d = p.head_dim;
   for (std::int64_t c = 0; c < n; ++c) {
     const std::int64_t j = j0 + c;
     if (j < lo || j >= hi) {
@@ -40,7 +41,7 @@ inline void score_row(const Problem& p, A* scores, const A* q, const A* k_tile, 
     const A* kc = k_tile + c * d;
     A dot = 0;
     for (std::int64_t x = 0; x < d; ++x) dot += q[x] * kc[x];
-    scores[c] = p.score(dot, i, j, slope);
+    scores[c] = mask.score(dot, i, j, slope);
   }
 }
 

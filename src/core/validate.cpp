@@ -13,6 +13,7 @@
 //   softmax_scale must be finite; num_threads must be >= 0
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -29,6 +30,14 @@ namespace {
 
 constexpr const char* kDimNames4[] = {"batch", "seqlen", "heads", "head_dim"};
 constexpr const char* kDimNamesLse[] = {"batch", "heads", "seqlen_q"};
+constexpr double kF32Max = 3.4028234663852886e38;
+
+// %g, not std::to_string's %f: 1e300 as "1e+300", 1e-9 as "1e-09" instead of 0.000000.
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
 
 }  // namespace
 
@@ -97,20 +106,36 @@ void require_equal(std::string_view who, std::string_view arg, const char* dim, 
 
 ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& opts, std::int64_t head_dim) {
   const double scale = opts.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  if (!std::isfinite(scale)) fail(who, "softmax_scale", "must be finite, got " + std::to_string(scale));
+  // Every kernel may apply the scale and the cap in f32, so both must be f32 values: beyond the f32
+  // maximum they would become inf, and 0 x inf a NaN where the exact score is 0.
+  if (!std::isfinite(scale) || std::fabs(scale) > kF32Max)
+    fail(who, "softmax_scale", "must be finite and within the f32 range (|x| <= 3.4e38), got " + number(scale));
   if (opts.num_threads < 0)
     fail(who, "num_threads", "must be >= 0 (0 = all cores), got " + std::to_string(opts.num_threads));
   if (opts.window_left < -1)
     fail(who, "window_left", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_left));
   if (opts.window_right < -1)
     fail(who, "window_right", "must be >= 0, or -1 for unbounded, got " + std::to_string(opts.window_right));
-  if (!(opts.softcap >= 0) || !std::isfinite(opts.softcap))
-    fail(who, "softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(opts.softcap));
+  if (!(opts.softcap >= 0) || !(opts.softcap <= kF32Max))
+    fail(who, "softcap",
+         "must be finite and >= 0 (0 = off), at most 3.4e38 (the f32 maximum), got " + number(opts.softcap));
   if (opts.alibi_slopes && opts.alibi_batch_stride < 0)
     fail(who, "alibi_batch_stride", "must be >= 0, got " + std::to_string(opts.alibi_batch_stride));
-  return {scale,           opts.window_left,  opts.causal ? 0 : opts.window_right,
-          opts.softcap,    opts.alibi_slopes, opts.alibi_batch_stride,
-          opts.num_threads};
+  ScoreRule rule;
+  rule.scale = scale;
+  rule.softcap = opts.softcap;
+  rule.window_left = opts.window_left;
+  rule.window_right = opts.causal ? 0 : opts.window_right;
+  rule.alibi_slopes = opts.alibi_slopes;
+  rule.alibi_batch_stride = opts.alibi_batch_stride;
+  return {rule, opts.num_threads};
+}
+
+void validate_tiles(std::string_view who, const TileOptions& tiles) {
+  if (tiles.q_tile && *tiles.q_tile < 1)
+    fail(who, "tiles.q_tile", "must be >= 1, got " + std::to_string(*tiles.q_tile));
+  if (tiles.k_tile && *tiles.k_tile < 1)
+    fail(who, "tiles.k_tile", "must be >= 1, got " + std::to_string(*tiles.k_tile));
 }
 
 Problem validate(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -8,6 +8,7 @@
 
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
+#include "core/score_rule.hpp"
 
 namespace attn::detail {
 
@@ -27,18 +28,18 @@ bool overlaps(Span a, Span b);
 void require_equal(std::string_view who, std::string_view arg, const char* dim, std::int64_t got,
                    std::string_view other, std::int64_t want);
 
-// The AttentionOptions every entry point shares, checked and resolved: the scale (the option, or
-// 1/sqrt(head_dim)) and causal folded into window_right = 0. Problem and DecodeProblem carry it.
+// The AttentionOptions every entry point shares, checked and resolved: the score rule (the scale is
+// the option or 1/sqrt(head_dim); causal is folded into window_right = 0) and the thread count.
+// Problem and DecodeProblem carry it.
 struct ResolvedOptions {
-  double scale;
-  std::int64_t window_left, window_right;  // -1 = unbounded; causal folded into window_right = 0
-  double softcap;                          // 0 = off
-  const float* alibi_slopes;               // nullptr = off
-  std::int64_t alibi_batch_stride;
+  ScoreRule rule;
   int num_threads;  // 0 = all cores
 };
 
 // Checks the shared options (scale, threads, window, softcap, ALiBi) and resolves them.
 ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& opts, std::int64_t head_dim);
+
+// tiles.q_tile and tiles.k_tile, when set, must be >= 1.
+void validate_tiles(std::string_view who, const TileOptions& tiles);
 
 }  // namespace attn::detail

@@ -11,9 +11,11 @@
 
 #include "core/problem.hpp"
 #include "core/validate.hpp"
+#include "core/varlen_rules.hpp"
+#include "cuda/heuristics.hpp"
 #include "cuda/layout.hpp"
 #include "cuda/params.hpp"
-#include "decode/decode_internal.hpp"
+#include "core/decode_problem.hpp"
 
 namespace attn::cuda_detail {
 Launchers& launchers() {
@@ -81,17 +83,6 @@ int sm_count() {
   return n;
 }
 
-// The resolved options, as the kernels' parameter blocks (FwdParams, DecodeParams) spell them.
-template <class Params>
-void set_options(Params& f, const detail::ResolvedOptions& o) {
-  f.scale = o.scale;
-  f.window_left = o.window_left;
-  f.window_right = o.window_right;
-  f.softcap = o.softcap;
-  f.alibi = o.alibi_slopes;
-  f.alibi_bstride = o.alibi_batch_stride;
-}
-
 cuda_detail::FwdParams forward_params(const detail::Problem& p, const TensorView* lse) {
   cuda_detail::FwdParams f{};
   f.q = p.q.data;
@@ -110,7 +101,7 @@ cuda_detail::FwdParams forward_params(const detail::Problem& p, const TensorView
   f.heads = p.heads;
   f.kv_heads = p.kv_heads;
   f.head_dim = p.head_dim;
-  set_options(f, p);
+  f.rule = p.rule;
   return f;
 }
 
@@ -145,13 +136,15 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const VarlenBatch& vb, const AttentionOptions& opts, const TensorView* lse, Stream stream) {
   const char* who = "attn::cuda::attention_varlen";
-  const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
-  if (q.shape[0] != 1)
-    fail(who, "q", "batch must be 1 for varlen (sequences are packed along dim 1), got " + std::to_string(q.shape[0]));
-  if (vb.batch < 1) fail(who, "varlen.batch", "must be >= 1, got " + std::to_string(vb.batch));
-  if (!vb.cu_seqlens_q) fail(who, "cu_seqlens_q", "data pointer is null");
-  if (!vb.cu_seqlens_k) fail(who, "cu_seqlens_k", "data pointer is null");
-  validate_forward(who, q, k, v, out, opts, lse);
+  detail::check_varlen_batch(who, vb.batch);
+  const TensorView q4 = detail::packed_as_batch_of_one(who, "q", q), k4 = detail::packed_as_batch_of_one(who, "k", k),
+                   v4 = detail::packed_as_batch_of_one(who, "v", v),
+                   o4 = detail::packed_as_batch_of_one(who, "out", out);
+  detail::check_varlen_lse(who, lse);
+  const detail::Problem p = detail::validate(who, q4, k4, v4, &o4, opts, lse);
+  if (!vb.cu_seqlens_q) fail(who, "cu_seqlens_q", "pointer is null");
+  if (!vb.cu_seqlens_k) fail(who, "cu_seqlens_k", "pointer is null");
+  validate_forward(who, q4, k4, v4, o4, opts, lse);
   require_device(who, "cu_seqlens_q", vb.cu_seqlens_q);
   require_device(who, "cu_seqlens_k", vb.cu_seqlens_k);
   const auto cq = vb.host_cu_seqlens_q
@@ -160,21 +153,9 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   const auto ck = vb.host_cu_seqlens_k
                       ? std::vector<std::int32_t>(vb.host_cu_seqlens_k, vb.host_cu_seqlens_k + vb.batch + 1)
                       : to_host(who, vb.cu_seqlens_k, vb.batch + 1, stream);
+  detail::check_cu_seqlens(who, "cu_seqlens_q", cq.data(), vb.batch, p.seqlen_q);
+  detail::check_cu_seqlens(who, "cu_seqlens_k", ck.data(), vb.batch, p.seqlen_k);
   std::int64_t max_q = 0;
-  auto check_cu = [&](const char* name, const std::vector<std::int32_t>& cu, std::int64_t total) {
-    if (cu[0] != 0) fail(who, name, "must start at 0, got " + std::to_string(cu[0]));
-    for (std::int64_t b = 0; b < vb.batch; ++b)
-      if (cu[b + 1] < cu[b])
-        fail(who, name,
-             "must be non-decreasing, got [" + std::to_string(b) + "] = " + std::to_string(cu[b]) + " > [" +
-                 std::to_string(b + 1) + "] = " + std::to_string(cu[b + 1]));
-    if (cu[vb.batch] > total)
-      fail(who, name,
-           "last entry (" + std::to_string(cu[vb.batch]) + ") exceeds the packed length (" + std::to_string(total) +
-               ")");
-  };
-  check_cu("cu_seqlens_q", cq, p.seqlen_q);
-  check_cu("cu_seqlens_k", ck, p.seqlen_k);
   for (std::int64_t b = 0; b < vb.batch; ++b) max_q = std::max<std::int64_t>(max_q, cq[b + 1] - cq[b]);
   cuda_detail::FwdParams f = forward_params(p, lse);
   f.batch = vb.batch;
@@ -253,7 +234,7 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   d.block_table = cache.block_table;
   d.bt_stride = bt_stride;
   d.page_size = cache.k.shape[1];
-  set_options(d, p);
+  d.rule = p.rule;
   d.row_blocks = (p.group() * p.seqlen_q + 15) / 16;
   if (dec.k_new) {
     d.k_new = dec.k_new->data;

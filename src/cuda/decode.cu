@@ -1,17 +1,9 @@
-// The library's decode configurations (docs/cuda.md) and the dispatch over dtype and head dim. The
+// The dispatch over dtype and head dim, to the configurations of heuristics.hpp. The
 // kernels are in decode_kernel.cuh.
 #include "cuda/decode_kernel.cuh"
+#include "cuda/heuristics.hpp"
 
 namespace attn::cuda_detail {
-namespace {
-
-//                    D   keys/tile stages      smem (K + V)
-using Dec64 = DecTraits<64, 128, 3>;   // 96 KB
-using Dec128 = DecTraits<128, 64, 3>;  // 96 KB
-using Dec256 = DecTraits<256, 64, 2>;  // 128 KB
-
-}  // namespace
-
 int launch_decode(const DecodeParams& p, DType t, CUstream_st* stream) {
   const bool bf = t == DType::bf16;
   switch (p.head_dim) {

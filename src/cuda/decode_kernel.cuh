@@ -48,9 +48,9 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   const std::int64_t g0 = blockIdx.y / p.row_blocks * HB, r0 = (blockIdx.y % p.row_blocks) * kRows;
   const std::int64_t group = p.heads / p.kv_heads, rows = group * p.seqlen_q;
   const std::int64_t sk = std::int64_t{p.seqlens[b]} + p.seqlen_new;
-  const detail::Mask mask{p.seqlen_q, sk, p.window_left, p.window_right, p.scale, p.softcap};
+  const detail::Mask mask = p.rule.mask(p.seqlen_q, sk);
   // The slice, trimmed to the keys some query of this sequence can see.
-  const KeySlice slice = split_slice(sk, p.num_splits, w);
+  const KeyRange slice = detail::split_slice(sk, p.num_splits, w);
   const std::int64_t lo = slice.begin > mask.first_key(0) ? slice.begin : mask.first_key(0);
   const std::int64_t hi = slice.end < mask.end_key(p.seqlen_q - 1) ? slice.end : mask.end_key(p.seqlen_q - 1);
   const std::int64_t n_tiles = hi > lo ? (hi - lo + BK - 1) / BK : 0;
@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
             dst,
             [&](int r) {
               const std::int64_t j = j0 + clamp_row(r / C::HB, keys);
-              return RowSource{head0 + cache_row_offset(b, j, s[0], s[1], p.block_table, p.bt_stride, p.page_size) +
+              return RowSource{head0 +
+                                   detail::cache_row_offset(b, j, s[0], s[1], p.block_table, p.bt_stride, p.page_size) +
                                    (r % C::HB) * head_stride,
                                r / C::HB < keys};
             },
@@ -111,10 +112,10 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     const std::int64_t r = r0 + lane / 4 + 8 * half;
     const PackedRow pr = unpack_row(r < rows ? r : rows - 1, g0 + hw, group, p.seqlen_q);
     qi[half] = r < rows ? pr.query : p.seqlen_q;  // padding rows: past every query, fully masked
-    slope[half] = p.alibi ? p.alibi[b * p.alibi_bstride + pr.head] : 0.f;
+    slope[half] = p.rule.alibi_slope(b, pr.head);
   }
-  const bool transform = p.softcap > 0 || slope[0] != 0.f || slope[1] != 0.f;
-  const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
+  const bool transform = p.rule.softcap > 0 || slope[0] != 0.f || slope[1] != 0.f;
+  const float scale_log2 = static_cast<float>(p.rule.scale) * kLog2e;
 
   float o1[1][DT][4], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};  // one slab of 16 rows per warp
   auto& o = o1[0];
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodePar
   const std::int64_t row = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* part = p.partial + row * p.num_splits * S;
-  const KeySlice mine = split_slice(p.num_splits, kMergeWarps, warp);
+  const KeyRange mine = detail::split_slice(p.num_splits, kMergeWarps, warp);
   float m = kNegInf, l = 0.f, o[COLS];
 #pragma unroll
   for (int c = 0; c < COLS; ++c) o[c] = 0.f;
@@ -284,8 +285,8 @@ __global__ void append_kernel(const DecodeParams p) {
   const std::int64_t n = p.kv_heads * p.head_dim;
   for (std::int64_t x = threadIdx.x; x < n; x += blockDim.x) {
     const std::int64_t g = x / p.head_dim, c = x % p.head_dim;
-    const std::int64_t ko = cache_row_offset(b, pos, p.ks[0], p.ks[1], p.block_table, p.bt_stride, p.page_size);
-    const std::int64_t vo = cache_row_offset(b, pos, p.vs[0], p.vs[1], p.block_table, p.bt_stride, p.page_size);
+    const std::int64_t ko = detail::cache_row_offset(b, pos, p.ks[0], p.ks[1], p.block_table, p.bt_stride, p.page_size);
+    const std::int64_t vo = detail::cache_row_offset(b, pos, p.vs[0], p.vs[1], p.block_table, p.bt_stride, p.page_size);
     const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(p.k))[ko + g * p.k_head_stride + c] =
         static_cast<const std::uint16_t*>(p.k_new)[b * p.kns[0] + j * p.kns[1] + g * p.kns[2] + c];
     const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(p.v))[vo + g * p.v_head_stride + c] =

@@ -1,17 +1,9 @@
-// The library's forward configurations (docs/cuda.md) and the dispatch over dtype and head dim. The
+// The dispatch over dtype and head dim, to the configurations of heuristics.hpp. The
 // kernel itself is in forward_kernel.cuh.
 #include "cuda/forward_kernel.cuh"
+#include "cuda/heuristics.hpp"
 
 namespace attn::cuda_detail {
-namespace {
-
-//                    D   warps  slabs/warp  keys/tile     smem (Q + 2 stages of K, V; 16-bit)
-using Fwd64 = FwdTraits<64, 4, 2, 64>;    // 16 + 32 KB
-using Fwd128 = FwdTraits<128, 4, 2, 32>;  // 32 + 32 KB
-using Fwd256 = FwdTraits<256, 4, 1, 32>;  // 32 + 64 KB
-
-}  // namespace
-
 int launch_forward(const FwdParams& p, DType t, std::int64_t max_seqlen_q, CUstream_st* stream) {
   const bool bf = t == DType::bf16;
   switch (p.head_dim) {

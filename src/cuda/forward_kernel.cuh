@@ -56,11 +56,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   const std::uint16_t* v =
       static_cast<const std::uint16_t*>(p.v) + (p.cu_q ? 0 : b * p.vs[0]) + k_off * p.vs[1] + kvh * p.vs[2];
 
-  const detail::Mask mask{sq, sk, p.window_left, p.window_right, p.scale, p.softcap};
+  const detail::Mask mask = p.rule.mask(sq, sk);
   const TileRange tiles = key_tiles(mask, i0, BR, BC);
-  const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
-  const float slope = p.alibi ? p.alibi[b * p.alibi_bstride + h] : 0.f;
-  const bool transform = p.softcap > 0 || slope != 0.f;
+  const float scale_log2 = static_cast<float>(p.rule.scale) * kLog2e;
+  const float slope = p.rule.alibi_slope(b, h);
+  const bool transform = p.rule.softcap > 0 || slope != 0.f;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // The query row a lane holds: slab mt of the warp, half 0 (row lane/4) or 1 (row lane/4 + 8).

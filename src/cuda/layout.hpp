@@ -12,7 +12,9 @@
 #include <cstdint>
 
 #include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
-#include "core/mask.hpp"
+#include "core/kv_cache.hpp"
+#include "core/score_rule.hpp"
+#include "core/split.hpp"
 
 namespace attn::cuda_detail {
 
@@ -115,31 +117,6 @@ ATTN_HOST_DEVICE inline bool visible(const detail::Mask& m, std::int64_t i, std:
   return i < m.seqlen_q && j < m.seqlen_k && m.first_key(i) <= j && j < m.end_key(i);
 }
 
-// ---- split-K ----------------------------------------------------------------------------------------
-// Slice w of `keys` keys cut into `splits`: the rule of attn::splitk_slice (sizes differ by at most
-// one, the larger first), so CPU and GPU agree on split boundaries.
-struct KeySlice {
-  std::int64_t begin, end;
-};
-ATTN_HOST_DEVICE inline KeySlice split_slice(std::int64_t keys, std::int64_t splits, std::int64_t w) {
-  const std::int64_t base = keys / splits, extra = keys % splits;
-  const std::int64_t begin = w * base + (w < extra ? w : extra);
-  return {begin, begin + base + (w < extra ? 1 : 0)};
-}
-// Splits per sequence for the decode kernel: enough (batch x kv_heads x row_blocks x splits) blocks to
-// give every SM `waves` blocks, but no slice shorter than min_keys keys, and at most max_splits.
-ATTN_HOST_DEVICE inline std::int64_t gpu_num_splits(std::int64_t max_keys, std::int64_t blocks_per_split,
-                                                    std::int64_t sm_count, std::int64_t waves = 2,
-                                                    std::int64_t min_keys = 256, std::int64_t max_splits = 128) {
-  if (max_keys <= 0 || blocks_per_split <= 0) return 1;
-  const std::int64_t want = (sm_count * waves + blocks_per_split - 1) / blocks_per_split;
-  std::int64_t cap = max_keys / min_keys;
-  if (cap < 1) cap = 1;
-  std::int64_t s = want < cap ? want : cap;
-  if (s > max_splits) s = max_splits;
-  return s < 1 ? 1 : s;
-}
-
 // ---- decode rows ------------------------------------------------------------------------------------
 // The decode kernel packs the query rows of one kv head: row r of kv head g is query head
 // g * group + r / seqlen_q at query position r % seqlen_q.
@@ -151,19 +128,10 @@ ATTN_HOST_DEVICE constexpr PackedRow unpack_row(std::int64_t r, std::int64_t kv_
   return {kv_head * group + r / seqlen_q, r % seqlen_q};
 }
 
-// ---- varlen and paged caches ------------------------------------------------------------------------
+// ---- varlen ---------------------------------------------------------------------------------------------
 // Varlen: sequence b's rows are [cu[b], cu[b + 1]) of the packed dimension.
 ATTN_HOST_DEVICE constexpr std::int64_t varlen_row(const std::int32_t* cu, std::int64_t b, std::int64_t i) {
   return std::int64_t{cu[b]} + i;
-}
-// Element offset of key `pos` of sequence b (kv head 0) in a cache with strides s0 (batch or page)
-// and s1 (position or slot). block_table == nullptr: contiguous.
-ATTN_HOST_DEVICE constexpr std::int64_t cache_row_offset(std::int64_t b, std::int64_t pos, std::int64_t s0,
-                                                         std::int64_t s1, const std::int32_t* block_table,
-                                                         std::int64_t bt_stride, std::int64_t page_size) {
-  return block_table == nullptr
-             ? b * s0 + pos * s1
-             : std::int64_t{block_table[b * bt_stride + pos / page_size]} * s0 + (pos % page_size) * s1;
 }
 
 }  // namespace attn::cuda_detail

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attn/tensor.hpp"
+#include "core/score_rule.hpp"
 
 struct CUstream_st;
 
@@ -18,11 +19,7 @@ struct FwdParams {
   std::int64_t batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim;
   const std::int32_t* cu_q = nullptr;  // varlen (device, [batch + 1]): rows [cu[b], cu[b+1]) of dim 1
   const std::int32_t* cu_k = nullptr;
-  double scale;
-  std::int64_t window_left, window_right;  // causal folded into window_right = 0
-  double softcap;
-  const float* alibi = nullptr;  // device
-  std::int64_t alibi_bstride = 0;
+  detail::ScoreRule rule;  // alibi_slopes in device memory
 };
 
 struct DecodeParams {
@@ -36,11 +33,7 @@ struct DecodeParams {
   const std::int32_t* seqlens;      // device
   const std::int32_t* block_table;  // device; nullptr = contiguous
   std::int64_t bt_stride, page_size;
-  double scale;
-  std::int64_t window_left, window_right;
-  double softcap;
-  const float* alibi = nullptr;
-  std::int64_t alibi_bstride = 0;
+  detail::ScoreRule rule;   // alibi_slopes in device memory
   std::int64_t num_splits;  // >= 1
   std::int64_t row_blocks;  // ceil(group * seqlen_q / 16)
   float* partial;           // [batch * heads * seqlen_q][num_splits][head_dim + 2] when num_splits > 1

@@ -1,16 +1,16 @@
 // attention_decode: split-K over KV caches (contiguous or paged), GQA-aware, deterministic.
 //
 // 1. Validate everything (decode_validate.cpp), then append k_new/v_new into the cache.
-// 2. Sequence b's queries see keys in the union [first_key(0), end_key(seqlen_q - 1)) of their masks
-//    (both ends are non-decreasing in the query). That range is cut into W_b slices by splitk_slice,
-//    W_b = num_splits, or decode_num_splits(...) when 0 -- a function of the problem, never of the thread
-//    count. Slices past the first n keys are empty; their state is the neutral element, and merging it is
-//    a bitwise no-op, so they are not materialised (as in src/splitk/splitk.cpp).
+// 2. Plan: sequence b's queries see keys in the union [first_key(0), end_key(seqlen_q - 1)) of their
+//    masks (both ends are non-decreasing in the query). That range is cut into W_b slices by the split
+//    rule (core/split.hpp), W_b = num_splits, or decode_num_splits(...) when 0 (src/heuristics/cpu.cpp)
+//    -- a function of the problem, never of the thread count. Empty slices are not materialised.
+//    Then the queries are packed once in the accumulator type.
 // 3. Work items (b, w) run in parallel; each covers all kv heads of its key range, so the hot loop
 //    streams contiguous memory ([seqlen, kv_heads, head_dim] rows), and writes one partial state per
 //    query row into its own slot of a buffer.
-// 4. Each row merges its partials in slice order with attn::merge and finalises with attn::finalize.
-//    Partials live in groups of bounded size (any num_splits runs in bounded memory).
+// 4. Each row merges its partials in slice order with attn::merge (core/slice_groups.hpp: groups of
+//    bounded size, so any num_splits runs in bounded memory); 5. finalises with attn::finalize.
 // Steps 3 and 4 never depend on which thread ran what, so the output is bitwise identical for any
 // thread count.
 #include <algorithm>
@@ -28,6 +28,9 @@
 #include "attn/online_softmax.hpp"
 #include "core/element.hpp"
 #include "core/problem.hpp"
+#include "core/slice_groups.hpp"
+#include "core/split.hpp"
+#include "core/tile_ops.hpp"
 #include "decode/decode_internal.hpp"
 
 namespace attn {
@@ -70,203 +73,228 @@ RowState<A> state_view(A* st, std::int64_t stride, std::int64_t d) {
   return {st + stride - 2, st + stride - 1, st, d};
 }
 
-template <class A>
-void run(const DecodeProblem& p) {
-  const std::int64_t d = p.head_dim, R = p.group() * p.seqlen_q, rows = p.kv_heads * R;
-  const std::int64_t S = state_stride_for(d);
-
-  // Per sequence: its mask, the union of its queries' key ranges, its slices.
-  struct Seq {
-    Mask mask;
-    std::int64_t lo, n, splits, first_item;
-  };
-  std::vector<Seq> seqs(static_cast<std::size_t>(p.batch));
-  std::vector<std::int64_t> first_key(static_cast<std::size_t>(p.batch * p.seqlen_q)), end_key(first_key.size());
+// Step 1, the plan: per sequence its mask, the union of its queries' key ranges and its slices; the
+// work items (b, w) numbered sequence by sequence, slices in order.
+struct SeqPlan {
+  Mask mask;
+  std::int64_t lo, n, splits, first_item;
+  std::int64_t items() const { return nonempty_slices(n, splits); }  // one empty item when n = 0
+};
+struct DecodePlan {
+  std::vector<SeqPlan> seqs;
+  std::vector<std::int64_t> first_key, end_key;  // [batch][seqlen_q]
   std::int64_t items = 0;
+  // The sequence of item `it` (items are numbered sequence by sequence).
+  std::int64_t seq_of(std::int64_t it) const {
+    return std::upper_bound(seqs.begin(), seqs.end(), it,
+                            [](std::int64_t x, const SeqPlan& s) { return x < s.first_item; }) -
+           seqs.begin() - 1;
+  }
+};
+
+DecodePlan plan_decode(const DecodeProblem& p) {
+  DecodePlan plan;
+  plan.seqs.resize(static_cast<std::size_t>(p.batch));
+  plan.first_key.resize(static_cast<std::size_t>(p.batch * p.seqlen_q));
+  plan.end_key.resize(plan.first_key.size());
   for (std::int64_t b = 0; b < p.batch; ++b) {
-    Seq& s = seqs[static_cast<std::size_t>(b)];
+    SeqPlan& s = plan.seqs[static_cast<std::size_t>(b)];
     s.mask = p.mask(b);
     for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
-      first_key[static_cast<std::size_t>(b * p.seqlen_q + i)] = s.mask.first_key(i);
-      end_key[static_cast<std::size_t>(b * p.seqlen_q + i)] = s.mask.end_key(i);
+      plan.first_key[static_cast<std::size_t>(b * p.seqlen_q + i)] = s.mask.first_key(i);
+      plan.end_key[static_cast<std::size_t>(b * p.seqlen_q + i)] = s.mask.end_key(i);
     }
     s.lo = s.mask.first_key(0);
     s.n = std::max<std::int64_t>(0, s.mask.end_key(p.seqlen_q - 1) - s.lo);
-    const std::int64_t W =
-        p.num_splits > 0 ? p.num_splits : decode_num_splits(s.n, p.batch, p.kv_heads, d, p.cache_dtype);
-    s.splits = W;
-    s.first_item = items;
-    items += std::max<std::int64_t>(1, std::min(W, s.n));  // non-empty slices (one empty when n = 0)
+    s.splits = p.num_splits > 0 ? p.num_splits : decode_num_splits(s.n, p.batch, p.kv_heads, p.head_dim, p.cache_dtype);
+    s.first_item = plan.items;
+    plan.items += s.items();
   }
+  return plan;
+}
 
-  // q in the accumulator type, [batch][heads][seqlen_q][d] = per kv head [group * seqlen_q][d]; slopes.
-  // For the bf16 dot-product kernel also q = q_hi + q_lo in bf16 (q_lo dropped when every q is a bf16
-  // value): a bf16 q is its own q_hi.
+// Step 2, the queries in the accumulator type, [batch][heads][seqlen_q][d] = per kv head
+// [group * seqlen_q][d], and the ALiBi slopes [batch][heads]. For the bf16 dot-product kernel also
+// q = q_hi + q_lo in bf16 (q_lo dropped when every q is a bf16 value): a bf16 q is its own q_hi.
+template <class A>
+struct PackedQueries {
+  std::vector<A> q, slopes;
+  std::vector<std::uint16_t> q_hi, q_lo;
+  bool q_exact = true;  // q_lo is all zeros (not stored)
+};
+
+template <class A>
+PackedQueries<A> pack_queries(const DecodeProblem& p) {
+  const std::int64_t d = p.head_dim;
   const std::size_t q_size = static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d);
   const bool split_q = std::is_same_v<A, float> && p.cache_dtype == DType::bf16;
-  std::vector<A> q(q_size);
-  std::vector<std::uint16_t> q_hi(split_q ? q_size : 0), q_lo;
-  std::vector<A> slopes(static_cast<std::size_t>(p.batch * p.heads), A(0));
+  PackedQueries<A> pq;
+  pq.q.resize(q_size);
+  pq.q_hi.resize(split_q ? q_size : 0);
+  pq.slopes.resize(static_cast<std::size_t>(p.batch * p.heads));
   dispatch_dtype(p.q_dtype, [&]<class Q>() {
     for (std::int64_t b = 0; b < p.batch; ++b)
       for (std::int64_t h = 0; h < p.heads; ++h)
         for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
           const Q* src = row_ptr<const Q>(p.q, b, i, h);
           const std::int64_t at = ((b * p.heads + h) * p.seqlen_q + i) * d;
-          A* dst = q.data() + at;
-          for (std::int64_t c = 0; c < d; ++c) dst[c] = load<A>(src[c * p.q.strides[3]]);
+          for (std::int64_t c = 0; c < d; ++c)
+            pq.q[static_cast<std::size_t>(at + c)] = load<A>(src[c * p.q.strides[3]]);
           if constexpr (std::is_same_v<Q, bf16_t>)
             if (split_q)
               for (std::int64_t c = 0; c < d; ++c)
-                q_hi[static_cast<std::size_t>(at + c)] = src[c * p.q.strides[3]].bits;
+                pq.q_hi[static_cast<std::size_t>(at + c)] = src[c * p.q.strides[3]].bits;
         }
   });
-  bool q_exact = true;
   if constexpr (std::is_same_v<A, float>) {
     if (split_q && p.q_dtype != DType::bf16) {
-      q_lo.resize(q.size());
+      pq.q_lo.resize(q_size);
       std::uint32_t inexact = 0;  // any q_lo other than +-0 (a NaN q gives a NaN q_lo)
-      for (std::size_t e = 0; e < q.size(); ++e) {
-        const bf16_t hi = float_to_bf16(q[e]);
-        const bf16_t lo = float_to_bf16(q[e] - bf16_to_float(hi));
-        q_hi[e] = hi.bits;
-        q_lo[e] = lo.bits;
+      for (std::size_t e = 0; e < q_size; ++e) {
+        const bf16_t hi = float_to_bf16(pq.q[e]);
+        const bf16_t lo = float_to_bf16(pq.q[e] - bf16_to_float(hi));
+        pq.q_hi[e] = hi.bits;
+        pq.q_lo[e] = lo.bits;
         inexact |= lo.bits & 0x7fffu;
       }
-      q_exact = inexact == 0;
+      pq.q_exact = inexact == 0;
     }
   }
-  if (p.alibi_slopes)
-    for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t h = 0; h < p.heads; ++h)
-        slopes[static_cast<std::size_t>(b * p.heads + h)] =
-            static_cast<A>(p.alibi_slopes[b * p.alibi_batch_stride + h]);
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    for (std::int64_t h = 0; h < p.heads; ++h)
+      pq.slopes[static_cast<std::size_t>(b * p.heads + h)] = static_cast<A>(p.rule.alibi_slope(b, h));
+  return pq;
+}
 
-  // Partial states in flight: items [i0, i0 + G), one state per (item, row), bounded to ~2^22
-  // accumulator values so that any num_splits works in bounded memory. After each group every row
-  // merges that group's states into its running state in slice order -- one left fold over the slices
-  // whatever G is, so the grouping never changes a bit. Uninitialised: every item resets its own.
+// Step 3, one work item: the keys of slice w of sequence b, in chunks of kChunk keys, folded into one
+// partial state per query row of the sequence (`states`, reset first). One thread's worker: its
+// chunk arguments and the K/V row pointers of a chunk.
+template <class A>
+class ItemWorker {
+ public:
+  ItemWorker(const DecodeProblem& p, const DecodePlan& plan, const PackedQueries<A>& pq, A* scratch, const void** rows)
+      : p_(p), plan_(plan), pq_(pq), rows_(rows) {
+    a_.k_head_stride = p.k.strides[2];
+    a_.v_head_stride = p.v.strides[2];
+    a_.kv_heads = p.kv_heads;
+    a_.group = p.group();
+    a_.seqlen_q = p.seqlen_q;
+    a_.head_dim = p.head_dim;
+    a_.state_stride = state_stride_for(p.head_dim);
+    a_.bf16_out = p.q_dtype == DType::bf16;
+    a_.scratch = scratch;
+    a_.k_rows = rows;
+    a_.v_rows = rows + kChunk;
+  }
+
+  void run(std::int64_t it, A* states) {
+    const std::int64_t b = plan_.seq_of(it), rows = p_.kv_heads * p_.group() * p_.seqlen_q;
+    const SeqPlan& s = plan_.seqs[static_cast<std::size_t>(b)];
+    for (std::int64_t r = 0; r < rows; ++r)
+      reset(state_view(states + r * a_.state_stride, a_.state_stride, p_.head_dim));
+    if (s.n == 0) return;
+    const KeyRange range = split_slice(s.n, s.splits, it - s.first_item);
+    const std::int64_t q_at = b * p_.heads * p_.seqlen_q * p_.head_dim;
+    a_.mask = &s.mask;
+    a_.first_key = plan_.first_key.data() + b * p_.seqlen_q;
+    a_.end_key = plan_.end_key.data() + b * p_.seqlen_q;
+    a_.q = pq_.q.data() + q_at;
+    a_.slopes = pq_.slopes.data() + b * p_.heads;
+    a_.states = states;
+    if (!pq_.q_hi.empty()) {
+      a_.q_hi = pq_.q_hi.data() + q_at;
+      a_.q_lo = pq_.q_exact ? nullptr : pq_.q_lo.data() + q_at;
+    }
+    const std::int64_t lo = s.lo + range.begin, hi = s.lo + range.end;
+    for (std::int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+      a_.n = std::min(kChunk, hi - j0);
+      a_.j0 = j0;
+      point_at_rows(b, j0, a_.n);
+      if constexpr (std::is_same_v<A, double>)
+        decode_chunk_f64(a_);
+      else
+        decode_chunk_simd(a_, p_.cache_dtype);
+    }
+    if constexpr (std::is_same_v<A, float>) decode_finish_simd(a_, p_.cache_dtype);
+  }
+
+ private:
+  // Pointers to kv head 0's K and V rows of keys [j, j + n) of sequence b (any layout, any page size).
+  void point_at_rows(std::int64_t b, std::int64_t j, std::int64_t n) {
+    const auto es = static_cast<std::int64_t>(dtype_size(p_.cache_dtype));
+    const auto* kbase = static_cast<const unsigned char*>(p_.k.data);
+    const auto* vbase = static_cast<const unsigned char*>(p_.v.data);
+    for (std::int64_t c = 0; c < n; ++c) {
+      rows_[c] = kbase + p_.row_offset(p_.k, b, j + c) * es;
+      rows_[kChunk + c] = vbase + p_.row_offset(p_.v, b, j + c) * es;
+    }
+  }
+
+  const DecodeProblem& p_;
+  const DecodePlan& plan_;
+  const PackedQueries<A>& pq_;
+  const void** rows_;
+  ChunkArgs<A> a_{};
+};
+
+// Step 5: the merged state of query row `row` (= g * R + hh * seqlen_q + i: query head g * group + hh,
+// query i) of sequence b, finalised into out and lse. `tmp` holds head_dim values.
+template <class A>
+void finalize_row(const DecodeProblem& p, RowState<A> s, std::int64_t b, std::int64_t row, A* tmp) {
+  const A lse = finalize(s, tmp);
+  const std::int64_t h = row / p.seqlen_q, i = row % p.seqlen_q;
+  dispatch_dtype(p.q_dtype, [&]<class O>() {
+    O* dst = row_ptr<O>(p.out, b, i, h);
+    for (std::int64_t c = 0; c < p.head_dim; ++c) dst[c * p.out.strides[3]] = store<O>(tmp[c]);
+  });
+  if (p.lse) static_cast<A*>(p.lse->data)[b * p.lse->strides[0] + h * p.lse->strides[1] + i * p.lse->strides[2]] = lse;
+}
+
+template <class A>
+void run(const DecodeProblem& p) {
+  const std::int64_t d = p.head_dim, rows = p.kv_heads * p.group() * p.seqlen_q;
+  const std::int64_t S = state_stride_for(d);
+  const DecodePlan plan = plan_decode(p);
+  const PackedQueries<A> pq = pack_queries<A>(p);
+
+  // Step 4: items in groups whose partial states (one per item and row) fit ~2^22 accumulator values,
+  // merged into each row's running state in slice order (core/slice_groups.hpp). Partials are
+  // uninitialised: every item resets its own.
   constexpr std::int64_t kBudget = std::int64_t{1} << 22;
-  const std::int64_t G = std::clamp<std::int64_t>(kBudget / (rows * S), 1, items);
+  const std::int64_t G = items_per_group(kBudget, rows * S, plan.items);
   const std::unique_ptr<A[]> partial(new A[static_cast<std::size_t>(G * rows * S)]);
   std::vector<A> running(static_cast<std::size_t>(p.batch * rows * S));
   for (std::int64_t t = 0; t < p.batch * rows; ++t) reset(state_view(running.data() + t * S, S, d));
-  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
-  const std::size_t es = dtype_size(p.cache_dtype);
-  const auto* kbase = static_cast<const unsigned char*>(p.k.data);
-  const auto* vbase = static_cast<const unsigned char*>(p.v.data);
+  auto merge_group = [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
+    const SeqPlan& s = plan.seqs[static_cast<std::size_t>(t / rows)];
+    const std::int64_t first = std::max(s.first_item, i0), last = std::min(s.first_item + s.items(), i1);
+    for (std::int64_t it = first; it < last; ++it)
+      merge(state_view(running.data() + t * S, S, d),
+            state_view(partial.get() + ((it - i0) * rows + t % rows) * S, S, d));
+  };
 
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(resolve_threads(p.num_threads))
   {
     // Per-thread buffers kept across calls (OpenMP reuses its threads): a short cache's call would
     // otherwise spend a fifth of its time allocating and zeroing them.
-    static thread_local std::vector<const void*> ptrs;
+    static thread_local std::vector<const void*> row_ptrs;
     static thread_local std::vector<A> scratch;
-    ptrs.resize(2 * kChunk);
-    const auto scratch_size = static_cast<std::size_t>(chunk_scratch_size(p.kv_heads, R, d));
+    row_ptrs.resize(2 * kChunk);
+    const auto scratch_size = static_cast<std::size_t>(chunk_scratch_size(p.kv_heads, p.group() * p.seqlen_q, d));
     if (scratch.size() < scratch_size) scratch.resize(scratch_size);
-    ChunkArgs<A> a{};
-    a.k_head_stride = p.k.strides[2];
-    a.v_head_stride = p.v.strides[2];
-    a.kv_heads = p.kv_heads;
-    a.group = p.group();
-    a.seqlen_q = p.seqlen_q;
-    a.head_dim = d;
-    a.state_stride = S;
-    a.bf16_out = p.q_dtype == DType::bf16;
-    a.scratch = scratch.data();
-    // Pointers to kv head 0's K and V rows of keys [j, j + n) of sequence b (any layout, any page size).
-    auto fill = [&](std::int64_t b, std::int64_t j, std::int64_t n) {
-      for (std::int64_t c = 0; c < n; ++c) {
-        ptrs[static_cast<std::size_t>(c)] = kbase + p.row_offset(p.k, b, j + c) * static_cast<std::int64_t>(es);
-        ptrs[static_cast<std::size_t>(kChunk + c)] =
-            vbase + p.row_offset(p.v, b, j + c) * static_cast<std::int64_t>(es);
-      }
-    };
-    for (std::int64_t i0 = 0; i0 < items; i0 += G) {  // every thread walks the same groups
-      const std::int64_t i1 = std::min(items, i0 + G);
-#pragma omp for schedule(dynamic, 1)
-      for (std::int64_t it = i0; it < i1; ++it) {
-        const auto sit = std::upper_bound(seqs.begin(), seqs.end(), it,
-                                          [](std::int64_t x, const Seq& s) { return x < s.first_item; }) -
-                         1;
-        const Seq& s = *sit;
-        const std::int64_t b = sit - seqs.begin(), w = it - s.first_item;
-        A* states = partial.get() + (it - i0) * rows * S;
-        for (std::int64_t r = 0; r < rows; ++r) reset(state_view(states + r * S, S, d));
-        if (s.n == 0) continue;
-        const KeyRange range = splitk_slice(s.n, s.splits, w);
-        a.mask = &s.mask;
-        a.first_key = first_key.data() + b * p.seqlen_q;
-        a.end_key = end_key.data() + b * p.seqlen_q;
-        a.q = q.data() + b * p.heads * p.seqlen_q * d;
-        a.slopes = slopes.data() + b * p.heads;
-        a.states = states;
-        if (!q_hi.empty()) {
-          a.q_hi = q_hi.data() + b * p.heads * p.seqlen_q * d;
-          a.q_lo = q_exact ? nullptr : q_lo.data() + b * p.heads * p.seqlen_q * d;
-        }
-        const std::int64_t lo = s.lo + range.begin, hi = s.lo + range.end;
-        for (std::int64_t j0 = lo; j0 < hi; j0 += kChunk) {
-          const std::int64_t n = std::min(kChunk, hi - j0);
-          fill(b, j0, n);
-          a.n = n;
-          a.j0 = j0;
-          a.k_rows = ptrs.data();
-          a.v_rows = ptrs.data() + kChunk;
-          if constexpr (std::is_same_v<A, double>)
-            decode_chunk_f64(a);
-          else
-            decode_chunk_simd(a, p.cache_dtype);
-        }
-        if constexpr (std::is_same_v<A, float>) decode_finish_simd(a, p.cache_dtype);
-      }
-      // Each row merges this group's slices of its sequence, in slice order.
-#pragma omp for schedule(static)
-      for (std::int64_t t = 0; t < p.batch * rows; ++t) {
-        const std::int64_t b = t / rows, row = t % rows;
-        const Seq& s = seqs[static_cast<std::size_t>(b)];
-        const std::int64_t slices = std::max<std::int64_t>(1, std::min(s.splits, s.n));
-        const std::int64_t first = std::max(s.first_item, i0), last = std::min(s.first_item + slices, i1);
-        for (std::int64_t it = first; it < last; ++it)
-          merge(state_view(running.data() + t * S, S, d),
-                state_view(partial.get() + ((it - i0) * rows + row) * S, S, d));
-      }
-    }
-
-    // Finalise.
+    ItemWorker<A> worker(p, plan, pq, scratch.data(), row_ptrs.data());
+    run_slice_groups(
+        plan.items, G, p.batch * rows,
+        [&](std::int64_t it, std::int64_t slot) { worker.run(it, partial.get() + slot * rows * S); }, merge_group);
     std::vector<A> tmp(static_cast<std::size_t>(d));
 #pragma omp for schedule(static)
-    for (std::int64_t t = 0; t < p.batch * rows; ++t) {
-      const std::int64_t b = t / rows, row = t % rows;
-      const A lse = finalize(state_view(running.data() + t * S, S, d), tmp.data());
-      // row = g * R + hh * seqlen_q + i  ->  query head g * group + hh, query i.
-      const std::int64_t h = row / p.seqlen_q, i = row % p.seqlen_q;
-      dispatch_dtype(p.q_dtype, [&]<class O>() {
-        O* dst = row_ptr<O>(p.out, b, i, h);
-        for (std::int64_t c = 0; c < d; ++c) dst[c * p.out.strides[3]] = store<O>(tmp[static_cast<std::size_t>(c)]);
-      });
-      if (p.lse)
-        static_cast<A*>(p.lse->data)[b * p.lse->strides[0] + h * p.lse->strides[1] + i * p.lse->strides[2]] = lse;
-    }
+    for (std::int64_t t = 0; t < p.batch * rows; ++t)
+      finalize_row(p, state_view(running.data() + t * S, S, d), t / rows, t % rows, tmp.data());
   }
 }
 
 }  // namespace
 }  // namespace detail
-
-std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
-                               DType cache_dtype) {
-  if (keys <= 0) return 1;
-  constexpr double kSliceBytes = 2.0 * 1024 * 1024;  // K and V read per slice, all kv heads
-  constexpr std::int64_t kMinItems = 32, kMinKeys = 128;
-  const double bytes = 2.0 * static_cast<double>(keys) * static_cast<double>(kv_heads * head_dim) *
-                       static_cast<double>(dtype_size(cache_dtype));
-  const auto by_bytes = static_cast<std::int64_t>(std::min(1e15, std::ceil(bytes / kSliceBytes)));
-  const std::int64_t for_items =
-      std::min((kMinItems + batch - 1) / std::max<std::int64_t>(1, batch), std::max<std::int64_t>(1, keys / kMinKeys));
-  return std::clamp<std::int64_t>(std::max(by_bytes, for_items), 1, keys);
-}
 
 void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out, const AttentionOptions& opts,
                       const DecodeOptions& decode, const TensorView* lse) {

@@ -1,4 +1,5 @@
-// Decode internals: the validated problem, the append, and the chunk kernel's interface.
+// Decode internals on the CPU: the append and the chunk kernel's interface (the validated problem is
+// core/decode_problem.hpp).
 //
 // Work is cut into items (sequence b, key slice w). An item walks its keys in chunks of kChunk keys;
 // for each chunk and each kv head it scores the chunk against every query row of that kv head (all
@@ -10,41 +11,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include "attn/decode.hpp"
-#include "core/mask.hpp"
-#include "core/validate.hpp"
+#include "core/decode_problem.hpp"
 
 namespace attn::detail {
-
-struct DecodeProblem : ResolvedOptions {  // scale, window, softcap, ALiBi, threads
-  std::int64_t batch, seqlen_q, heads, kv_heads, head_dim, seqlen_new;
-  DType cache_dtype, q_dtype;
-  bool paged;
-  std::int64_t page_size;   // paged: slots per page; contiguous: unused
-  std::int64_t num_splits;  // 0 = automatic, per sequence
-  TensorView q, k, v, out;
-  const TensorView* lse;
-  const TensorView* k_new;  // nullptr when nothing is appended
-  const TensorView* v_new;
-  const std::int32_t* seqlens;
-  const std::int32_t* block_table;
-  std::int64_t bt_stride;
-
-  std::int64_t group() const { return heads / kv_heads; }
-  std::int64_t seqlen_k(std::int64_t b) const { return std::int64_t{seqlens[b]} + seqlen_new; }
-  Mask mask(std::int64_t b) const { return {seqlen_q, seqlen_k(b), window_left, window_right, scale, softcap}; }
-  // Element offset of key `pos` of sequence b, kv head 0, in a cache view with t's strides.
-  std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t pos) const {
-    if (!paged) return b * t.strides[0] + pos * t.strides[1];
-    const std::int64_t page = block_table[b * bt_stride + pos / page_size];
-    return page * t.strides[0] + (pos % page_size) * t.strides[1];
-  }
-};
-
-// Checks every argument (see include/attn/decode.hpp) and throws std::invalid_argument on the first
-// bad one; writes nothing.
-DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
-                              const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse);
 
 // Copies k_new/v_new into the cache at seqlens[b] ... (validated problem only).
 void append_kv(const DecodeProblem& p);

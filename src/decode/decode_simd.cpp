@@ -5,7 +5,7 @@
 // seqlen_q query rows of g:
 //   scores: each K row is loaded once (16-bit elements widened to f32 in registers) and dotted with up
 //           to 4 query rows at a time (q rows stay in L1); the dot goes through the mask's score rule
-//           (core/mask.hpp), masked keys get -inf.
+//           (core/score_rule.hpp), masked keys get -inf.
 //   fold:   attn::fold, vectorised over the chunk: the same m/l/o update and the same rescale_factor;
 //           p = exp(s - m_new) with Highway's Exp (exp(-inf) = 0 for masked keys).
 //   P V:    each V row is loaded once per 4 query rows x 64 output lanes, the o accumulators of that
@@ -249,8 +249,8 @@ HWY_INLINE void TransformScores(const ChunkArgs<float>& a, float* scores) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), R = a.group * a.seqlen_q, n = a.n;
   const float ninf = -std::numeric_limits<float>::infinity();
-  const bool plain = a.mask->softcap == 0;
-  const auto vs = hn::Set(df, static_cast<float>(a.mask->scale));
+  const bool plain = a.mask->rule.softcap == 0;
+  const auto vs = hn::Set(df, static_cast<float>(a.mask->rule.scale));
   for (std::int64_t g = 0; g < a.kv_heads; ++g)
     for (std::int64_t r = 0; r < R; ++r) {
       float* sr = scores + (g * R + r) * kChunk;

@@ -37,7 +37,7 @@ void run(const detail::Problem& p) {
     detail::pack_rows<T>(V, p.v, b, 0, sk, hk, d);
     for (std::int64_t i = 0; i < sq; ++i) {
       A* s = S + i * sk;
-      detail::score_row(p, s, Q + i * d, K, sk, 0, i, static_cast<A>(p.alibi_slope(b, h)));
+      detail::score_row(p, s, Q + i * d, K, sk, 0, i, static_cast<A>(p.rule.alibi_slope(b, h)));
       // Softmax of the row, the textbook way, over the keys the row sees (masked keys are skipped, not
       // weighted by 0, so a NaN or Inf in a value row the row cannot see does not reach it). A NaN
       // score makes the max NaN (the comparison keeps it) and so the whole row NaN.

@@ -1,28 +1,28 @@
 // Split-K (Flash-Decoding), portable C++.
 //
-// Query row i sees keys [first_key(i), end_key(i)), n_i of them. They are cut into W slices of near-equal size,
-//   slice w = [w * floor(n/W) + min(w, n mod W), ... next slice's start)
-// so slice boundaries depend only on n and W (never on the thread count). Each slice is folded into its
+// Query row i sees keys [first_key(i), end_key(i)), n_i of them. They are cut into W slices by the split
+// rule of core/split.hpp, so slice boundaries depend only on n and W (never on the thread count), the
+// same boundaries as decode's and the CUDA kernels'. Each slice is folded into its
 // own partial state (m, l, o) and the partials are merged in slice order, 0 then 1 then 2..., by the
 // shared merge. With W > n some slices are empty: their state is the neutral element, and merging the
 // neutral element is a bitwise no-op (factor exp(0) = 1 on one side, 0 on the other), so they are not
 // stored at all -- the result is the one the W-slice definition gives, bit for bit.
 //
-// Parallel work: (row, slice) pairs. Partials are computed in groups that bound their memory and are
-// merged into each row's running state in slice order, so the result is identical for any thread count.
+// Parallel work: (row, slice) pairs, computed in groups of bounded memory and merged into each row's
+// running state in slice order (core/slice_groups.hpp), so the result is identical for any thread count.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "attn/attention.hpp"
+#include "core/slice_groups.hpp"
+#include "core/split.hpp"
 #include "core/tile_ops.hpp"
 
 namespace attn {
 namespace {
 
 constexpr std::int64_t kChunk = 64;  // keys scored at a time inside one slice
-
-std::int64_t slice_begin(std::int64_t n, std::int64_t W, std::int64_t w) { return w * (n / W) + std::min(w, n % W); }
 
 // Folds keys [lo, hi) of row (b, i, h) into `s`. Scratch: q (d), k and v chunks (2 kChunk d), scores.
 template <class T, class A>
@@ -38,7 +38,7 @@ void fold_slice(const detail::Problem& p, RowState<A> s, std::int64_t b, std::in
     const std::int64_t n = std::min(kChunk, hi - j0);
     detail::pack_rows<T>(K, p.k, b, j0, n, hk, d);
     detail::pack_rows<T>(V, p.v, b, j0, n, hk, d);
-    detail::score_row(p, S, q, K, n, j0, i, static_cast<A>(p.alibi_slope(b, h)));
+    detail::score_row(p, S, q, K, n, j0, i, static_cast<A>(p.rule.alibi_slope(b, h)));
     fold(s, S, n, V, d);
   }
 }
@@ -51,11 +51,11 @@ void run(const detail::Problem& p, std::int64_t W) {
   const std::int64_t d = p.head_dim, state = d + 2;
   const std::int64_t rows = p.batch * p.seqlen_q * p.heads;
   // At most min(W, seqlen_k) slices of a row are non-empty.
-  const std::int64_t slots = std::max<std::int64_t>(1, std::min(W, p.seqlen_k));
-  // Partials in flight: a group of G slices for each of R rows, bounded to ~2^21 accumulator values.
+  const std::int64_t slots = detail::nonempty_slices(p.seqlen_k, W);
+  // Partials in flight: G slices for each of R rows, bounded to ~2^21 accumulator values.
   constexpr std::int64_t kBudget = std::int64_t(1) << 21;
-  const std::int64_t G = std::clamp<std::int64_t>(kBudget / state, 1, slots);
-  const std::int64_t R = std::clamp<std::int64_t>(kBudget / (G * state), 1, rows);
+  const std::int64_t G = detail::items_per_group(kBudget, state, slots);
+  const std::int64_t R = detail::items_per_group(kBudget, G * state, rows);
   const int threads = detail::resolve_threads(p.num_threads);
 
   std::vector<A> partial(static_cast<std::size_t>(R * G * state));
@@ -69,34 +69,35 @@ void run(const detail::Problem& p, std::int64_t W) {
     b = row / (p.heads * p.seqlen_q);
   };
 
-  for (std::int64_t r0 = 0; r0 < rows; r0 += R) {
+#pragma omp parallel num_threads(threads)
+  for (std::int64_t r0 = 0; r0 < rows; r0 += R) {  // blocks of R rows; items slice-major: w * nr + r
     const std::int64_t nr = std::min(R, rows - r0);
+#pragma omp for
     for (std::int64_t r = 0; r < nr; ++r) reset(view(running.data() + r * state));
-    for (std::int64_t g0 = 0; g0 < slots; g0 += G) {
-      const std::int64_t ng = std::min(G, slots - g0);
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-      for (std::int64_t t = 0; t < nr * ng; ++t) {
-        const std::int64_t r = t / ng, w = g0 + t % ng;
-        std::int64_t b, i, h;
-        coords(r0 + r, b, i, h);
-        const std::int64_t n = p.visible_count(i), first = p.first_key(i);
-        RowState<A> s = view(partial.data() + t * state);
-        reset(s);
-        // Slice w is non-empty iff w < min(W, n): with W <= n all are; with W > n each holds one key
-        // or none, and slice_begin puts the single keys first.
-        if (w < std::min(W, n))
-          fold_slice<T>(p, s, b, i, h, first + slice_begin(n, W, w), first + slice_begin(n, W, w + 1),
-                        scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+    auto compute = [&](std::int64_t it, std::int64_t slot) {
+      const std::int64_t w = it / nr;
+      std::int64_t b, i, h;
+      coords(r0 + it % nr, b, i, h);
+      const std::int64_t n = p.visible_count(i), first = p.first_key(i);
+      RowState<A> s = view(partial.data() + slot * state);
+      reset(s);
+      if (w < detail::nonempty_slices(n, W) && n > 0) {
+        const KeyRange range = detail::split_slice(n, W, w);
+        fold_slice<T>(p, s, b, i, h, first + range.begin, first + range.end,
+                      scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
       }
-#pragma omp parallel for num_threads(threads)
-      for (std::int64_t r = 0; r < nr; ++r)
-        for (std::int64_t w = 0; w < ng; ++w)
-          merge(view(running.data() + r * state), view(partial.data() + (r * ng + w) * state));
-    }
+    };
+    auto merge_group = [&](std::int64_t r, std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t it = i0 + r; it < i1; it += nr)
+        merge(view(running.data() + r * state), view(partial.data() + (it - i0) * state));
+    };
+    detail::run_slice_groups(slots * nr, G * nr, nr, compute, merge_group);
+#pragma omp for
     for (std::int64_t r = 0; r < nr; ++r) {
       std::int64_t b, i, h;
       coords(r0 + r, b, i, h);
-      detail::store_row<T>(p, view(running.data() + r * state), scratch[0].data(), b, i, h);
+      detail::store_row<T>(p, view(running.data() + r * state),
+                           scratch[static_cast<std::size_t>(omp_get_thread_num())].data(), b, i, h);
     }
   }
 }
@@ -109,7 +110,11 @@ void check_splits(const char* who, const SplitKOptions& split) {
 }  // namespace
 
 KeyRange splitk_slice(std::int64_t keys, std::int64_t num_splits, std::int64_t w) {
-  return {slice_begin(keys, num_splits, w), slice_begin(keys, num_splits, w + 1)};
+  const char* who = "attn::splitk_slice";
+  if (keys < 0) detail::fail(who, "keys", "must be >= 0, got " + std::to_string(keys));
+  if (num_splits < 1) detail::fail(who, "num_splits", "must be >= 1, got " + std::to_string(num_splits));
+  if (w < 0 || w >= num_splits) detail::fail(who, "w", "must be in [0, num_splits), got " + std::to_string(w));
+  return detail::split_slice(keys, num_splits, w);
 }
 
 void attention_splitk(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -139,10 +144,10 @@ std::vector<PartialState<double>> splitk_partials(const TensorView& q, const Ten
   parts.reserve(static_cast<std::size_t>(W));
   for (std::int64_t w = 0; w < W; ++w) {
     parts.emplace_back(p.head_dim);
-    if (w < std::min(W, n))
+    if (n > 0 && w < detail::nonempty_slices(n, W))
       detail::dispatch_dtype(p.dtype, [&]<class T>() {
-        fold_slice<T>(p, parts.back().view(), b, i, h, first + slice_begin(n, W, w), first + slice_begin(n, W, w + 1),
-                      scratch.data());
+        const KeyRange range = detail::split_slice(n, W, w);
+        fold_slice<T>(p, parts.back().view(), b, i, h, first + range.begin, first + range.end, scratch.data());
       });
   }
   return parts;

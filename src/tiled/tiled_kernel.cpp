@@ -237,10 +237,10 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
   for (std::size_t r = 0; r < R; ++r) {
     rw.m[r] = -std::numeric_limits<A>::infinity();
     rw.l[r] = A(0);
-    rw.slope[r] = r < real ? static_cast<A>(p.alibi_slope(b, head_of(r))) : A(0);
+    rw.slope[r] = r < real ? static_cast<A>(p.rule.alibi_slope(b, head_of(r))) : A(0);
     rw.dist[r] = A(0);
   }
-  const Epilogue base{p.scale, p.softcap, false, p.alibi_slopes != nullptr};
+  const Epilogue base{&p.rule, false};
 
   // Keys any row of the tile sees: first_key and end_key are non-decreasing in i.
   const std::int64_t k_begin = p.first_key(i0), k_end = p.end_key(i0 + rows_h - 1);
@@ -259,7 +259,7 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
         const std::int64_t i = query_of(r);
         lo = static_cast<A>(std::clamp<std::int64_t>(p.first_key(i) - j0, 0, n));
         hi = static_cast<A>(std::clamp<std::int64_t>(p.end_key(i) - j0, 0, n));
-        rw.dist[r] = static_cast<A>(p.diagonal(i) - j0);
+        rw.dist[r] = static_cast<A>(p.mask().diagonal(i) - j0);
       }
       ep.mask |= lo > A(0) || hi < static_cast<A>(n);
       rw.lo[r] = lo;
@@ -322,7 +322,7 @@ inline TileTask TaskOf(const Problem& p, const TiledPlan& plan, std::uint32_t pi
   const std::int64_t q_tiles = (p.seqlen_q + plan.q_tile - 1) / plan.q_tile;
   // Head-major: consecutive tasks (on any thread) reuse the same K and V from the shared L3.
   std::int64_t qt = t % q_tiles;
-  if (p.window_right >= 0) qt = q_tiles - 1 - qt;
+  if (p.rule.window_right >= 0) qt = q_tiles - 1 - qt;
   const std::int64_t bh = t / q_tiles;
   TileTask task{pi, bh / p.kv_heads, bh % p.kv_heads, qt * plan.q_tile, 0};
   task.rows = std::min(plan.q_tile, p.seqlen_q - task.i0);

@@ -18,6 +18,7 @@
 
 #include "core/dpbf16.hpp"
 #include "core/element.hpp"
+#include "core/score_rule.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail::tiled_simd {
@@ -61,12 +62,13 @@ struct Rows {
   A *m, *l, *alpha, *mtile, *lo, *hi, *dist, *slope;
 };
 
+// The tile's score rule, and whether the tile cuts through some row's window.
 struct Epilogue {
-  double scale, softcap;
-  bool mask, alibi;
+  const ScoreRule* rule;
+  bool mask;
 };
 
-// The score transform of Problem::score (scale, soft-cap, ALiBi) and the mask, applied in registers to
+// The score rule's transform (ScoreRule::logit: scale, soft-cap, ALiBi) and the mask, applied in registers to
 // the dot products acc[kk][v] of keys c0 + kk and query lanes r0 + v*N ..; stored to S^T, the row
 // maxima of the tile tracked.
 template <int RK_, int QV_, class D, class A = hn::TFromD<D>>
@@ -74,8 +76,10 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreEpilogue(D d, hn::Vec<D> (&acc)[RK_][QV_], 
                                               std::size_t r0, A* HWY_RESTRICT s, const Rows<A>& rows,
                                               const Epilogue& ep) {
   const std::size_t N = hn::Lanes(d);
-  const auto scale = hn::Set(d, static_cast<A>(ep.scale));
-  const auto cap = hn::Set(d, static_cast<A>(ep.softcap));
+  const double softcap = ep.rule->softcap;
+  const bool alibi = ep.rule->alibi_slopes != nullptr;
+  const auto scale = hn::Set(d, static_cast<A>(ep.rule->scale));
+  const auto cap = hn::Set(d, static_cast<A>(softcap));
   const auto neg_inf = hn::Set(d, -std::numeric_limits<A>::infinity());
   ATTN_UNROLL
   for (int v = 0; v < QV_; ++v) {
@@ -84,10 +88,9 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreEpilogue(D d, hn::Vec<D> (&acc)[RK_][QV_], 
     ATTN_UNROLL
     for (int kk = 0; kk < RK_; ++kk) {
       auto sc = hn::Mul(acc[kk][v], scale);
-      if (ep.softcap > 0) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
+      if (softcap > 0) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
       const auto c = hn::Set(d, static_cast<A>(c0 + kk));
-      if (ep.alibi)
-        sc = hn::NegMulAdd(hn::Load(d, rows.slope + r), hn::Abs(hn::Sub(hn::Load(d, rows.dist + r), c)), sc);
+      if (alibi) sc = hn::NegMulAdd(hn::Load(d, rows.slope + r), hn::Abs(hn::Sub(hn::Load(d, rows.dist + r), c)), sc);
       if (ep.mask) {
         const auto hidden = hn::Or(hn::Lt(c, hn::Load(d, rows.lo + r)), hn::Ge(c, hn::Load(d, rows.hi + r)));
         sc = hn::IfThenElse(hidden, neg_inf, sc);

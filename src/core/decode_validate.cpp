@@ -1,4 +1,4 @@
-// Decode's argument checks and the in-place append. The rules, each with the argument it names:
+// Decode's argument checks, for the CPU and CUDA entry points alike. The rules, each with the argument it names:
 //   q, out, lse, cache.k, cache.v, k_new, v_new: the view rules of validate.cpp (rank, sizes, strides,
 //       overflow, null data)
 //   cache.k: dtype must be f64, f32, bf16 or f16; cache.v, k_new, v_new: dtype must match cache.k's
@@ -25,7 +25,7 @@
 #include "core/element.hpp"
 #include "core/problem.hpp"
 #include "core/validate.hpp"
-#include "decode/decode_internal.hpp"
+#include "core/decode_problem.hpp"
 
 namespace attn::detail {
 namespace {
@@ -215,26 +215,6 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   p.block_table = cache.block_table;
   p.bt_stride = bt_stride;
   return p;
-}
-
-void append_kv(const DecodeProblem& p) {
-  if (!p.k_new || p.seqlen_new == 0) return;
-  const std::size_t es = dtype_size(p.cache_dtype);
-  for (auto [src, dst] : {std::pair{p.k_new, &p.k}, {p.v_new, &p.v}}) {
-    auto* base = static_cast<unsigned char*>(dst->data);
-    const auto* from = static_cast<const unsigned char*>(src->data);
-    for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t t = 0; t < p.seqlen_new; ++t) {
-        const std::int64_t row = p.row_offset(*dst, b, p.seqlens[b] + t);
-        for (std::int64_t g = 0; g < p.kv_heads; ++g) {
-          unsigned char* to = base + (row + g * dst->strides[2]) * static_cast<std::int64_t>(es);
-          const std::int64_t s0 = b * src->strides[0] + t * src->strides[1] + g * src->strides[2];
-          for (std::int64_t c = 0; c < p.head_dim; ++c)
-            std::memcpy(to + c * static_cast<std::int64_t>(es),
-                        from + (s0 + c * src->strides[3]) * static_cast<std::int64_t>(es), es);
-        }
-      }
-  }
 }
 
 }  // namespace attn::detail

@@ -1,0 +1,50 @@
+// Decode's validated problem, shared by the CPU (src/decode/) and CUDA (src/cuda/cuda_api.cpp) entry
+// points: the sizes, the resolved options and the cache's index arrays of one attention_decode call.
+// validate_decode (core/decode_validate.cpp) checks every argument against the rules of
+// include/attn/decode.hpp before anything is written.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "attn/decode.hpp"
+#include "core/kv_cache.hpp"
+#include "core/score_rule.hpp"
+#include "core/validate.hpp"
+
+namespace attn::detail {
+
+struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
+  std::int64_t batch, seqlen_q, heads, kv_heads, head_dim, seqlen_new;
+  DType cache_dtype, q_dtype;
+  bool paged;
+  std::int64_t page_size;   // paged: slots per page; contiguous: unused
+  std::int64_t num_splits;  // 0 = automatic, per sequence
+  TensorView q, k, v, out;
+  const TensorView* lse;
+  const TensorView* k_new;  // nullptr when nothing is appended
+  const TensorView* v_new;
+  const std::int32_t* seqlens;
+  const std::int32_t* block_table;
+  std::int64_t bt_stride;
+
+  std::int64_t group() const { return heads / kv_heads; }
+  std::int64_t seqlen_k(std::int64_t b) const { return std::int64_t{seqlens[b]} + seqlen_new; }
+  Mask mask(std::int64_t b) const { return rule.for_sequence(b).mask(seqlen_q, seqlen_k(b)); }
+  // Element offset of key `pos` of sequence b, kv head 0, in a cache view with t's strides.
+  std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t pos) const {
+    return cache_row_offset(b, pos, t.strides[0], t.strides[1], paged ? block_table : nullptr, bt_stride, page_size);
+  }
+};
+
+// Checks every argument (see include/attn/decode.hpp) and throws std::invalid_argument on the first
+// bad one; writes nothing.
+DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
+                              const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse);
+
+// Checks every argument (see include/attn/decode.hpp) and throws std::invalid_argument on the first
+// bad one; writes nothing. Reads seqlens and block_table, so they must be host memory.
+DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
+                              const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse);
+
+}  // namespace attn::detail

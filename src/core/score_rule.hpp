@@ -1,0 +1,87 @@
+// The score rule: everything that turns a dot product q . k into a softmax logit, and which keys a
+// query sees. It is resolved once from AttentionOptions (resolve_options, core/validate.cpp) and carried
+// unchanged to every kernel -- reference, tiled, split-K, varlen, decode, and the CUDA kernels (host +
+// device, like online_softmax.hpp). A new score transform is a field here, its resolution and its
+// tests, and each kernel's use of `logit` or of the fields it vectorises.
+//
+// Window arithmetic saturates: a window wider than any sequence is "unbounded on that side", so
+// window_left = window_right = INT64_MAX means the same as -1 and never overflows.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
+
+namespace attn::detail {
+
+struct Mask;
+
+struct ScoreRule {
+  double scale = 1;                     // multiplies q . k (finite)
+  double softcap = 0;                   // s = softcap tanh(s / softcap); 0 = off
+  std::int64_t window_left = -1;        // -1 = unbounded
+  std::int64_t window_right = -1;       // -1 = unbounded; causal is folded in as 0
+  const float* alibi_slopes = nullptr;  // slope of (b, h) = alibi_slopes[b * alibi_batch_stride + h]
+  std::int64_t alibi_batch_stride = 0;  // 0: one set of slopes for the whole batch
+
+  // Whether any transform beyond the scale applies (kernels pick their fast path on it).
+  ATTN_HOST_DEVICE bool transforms_scores() const { return softcap > 0 || alibi_slopes != nullptr; }
+  ATTN_HOST_DEVICE float alibi_slope(std::int64_t b, std::int64_t h) const {
+    return alibi_slopes ? alibi_slopes[b * alibi_batch_stride + h] : 0.0f;
+  }
+  // The rule of sequence b of a batch, as a batch of one (varlen's and decode's per-sequence problems).
+  ATTN_HOST_DEVICE ScoreRule for_sequence(std::int64_t b) const {
+    ScoreRule r = *this;
+    if (alibi_slopes) r.alibi_slopes = alibi_slopes + b * alibi_batch_stride;
+    r.alibi_batch_stride = 0;
+    return r;
+  }
+  // The logit of a visible key: scaled, soft-capped, then ALiBi-biased by `slope` times the distance
+  // of key j from query i's diagonal position.
+  template <class A>
+  ATTN_HOST_DEVICE A logit(A dot, std::int64_t distance, A slope) const {
+    A s = dot * static_cast<A>(scale);
+    if (softcap > 0) s = static_cast<A>(softcap) * std::tanh(s / static_cast<A>(softcap));
+    if (slope != A(0)) s -= slope * static_cast<A>(distance < 0 ? -distance : distance);
+    return s;
+  }
+  ATTN_HOST_DEVICE Mask mask(std::int64_t seqlen_q, std::int64_t seqlen_k) const;
+};
+
+// The rule applied to one (seqlen_q, seqlen_k) pair. Query i sees exactly the keys
+// [first_key(i), end_key(i)); both are non-decreasing in i. Masks are aligned to the bottom-right
+// corner (flash-attn >= 2.1): query i sits at key position diagonal(i) = i + seqlen_k - seqlen_q.
+// A fully masked row has first_key(i) >= end_key(i).
+struct Mask {
+  std::int64_t seqlen_q, seqlen_k;
+  ScoreRule rule;
+
+  ATTN_HOST_DEVICE std::int64_t diagonal(std::int64_t i) const { return seqlen_k - (seqlen_q - i); }
+  ATTN_HOST_DEVICE std::int64_t first_key(std::int64_t i) const {
+    const std::int64_t diag = diagonal(i);  // in [-seqlen_q, seqlen_k]: no overflow below
+    if (rule.window_left < 0 || rule.window_left >= diag) return 0;
+    return diag - rule.window_left < seqlen_k ? diag - rule.window_left : seqlen_k;
+  }
+  ATTN_HOST_DEVICE std::int64_t end_key(std::int64_t i) const {
+    const std::int64_t diag = diagonal(i);
+    // diag + window_right + 1 >= seqlen_k, written so that a huge window cannot overflow.
+    if (rule.window_right < 0 || rule.window_right >= seqlen_k - diag - 1) return seqlen_k;
+    return diag + rule.window_right + 1 > 0 ? diag + rule.window_right + 1 : 0;
+  }
+  ATTN_HOST_DEVICE std::int64_t visible_count(std::int64_t i) const {
+    const std::int64_t n = end_key(i) - first_key(i);
+    return n > 0 ? n : 0;
+  }
+  // The logit of visible key j for query i (ScoreRule::logit at this pair's distance).
+  template <class A>
+  ATTN_HOST_DEVICE A score(A dot, std::int64_t i, std::int64_t j, A slope) const {
+    return rule.logit(dot, diagonal(i) - j, slope);
+  }
+};
+
+ATTN_HOST_DEVICE inline Mask ScoreRule::mask(std::int64_t seqlen_q, std::int64_t seqlen_k) const {
+  return {seqlen_q, seqlen_k, *this};
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,30 @@
+// The in-place append of k_new/v_new into the cache, after validation (CPU; the CUDA backend appends
+// in its decode launch).
+#include <cstring>
+#include <utility>
+
+#include "decode/decode_internal.hpp"
+
+namespace attn::detail {
+
+void append_kv(const DecodeProblem& p) {
+  if (!p.k_new || p.seqlen_new == 0) return;
+  const std::size_t es = dtype_size(p.cache_dtype);
+  for (auto [src, dst] : {std::pair{p.k_new, &p.k}, {p.v_new, &p.v}}) {
+    auto* base = static_cast<unsigned char*>(dst->data);
+    const auto* from = static_cast<const unsigned char*>(src->data);
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t t = 0; t < p.seqlen_new; ++t) {
+        const std::int64_t row = p.row_offset(*dst, b, p.seqlens[b] + t);
+        for (std::int64_t g = 0; g < p.kv_heads; ++g) {
+          unsigned char* to = base + (row + g * dst->strides[2]) * static_cast<std::int64_t>(es);
+          const std::int64_t s0 = b * src->strides[0] + t * src->strides[1] + g * src->strides[2];
+          for (std::int64_t c = 0; c < p.head_dim; ++c)
+            std::memcpy(to + c * static_cast<std::int64_t>(es),
+                        from + (s0 + c * src->strides[3]) * static_cast<std::int64_t>(es), es);
+        }
+      }
+  }
+}
+
+}  // namespace attn::detail

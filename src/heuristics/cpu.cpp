@@ -1,0 +1,72 @@
+// The CPU backend's heuristics, each with the reason for its numbers: the tiled kernel's tile sizes
+// (plan_tiles) and decode's split count (decode_num_splits). Both are functions of the problem and the
+// machine's cache sizes only, never of the thread count, so results do not depend on threads.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "attn/attention.hpp"
+#include "attn/decode.hpp"
+#include "core/problem.hpp"
+
+namespace attn {
+namespace {
+
+std::int64_t cache_bytes(int name, std::int64_t fallback) {
+  const long v = sysconf(name);
+  return v > 0 ? v : fallback;
+}
+std::int64_t l2_cache_bytes() {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  return cache_bytes(_SC_LEVEL2_CACHE_SIZE, 1 << 20);
+#else
+  return 1 << 20;  // when the OS does not say
+#endif
+}
+
+}  // namespace
+
+TilePlan plan_tiles(std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t head_dim, DType dtype,
+                    const TileOptions& tiles) {
+  const char* who = "attn::plan_tiles";
+  detail::validate_tiles(who, tiles);
+  if (head_dim < 1) detail::fail(who, "head_dim", "must be >= 1, got " + std::to_string(head_dim));
+  // The rule (docs/prefill.md, "Tile sizes"), in accumulator bytes (8 for f64, 4 otherwise):
+  //  * B_c: the packed K_j and V_j tiles (2 B_c d) take at most a quarter of L2, so they stay resident
+  //    while every query row of the tile is scored against them: a multiple of 16 in [16, 512].
+  //  * B_r: every query tile re-reads the whole K and V of its head (rows a head stride apart, each
+  //    key row a cache miss that prefetching only hides), so B_r should be as large as the task's
+  //    working set allows: Q^T and O (B_r d each), the score tile (B_r B_c) and K_j, V_j (2 B_c d)
+  //    together fill L2, B_r = (L2 / acc - 2 B_c d) / (2 d + B_c), a multiple of 16 in [16, 512].
+  //    (The score micro-kernel walks Q^T in 64-query slices, so L1 does not bound B_r.) On a 1 MiB
+  //    L2: 384 for d = 128 f32, 304 for d = 64 and 256. Measured, d = 128 f32 seq 8192, 2 threads:
+  //    B_r 128 -> 384 raised 146 to 173 GFLOP/s (`attn bench prefill --q-tile`); d = 64 is flat.
+  //  With GQA the B_r rows are shared by the group's query heads (stacked, so K_j, V_j are packed once).
+  const std::int64_t acc = dtype == DType::f64 ? 8 : 4;
+  std::int64_t bc = l2_cache_bytes() / 4 / (2 * head_dim * acc);
+  bc = std::clamp<std::int64_t>(bc / 16 * 16, 16, 512);
+  std::int64_t br = (l2_cache_bytes() / acc - 2 * bc * head_dim) / (2 * head_dim + bc);
+  br = std::clamp<std::int64_t>(br / 16 * 16, 16, 512);
+  TilePlan plan{tiles.q_tile.value_or(br), tiles.k_tile.value_or(bc)};
+  // A tile larger than the sequence is the whole sequence.
+  plan.q_tile = std::min(plan.q_tile, std::max<std::int64_t>(seqlen_q, 1));
+  plan.k_tile = std::min(plan.k_tile, std::max<std::int64_t>(seqlen_k, 1));
+  return plan;
+}
+
+std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
+                               DType cache_dtype) {
+  if (keys <= 0) return 1;
+  constexpr double kSliceBytes = 2.0 * 1024 * 1024;  // K and V read per slice, all kv heads
+  constexpr std::int64_t kMinItems = 32, kMinKeys = 128;
+  const double bytes = 2.0 * static_cast<double>(keys) * static_cast<double>(kv_heads * head_dim) *
+                       static_cast<double>(dtype_size(cache_dtype));
+  const auto by_bytes = static_cast<std::int64_t>(std::min(1e15, std::ceil(bytes / kSliceBytes)));
+  const std::int64_t for_items =
+      std::min((kMinItems + batch - 1) / std::max<std::int64_t>(1, batch), std::max<std::int64_t>(1, keys / kMinKeys));
+  return std::clamp<std::int64_t>(std::max(by_bytes, for_items), 1, keys);
+}
+
+}  // namespace attn
