@@ -111,3 +111,20 @@ TEST(OnlineSoftmax, FullyMaskedTileLeavesStateAndFinalizesToZero) {
 
 }  // namespace
 }  // namespace attn
+
+// Maxima equal up to their sign (+0 and -0) must not make the merged m (and so the LSE) depend on
+// the order: EXPECT_EQ above treats +0 and -0 as equal, so compare the bits.
+TEST(OnlineSoftmax, MergeIsCommutativeBitwiseForSignedZeroMaxima) {
+  attn::PartialState<double> a(2), b(2);
+  a.m = 0.0;
+  a.l = 1;
+  a.o = {1, 2};
+  b.m = -0.0;
+  b.l = 1;
+  b.o = {3, 4};
+  const auto ab = attn::merged(a, b), ba = attn::merged(b, a);
+  EXPECT_EQ(std::signbit(ab.m), std::signbit(ba.m));
+  EXPECT_FALSE(std::signbit(ab.m));
+  EXPECT_EQ(ab.l, ba.l);
+  EXPECT_EQ(ab.o, ba.o);
+}

@@ -103,7 +103,8 @@ template <class Acc>
 ATTN_HOST_DEVICE inline void merge(RowState<Acc> a, const RowState<Acc>& b) {
   if (is_poisoned(a)) return;
   if (is_poisoned(b)) return poison(a);
-  const Acc m = *a.m > *b.m ? *a.m : *b.m;
+  // Equal maxima that differ only in sign (+0 and -0) give +0, so that merge is bitwise commutative.
+  const Acc m = *a.m > *b.m ? *a.m : *b.m > *a.m ? *b.m : *a.m == Acc(0) ? Acc(0) : *a.m;
   if (m == -std::numeric_limits<Acc>::infinity()) return;  // both neutral
   const Acc fa = rescale_factor(*a.m, m);
   const Acc fb = rescale_factor(*b.m, m);

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/checked.hpp"
 #include "core/element.hpp"
 #include "core/problem.hpp"
 #include "core/validate.hpp"
@@ -121,9 +122,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
       fail(who, "cache.block_table_stride",
            "must be >= max_pages (" + str(cache.max_pages) + ") or 0, got " + str(cache.block_table_stride));
     std::int64_t extent = 0;
-    if (__builtin_mul_overflow(batch - 1, bt_stride, &extent) ||
-        __builtin_add_overflow(extent, cache.max_pages, &extent) || extent > (std::int64_t{1} << 60) ||
-        __builtin_mul_overflow(cache.max_pages, page_size, &capacity))
+    if (!checked_mul(batch - 1, bt_stride, extent) || !checked_add(extent, cache.max_pages, extent) ||
+        extent > (std::int64_t{1} << 60) || !checked_mul(cache.max_pages, page_size, capacity))
       fail(who, "cache.block_table", "sizes overflow");
     sbt = int32_span(cache.block_table, extent);
   }
@@ -131,13 +131,14 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t n = cache.seqlens[b];
     if (n < 0) fail(who, "cache.seqlens", "must be >= 0, got seqlens[" + str(b) + "] = " + str(n));
-    if (n + seqlen_new > capacity)
+    if (saturating_add(n, seqlen_new) > capacity)
       fail(who, "cache.seqlens",
            "seqlens[" + str(b) + "] + seqlen_new (" + str(n) + " + " + str(seqlen_new) +
                ") exceeds the cache capacity (" + str(capacity) +
                (paged ? " = max_pages x page_size)" : " = max_seqlen)"));
     if (paged) {
-      const std::int64_t pages = (n + seqlen_new + page_size - 1) / page_size;
+      const std::int64_t keys = n + seqlen_new;  // <= capacity: no overflow
+      const std::int64_t pages = keys / page_size + (keys % page_size != 0);
       for (std::int64_t j = 0; j < pages; ++j) {
         const std::int64_t e = cache.block_table[b * bt_stride + j];
         if (e < 0 || e >= num_pages)

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/checked.hpp"
 #include "core/problem.hpp"
 #include "core/validate.hpp"
 
@@ -58,13 +59,15 @@ Span check_view(std::string_view who, std::string_view arg, const TensorView& t,
       fail(who, arg, "stride[" + std::to_string(i) + "] must be >= 0, got " + std::to_string(t.strides[i]));
     if (t.shape[i] == 0) empty = true;
     std::int64_t term = 0;
-    if (__builtin_mul_overflow(numel, t.shape[i], &numel) ||
-        __builtin_mul_overflow(t.shape[i] > 0 ? t.shape[i] - 1 : 0, t.strides[i], &term) ||
-        __builtin_add_overflow(max_offset, term, &max_offset))
+    if (!checked_mul(numel, t.shape[i], numel) ||
+        !checked_mul(t.shape[i] > 0 ? t.shape[i] - 1 : 0, t.strides[i], term) ||
+        !checked_add(max_offset, term, max_offset))
       fail(who, arg, "sizes overflow (shape x strides exceeds 2^63 elements)");
   }
   std::int64_t bytes = 0;
-  if (__builtin_mul_overflow(max_offset + 1, static_cast<std::int64_t>(dtype_size(t.dtype)), &bytes))
+  std::int64_t extent = 0;  // elements from the first to one past the last
+  if (!checked_add(max_offset, 1, extent) ||
+      !checked_mul(extent, static_cast<std::int64_t>(dtype_size(t.dtype)), bytes))
     fail(who, arg, "sizes overflow (extent exceeds 2^63 bytes)");
   if (empty) return {};
   if (t.data == nullptr) fail(who, arg, "data pointer is null");

@@ -15,6 +15,7 @@
 #include "cuda/heuristics.hpp"
 #include "cuda/layout.hpp"
 #include "cuda/params.hpp"
+#include "core/checked.hpp"
 #include "core/decode_problem.hpp"
 
 namespace attn::cuda_detail {
@@ -167,8 +168,18 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
 
 std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
                                std::int64_t seqlen_q) {
-  const std::int64_t rows = heads / std::max<std::int64_t>(1, kv_heads) * seqlen_q;
-  const std::int64_t blocks = batch * kv_heads * ((rows + 15) / 16);
+  const char* who = "attn::cuda::decode_num_splits";
+  for (auto [name, x] : {std::pair<const char*, std::int64_t>{"batch", batch},
+                         {"heads", heads},
+                         {"kv_heads", kv_heads},
+                         {"seqlen_q", seqlen_q}})
+    if (x < 1) fail(who, name, "must be >= 1, got " + std::to_string(x));
+  if (heads % kv_heads != 0)
+    fail(who, "heads",
+         "must be a multiple of kv_heads (" + std::to_string(kv_heads) + "), got " + std::to_string(heads));
+  using detail::saturating_mul;
+  const std::int64_t rows = saturating_mul(heads / kv_heads, seqlen_q);
+  const std::int64_t blocks = saturating_mul(saturating_mul(batch, kv_heads), rows / 16 + (rows % 16 != 0));
   return cuda_detail::gpu_num_splits(max_keys, blocks, sm_count());
 }
 

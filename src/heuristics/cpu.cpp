@@ -9,6 +9,7 @@
 
 #include "attn/attention.hpp"
 #include "attn/decode.hpp"
+#include "core/checked.hpp"
 #include "core/problem.hpp"
 
 namespace attn {
@@ -32,7 +33,12 @@ TilePlan plan_tiles(std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t h
                     const TileOptions& tiles) {
   const char* who = "attn::plan_tiles";
   detail::validate_tiles(who, tiles);
+  if (seqlen_q < 0) detail::fail(who, "seqlen_q", "must be >= 0, got " + std::to_string(seqlen_q));
+  if (seqlen_k < 0) detail::fail(who, "seqlen_k", "must be >= 0, got " + std::to_string(seqlen_k));
   if (head_dim < 1) detail::fail(who, "head_dim", "must be >= 1, got " + std::to_string(head_dim));
+  if (static_cast<unsigned>(dtype) > static_cast<unsigned>(DType::f16))
+    detail::fail(who, "dtype",
+                 "must be f64, f32, bf16 or f16, got code " + std::to_string(static_cast<unsigned>(dtype)));
   // The rule (docs/prefill.md, "Tile sizes"), in accumulator bytes (8 for f64, 4 otherwise):
   //  * B_c: the packed K_j and V_j tiles (2 B_c d) take at most a quarter of L2, so they stay resident
   //    while every query row of the tile is scored against them: a multiple of 16 in [16, 512].
@@ -45,9 +51,12 @@ TilePlan plan_tiles(std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t h
   //    B_r 128 -> 384 raised 146 to 173 GFLOP/s (`attn bench prefill --q-tile`); d = 64 is flat.
   //  With GQA the B_r rows are shared by the group's query heads (stacked, so K_j, V_j are packed once).
   const std::int64_t acc = dtype == DType::f64 ? 8 : 4;
-  std::int64_t bc = l2_cache_bytes() / 4 / (2 * head_dim * acc);
+  // Saturating: a head_dim too large for any tile to fit gives the smallest tiles, not an overflow.
+  using detail::saturating_add, detail::saturating_mul;
+  std::int64_t bc = l2_cache_bytes() / 4 / saturating_mul(2 * acc, head_dim);
   bc = std::clamp<std::int64_t>(bc / 16 * 16, 16, 512);
-  std::int64_t br = (l2_cache_bytes() / acc - 2 * bc * head_dim) / (2 * head_dim + bc);
+  std::int64_t br =
+      (l2_cache_bytes() / acc - saturating_mul(2 * bc, head_dim)) / saturating_add(2 * bc, saturating_mul(2, head_dim));
   br = std::clamp<std::int64_t>(br / 16 * 16, 16, 512);
   TilePlan plan{tiles.q_tile.value_or(br), tiles.k_tile.value_or(bc)};
   // A tile larger than the sequence is the whole sequence.
@@ -58,14 +67,21 @@ TilePlan plan_tiles(std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t h
 
 std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
                                DType cache_dtype) {
+  const char* who = "attn::decode_num_splits";
+  if (batch < 1) detail::fail(who, "batch", "must be >= 1, got " + std::to_string(batch));
+  if (kv_heads < 1) detail::fail(who, "kv_heads", "must be >= 1, got " + std::to_string(kv_heads));
+  if (head_dim < 1) detail::fail(who, "head_dim", "must be >= 1, got " + std::to_string(head_dim));
+  if (static_cast<unsigned>(cache_dtype) > static_cast<unsigned>(DType::f16))
+    detail::fail(who, "cache_dtype",
+                 "must be f64, f32, bf16 or f16, got code " + std::to_string(static_cast<unsigned>(cache_dtype)));
   if (keys <= 0) return 1;
   constexpr double kSliceBytes = 2.0 * 1024 * 1024;  // K and V read per slice, all kv heads
   constexpr std::int64_t kMinItems = 32, kMinKeys = 128;
-  const double bytes = 2.0 * static_cast<double>(keys) * static_cast<double>(kv_heads * head_dim) *
+  const double bytes = 2.0 * static_cast<double>(keys) * static_cast<double>(kv_heads) * static_cast<double>(head_dim) *
                        static_cast<double>(dtype_size(cache_dtype));
   const auto by_bytes = static_cast<std::int64_t>(std::min(1e15, std::ceil(bytes / kSliceBytes)));
   const std::int64_t for_items =
-      std::min((kMinItems + batch - 1) / std::max<std::int64_t>(1, batch), std::max<std::int64_t>(1, keys / kMinKeys));
+      std::min(detail::saturating_add(kMinItems - 1, batch) / batch, std::max<std::int64_t>(1, keys / kMinKeys));
   return std::clamp<std::int64_t>(std::max(by_bytes, for_items), 1, keys);
 }
 
