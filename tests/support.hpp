@@ -1,11 +1,23 @@
-// Test helpers: random tensors in flash-attn's layout, views over them, and error measures.
+// Test helpers: random tensors in flash-attn's layout, views over them, error measures, and a run of a
+// test once per SIMD target.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
 #include <vector>
+
+#include <hwy/targets.h>
 
 #include "attn/attention.hpp"
 #include "core/element.hpp"
@@ -89,5 +101,139 @@ inline double lse_diff(const std::vector<double>& a, const std::vector<double>& 
   }
   return m;
 }
+
+// ---- SIMD targets ----
+// libattn's Highway kernels are compiled once per target of HWY_TARGETS (as this file sees it: same
+// compiler and flags) minus the targets a kernel leaves out, and dispatch at run time to the best
+// target the CPU supports. Tests pin the dispatch to one target at a time with Highway's
+// SetSupportedTargetsForTest, so that an AVX-512 machine also tests the AVX2, SSE4 and scalar code.
+//
+// ATTN_ISA (optional): a comma-separated list of target names as hwy::TargetName spells them, in any
+// case (avx3_dl, avx3, avx2, sse4, ssse3, and emu128 or scalar, whichever this Highway build has),
+// pins every test of the binary to those targets: the per-target loops run only those (and fail when
+// a kernel was compiled for none of them), every other test dispatches to the best of them.
+
+// The targets of HWY_TARGETS that this CPU supports, read before anything is pinned (isa_targets(),
+// which every pin calls first, reads it).
+inline std::int64_t cpu_targets() {
+  static const std::int64_t mask = hwy::SupportedTargets() & HWY_TARGETS;
+  return mask;
+}
+
+// " AVX2 SSE4" for a mask of target bits, best first.
+inline std::string target_names(std::int64_t mask) {
+  std::string s;
+  for (std::int64_t t = mask; t != 0; t &= t - 1) s += std::string(" ") + hwy::TargetName(t & -t);
+  return s;
+}
+
+// The targets ATTN_ISA names, restricted to cpu_targets(); 0 when it is unset or empty. A name that
+// is no target, or a list the CPU runs none of, throws std::invalid_argument.
+inline std::int64_t isa_targets() {
+  static const std::int64_t mask = [] {
+    cpu_targets();
+    const char* env = std::getenv("ATTN_ISA");
+    if (env == nullptr || *env == '\0') return std::int64_t{0};
+    std::int64_t named = 0;
+    const std::string list = env;
+    for (std::size_t at = 0; at <= list.size();) {
+      const std::size_t end = std::min(list.find(',', at), list.size());
+      const std::string word = list.substr(at, end - at);
+      std::string upper = word;
+      for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      std::int64_t bit = 0;
+      for (std::int64_t t = HWY_TARGETS; t != 0 && bit == 0; t &= t - 1)
+        if (upper == hwy::TargetName(t & -t)) bit = t & -t;
+      if (bit == 0)
+        throw std::invalid_argument("ATTN_ISA: '" + word +
+                                    "' is none of the targets compiled here:" + target_names(HWY_TARGETS));
+      named |= bit;
+      at = end + 1;
+    }
+    if ((named & cpu_targets()) == 0)
+      throw std::invalid_argument(std::string("ATTN_ISA=") + env + ": this CPU runs none of these targets");
+    return named & cpu_targets();
+  }();
+  return mask;
+}
+
+// While alive, Highway dispatches to `target` (a single target bit) only; afterwards back to the
+// targets ATTN_ISA allows, or to every supported one. RAII, so that a test that throws does not
+// leave the next test pinned. (Highway has no getter for the pin: these scopes do not nest.)
+class PinTarget {
+ public:
+  explicit PinTarget(std::int64_t target) {
+    isa_targets();  // reads the CPU's targets, the first time, while nothing is pinned yet
+    hwy::SetSupportedTargetsForTest(target);
+  }
+  ~PinTarget() { hwy::SetSupportedTargetsForTest(isa_targets()); }
+  PinTarget(const PinTarget&) = delete;
+  PinTarget& operator=(const PinTarget&) = delete;
+};
+
+// The targets to test a kernel on: those this CPU supports (and ATTN_ISA allows) that the kernel was
+// compiled for, best first. `dispatched` returns the target the kernel's own dispatch picks now (e.g.
+// detail::tiled_target); with it, a target the kernel leaves out (its dispatch falls back to another
+// one) is skipped. nullptr: the kernel is compiled for every target of HWY_TARGETS. The first call per
+// kernel name prints the list, and what was skipped, to stdout.
+inline std::vector<std::int64_t> simd_targets(const char* kernel, std::int64_t (*dispatched)() = nullptr) {
+  const std::int64_t allowed = isa_targets() != 0 ? isa_targets() : cpu_targets();
+  std::vector<std::int64_t> run;
+  std::int64_t ran = 0, skipped = 0;
+  for (std::int64_t t = allowed; t != 0; t &= t - 1) {
+    const std::int64_t target = t & -t;  // lower bits are the better targets
+    bool compiled = true;
+    if (dispatched != nullptr) {
+      const PinTarget pin(target);
+      compiled = dispatched() == target;
+    }
+    if (compiled) {
+      run.push_back(target);
+      ran |= target;
+    } else {
+      skipped |= target;
+    }
+  }
+  static std::mutex mu;
+  static std::set<std::string> printed;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (printed.insert(kernel).second)
+    std::printf("[  TARGETS ] %s:%s%s%s\n", kernel, target_names(ran).c_str(), skipped ? "; not compiled in:" : "",
+                target_names(skipped).c_str());
+  return run;
+}
+
+// f(target) once per target of simd_targets(kernel, dispatched), with the dispatch pinned to it and
+// every failure inside naming it. Fails if there is no target at all.
+template <class F>
+void for_each_simd_target(const char* kernel, std::int64_t (*dispatched)(), F&& f) {
+  const std::vector<std::int64_t> targets = simd_targets(kernel, dispatched);
+  EXPECT_FALSE(targets.empty()) << kernel << ": no SIMD target to test"
+                                << (isa_targets() != 0 ? " among ATTN_ISA's" + target_names(isa_targets()) : "");
+  for (const std::int64_t target : targets) {
+    SCOPED_TRACE(::testing::Message() << "SIMD target " << hwy::TargetName(target));
+    const PinTarget pin(target);
+    if (dispatched != nullptr) ASSERT_EQ(dispatched(), target) << kernel << " did not dispatch to the pinned target";
+    f(target);
+  }
+}
+
+// Registered by every test binary that includes this file: with ATTN_ISA set, every test runs pinned to
+// its targets (an ATTN_ISA that names nothing runnable fails the run before any test).
+class IsaEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    try {
+      if (isa_targets() != 0) {
+        hwy::SetSupportedTargetsForTest(isa_targets());
+        std::printf("[  TARGETS ] ATTN_ISA=%s: every test dispatches to%s\n", std::getenv("ATTN_ISA"),
+                    target_names(isa_targets()).c_str());
+      }
+    } catch (const std::invalid_argument& e) {
+      FAIL() << e.what();
+    }
+  }
+};
+inline ::testing::Environment* const isa_environment = ::testing::AddGlobalTestEnvironment(new IsaEnvironment);
 
 }  // namespace attn::test

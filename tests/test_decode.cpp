@@ -244,11 +244,11 @@ TEST(Decode, AppendWritesTheNewKeysAndNothingElse) {
 }
 
 // flash-attn's accuracy rule (tests/test_features.cpp): error against the f64 oracle at most twice the
-// textbook method's at the same precision, plus `slack`. With `targets`, the kernel runs once per SIMD
-// target (hwy target bits), each against the same oracle; without, on the best target.
+// textbook method's at the same precision, plus `slack`. With `every_target`, the kernel runs once per
+// SIMD target (test::for_each_simd_target), each against the same oracle; without, on the best target.
 template <class T, class Q = T>
 void check_precision(std::int64_t page, double slack, std::int64_t h = 8, std::int64_t hk = 2, std::int64_t d = 64,
-                     const std::vector<std::int64_t>& targets = {0}) {
+                     bool every_target = false) {
   Scenario<T, Q> s(2, 2, h, hk, d, {700, 129}, page, 1, 5, 7);
   for (bool causal : {false, true}) {
     AttentionOptions o;
@@ -256,17 +256,18 @@ void check_precision(std::int64_t page, double slack, std::int64_t h = 8, std::i
     const auto oracle = s.template reference<double>(o);
     using Textbook = std::conditional_t<std::is_same_v<Q, float>, float, T>;
     const double base = max_abs_diff(s.template reference<Textbook>(o), oracle);
-    for (const std::int64_t target : targets) {
-      if (target != 0) hwy::SetSupportedTargetsForTest(target);
+    auto check = [&](const char* target) {
       std::vector<Q> out;
       Scenario<T, Q> fresh = s;
       fresh.run(out, o, 0);
-      if (target != 0) hwy::SetSupportedTargetsForTest(0);
       const double err = max_abs_diff(out, oracle);
-      EXPECT_LE(err, 2 * base + slack) << (target != 0 ? hwy::TargetName(target) : "best target") << " causal "
-                                       << causal << " h " << h << "/" << hk << " d " << d << " err " << err
-                                       << " textbook " << base;
-    }
+      EXPECT_LE(err, 2 * base + slack) << target << " causal " << causal << " h " << h << "/" << hk << " d " << d
+                                       << " err " << err << " textbook " << base;
+    };
+    if (every_target)
+      test::for_each_simd_target("decode", nullptr, [&](std::int64_t target) { check(hwy::TargetName(target)); });
+    else
+      check("best target");
   }
 }
 
@@ -289,13 +290,11 @@ TEST(Decode, EverySimdTargetMeetsTheAccuracyRule) {
     std::int64_t h, hk, d;
   };
   const Shape shapes[] = {{8, 2, 64}, {12, 4, 128}, {3, 3, 80}, {2, 2, 256}};
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  EXPECT_GE(targets.size(), 1u);
   for (const Shape& x : shapes) {
-    check_precision<float>(0, 1e-6, x.h, x.hk, x.d, targets);
-    check_precision<bf16_t>(16, 1e-3, x.h, x.hk, x.d, targets);
-    check_precision<f16_t>(0, 1e-4, x.h, x.hk, x.d, targets);
-    check_precision<bf16_t, float>(0, 1e-6, x.h, x.hk, x.d, targets);
+    check_precision<float>(0, 1e-6, x.h, x.hk, x.d, true);
+    check_precision<bf16_t>(16, 1e-3, x.h, x.hk, x.d, true);
+    check_precision<f16_t>(0, 1e-4, x.h, x.hk, x.d, true);
+    check_precision<bf16_t, float>(0, 1e-6, x.h, x.hk, x.d, true);
   }
 }
 

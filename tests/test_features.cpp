@@ -1,9 +1,11 @@
-// Masks, GQA/MQA, strides, odd sizes and reduced precision, for every algorithm.
+// Masks, GQA/MQA, strides, odd sizes and reduced precision, for every algorithm (the tiled kernel on
+// every SIMD target it was compiled for and the CPU supports).
 #include <gtest/gtest.h>
 
 #include <functional>
 
 #include "support.hpp"
+#include "tiled/tiled_kernel.hpp"
 
 namespace attn {
 namespace {
@@ -86,13 +88,16 @@ TEST_P(Semantics, EveryAlgorithmMatchesTheNaiveDefinition) {
   AttentionOptions o = test::options_of(s, 0.25f, slopes);
   std::vector<double> want_lse;
   const auto want = naive(q, k, v, o, &want_lse);
-  for (Algo a : {Algo::reference, Algo::tiled, Algo::splitk}) {
+  auto check = [&](Algo a) {
     std::vector<double> out(q.data.size(), 42.0), lse(want_lse.size(), 42.0);
     TensorView lv = TensorView::contiguous(lse.data(), s.b, s.h, s.sq);
     run(a, q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), s.b, s.sq, s.h, s.d), o, &lv);
     EXPECT_LE(max_abs_diff(out, want), 1e-12) << name(a);
     EXPECT_LE(test::lse_diff(lse, want_lse), 1e-12) << name(a);
-  }
+  };
+  check(Algo::reference);
+  test::for_each_simd_target("tiled", detail::tiled_target, [&](std::int64_t) { check(Algo::tiled); });
+  check(Algo::splitk);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -189,11 +194,13 @@ void check_precision(double slack) {
     std::vector<T> textbook(q.data.size());
     attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), B, SQ, H, D), o);
     const double base = max_abs_diff(textbook, oracle);
-    for (Algo a : {Algo::tiled, Algo::splitk}) {
+    auto check = [&](Algo a) {
       std::vector<T> out(q.data.size());
       run(a, q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), B, SQ, H, D), o, nullptr, 32, 7);
       EXPECT_LE(max_abs_diff(out, oracle), 2 * base + slack) << name(a) << " causal " << causal << " base " << base;
-    }
+    };
+    test::for_each_simd_target("tiled", detail::tiled_target, [&](std::int64_t) { check(Algo::tiled); });
+    check(Algo::splitk);
   }
 }
 

@@ -2,18 +2,28 @@
 // accuracy rule (at most twice the textbook method's error at the same precision), forcing each code
 // path: each head-dim register block (64, 80, 96, 128, 256) and odd head dims, each dtype, sequence
 // lengths that leave tails in both tile directions, the default and explicit tile sizes, GQA stacking,
-// masks, soft-capping, ALiBi, LSE, and 1 vs 2 threads.
+// masks, soft-capping, ALiBi, LSE, and 1 vs 2 threads. Every test runs on every SIMD target the CPU
+// supports and the kernel was compiled for (test::for_each_simd_target), not only on the one the
+// dispatch picks: AVX3 (bf16 scores with VDPBF16PS where the CPU has AVX512-BF16), AVX2 and SSE4 (bf16
+// widened to f32), and the scalar fallback.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "support.hpp"
+#include "tiled/tiled_kernel.hpp"
 
 namespace attn {
 namespace {
 
 using test::max_abs_diff;
 using test::random_tensor;
+
+// f(target) on each SIMD target of the tiled kernel, the dispatch pinned to it.
+template <class F>
+void on_every_target(F&& f) {
+  test::for_each_simd_target("tiled", detail::tiled_target, f);
+}
 
 struct Case {
   std::int64_t b, sq, sk, h, hk, d;
@@ -71,23 +81,27 @@ void expect_accurate(const Case& c) {
   TensorView tl = TensorView::contiguous(textbook_lse.data(), c.b, c.h, c.sq);
   attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.d), o,
                       &tl);
-  std::vector<T> got(q.data.size());
-  std::vector<float> got_lse(nl, 42.0f);
-  TensorView gl = TensorView::contiguous(got_lse.data(), c.b, c.h, c.sq);
-  attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), c.b, c.sq, c.h, c.d), o, t, &gl);
-
   const double base = max_abs_diff(textbook, oracle);
-  EXPECT_LE(max_abs_diff(got, oracle), 2 * base + slack<T>()) << "textbook error " << base;
-  double lse_base = 0, lse_err = 0;
-  for (std::size_t i = 0; i < nl; ++i) {
-    if (std::isinf(oracle_lse[i])) {  // a row that sees no key: -inf, and out = 0
-      EXPECT_EQ(got_lse[i], -INFINITY) << "row " << i;
-      continue;
+  double lse_base = 0;
+  for (std::size_t i = 0; i < nl; ++i)
+    if (!std::isinf(oracle_lse[i])) lse_base = std::max(lse_base, std::abs(textbook_lse[i] - oracle_lse[i]));
+
+  on_every_target([&](std::int64_t) {
+    std::vector<T> got(q.data.size());
+    std::vector<float> got_lse(nl, 42.0f);
+    TensorView gl = TensorView::contiguous(got_lse.data(), c.b, c.h, c.sq);
+    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), c.b, c.sq, c.h, c.d), o, t, &gl);
+    EXPECT_LE(max_abs_diff(got, oracle), 2 * base + slack<T>()) << "textbook error " << base;
+    double lse_err = 0;
+    for (std::size_t i = 0; i < nl; ++i) {
+      if (std::isinf(oracle_lse[i])) {  // a row that sees no key: -inf, and out = 0
+        EXPECT_EQ(got_lse[i], -INFINITY) << "row " << i;
+        continue;
+      }
+      lse_err = std::max(lse_err, std::abs(got_lse[i] - oracle_lse[i]));
     }
-    lse_base = std::max(lse_base, std::abs(textbook_lse[i] - oracle_lse[i]));
-    lse_err = std::max(lse_err, std::abs(got_lse[i] - oracle_lse[i]));
-  }
-  EXPECT_LE(lse_err, 2 * lse_base + 1e-5) << "lse; textbook error " << lse_base;
+    EXPECT_LE(lse_err, 2 * lse_base + 1e-5) << "lse; textbook error " << lse_base;
+  });
 }
 
 class Prefill : public ::testing::TestWithParam<Case> {};
@@ -125,14 +139,16 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(PrefillThreads, OneAndTwoThreadsGiveIdenticalBits) {
   auto q = random_tensor<float>(2, 200, 4, 96, 1), k = random_tensor<float>(2, 230, 2, 96, 2),
        v = random_tensor<float>(2, 230, 2, 96, 3);
-  std::vector<float> a(q.data.size()), b(q.data.size());
-  AttentionOptions o;
-  o.causal = true;
-  for (auto [threads, out] : {std::pair<int, std::vector<float>*>{1, &a}, {2, &b}}) {
-    o.num_threads = threads;
-    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(out->data(), 2, 200, 4, 96), o);
-  }
-  EXPECT_EQ(a, b);
+  on_every_target([&](std::int64_t) {
+    std::vector<float> a(q.data.size()), b(q.data.size());
+    AttentionOptions o;
+    o.causal = true;
+    for (auto [threads, out] : {std::pair<int, std::vector<float>*>{1, &a}, {2, &b}}) {
+      o.num_threads = threads;
+      attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(out->data(), 2, 200, 4, 96), o);
+    }
+    EXPECT_EQ(a, b);
+  });
 }
 
 // f64 runs the same SIMD kernel (double lanes) and stays exact, in every head-dim block.
@@ -140,13 +156,56 @@ TEST(PrefillF64, ExactToTheReferenceForEveryHeadDimBlock) {
   for (std::int64_t d : {1, 7, 64, 80, 96, 128, 256}) {
     auto q = random_tensor<double>(1, 37, 4, d, 1), k = random_tensor<double>(1, 53, 2, d, 2),
          v = random_tensor<double>(1, 53, 2, d, 3);
-    std::vector<double> want(q.data.size()), got(q.data.size());
+    std::vector<double> want(q.data.size());
     AttentionOptions o;
     o.causal = true;
     o.softcap = 5;
     attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), 1, 37, 4, d), o);
-    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), 1, 37, 4, d), o);
-    EXPECT_LE(max_abs_diff(got, want), 1e-12) << "d=" << d;
+    on_every_target([&](std::int64_t) {
+      std::vector<double> got(q.data.size());
+      attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), 1, 37, 4, d), o);
+      EXPECT_LE(max_abs_diff(got, want), 1e-12) << "d=" << d;
+    });
+  }
+}
+
+// f64, every target: each mask, score transform and GQA ratio, on odd head dims and lengths, through
+// tile sizes from 1 x 1 (every tile a tail, every key tile cut by the mask) to the default plan; out
+// and LSE agree with the reference to 1e-12.
+TEST(PrefillF64, ExactOnEveryTargetForEveryMaskAndTileSize) {
+  const test::Shape shapes[] = {{1, 37, 53, 4, 2, 7, false},         // GQA 2, odd head dim, no mask
+                                {2, 29, 41, 6, 1, 16, true},         // MQA, causal, seqlen_q < seqlen_k
+                                {1, 45, 19, 3, 3, 33, true},         // seqlen_q > seqlen_k: the first rows see nothing
+                                {1, 40, 40, 8, 2, 12, false, 6, 3},  // sliding window, GQA 4
+                                {1, 31, 50, 2, 1, 9, true, 11},      // causal + left window
+                                {1, 23, 23, 2, 2, 5, false, 0, 0},   // one key per row
+                                {2, 33, 47, 4, 2, 24, false, -1, -1, 4.0},        // softcap
+                                {2, 26, 39, 4, 2, 11, true, -1, -1, 0, true},     // ALiBi per batch and head
+                                {1, 35, 57, 6, 2, 20, false, 13, 2, 3.0, true}};  // all together
+  const std::pair<std::int64_t, std::int64_t> tiles[] = {{0, 0}, {1, 1}, {1, 5}, {3, 1}, {5, 7}, {13, 4}, {64, 64}};
+  for (const test::Shape& s : shapes) {
+    auto q = random_tensor<double>(s.b, s.sq, s.h, s.d, 21, 2.0),
+         k = random_tensor<double>(s.b, s.sk, s.hk, s.d, 22, 2.0), v = random_tensor<double>(s.b, s.sk, s.hk, s.d, 23);
+    std::vector<float> slopes;
+    const AttentionOptions o = test::options_of(s, 0.4f, slopes);
+    const std::size_t nl = static_cast<std::size_t>(s.b * s.h * s.sq);
+    std::vector<double> want(q.data.size()), want_lse(nl);
+    const TensorView wl = TensorView::contiguous(want_lse.data(), s.b, s.h, s.sq);
+    attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), s.b, s.sq, s.h, s.d), o, &wl);
+    on_every_target([&](std::int64_t) {
+      for (auto [qt, kt] : tiles) {
+        TileOptions t;
+        if (qt) t.q_tile = qt;
+        if (kt) t.k_tile = kt;
+        std::vector<double> got(q.data.size(), 42.0), lse(nl, 42.0);
+        const TensorView gl = TensorView::contiguous(lse.data(), s.b, s.h, s.sq);
+        attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), s.b, s.sq, s.h, s.d), o, t,
+                        &gl);
+        EXPECT_LE(max_abs_diff(got, want), 1e-12) << "shape " << s.b << "x" << s.sq << "x" << s.sk << " h" << s.h << "/"
+                                                  << s.hk << " d" << s.d << " tiles " << qt << "x" << kt;
+        EXPECT_LE(test::lse_diff(lse, want_lse), 1e-12) << "lse, tiles " << qt << "x" << kt;
+      }
+    });
   }
 }
 
@@ -161,11 +220,13 @@ TEST(PrefillStrides, StridedBf16MatchesContiguous) {
     for (std::size_t i = 0; i < t.data.size(); ++i) buf[2 * i] = t.data[i];
     return TensorView::strided(buf.data(), {1, S, H, D}, {S * H * D * 2, H * D * 2, D * 2, 2});
   };
-  std::vector<bf16_t> qb, kb, vb;
-  std::vector<bf16_t> want(q.data.size()), got(q.data.size());
-  attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), 1, S, H, D));
-  attention_tiled(spread(q, qb), spread(k, kb), spread(v, vb), TensorView::contiguous(got.data(), 1, S, H, D));
-  EXPECT_EQ(max_abs_diff(got, want), 0.0);
+  on_every_target([&](std::int64_t) {
+    std::vector<bf16_t> qb, kb, vb;
+    std::vector<bf16_t> want(q.data.size()), got(q.data.size());
+    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), 1, S, H, D));
+    attention_tiled(spread(q, qb), spread(k, kb), spread(v, vb), TensorView::contiguous(got.data(), 1, S, H, D));
+    EXPECT_EQ(max_abs_diff(got, want), 0.0);
+  });
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // attention_varlen: packed variable-length batches (flash-attn's cu_seqlens layout) give, sequence by
-// sequence, what the reference gives on each sequence alone; bad cu_seqlens are rejected with the
-// argument named and nothing written.
+// sequence, what the reference gives on each sequence alone, on every SIMD target of the tiled kernel
+// it runs; bad cu_seqlens are rejected with the argument named and nothing written.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +9,7 @@
 
 #include "attn/varlen.hpp"
 #include "support.hpp"
+#include "tiled/tiled_kernel.hpp"
 
 namespace attn {
 namespace {
@@ -45,45 +46,48 @@ void check_varlen(const std::vector<std::pair<int, int>>& lens, std::int64_t H, 
     o.alibi_slopes = slopes.data();
     o.alibi_batch_stride = H;
   }
-  using L = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  std::vector<T> got(q.data.size());
-  std::vector<L> got_lse(static_cast<std::size_t>(H * TQ), L(42));
-  TensorView gl = TensorView::contiguous(got_lse.data(), 1, H, TQ);
-  attention_varlen(TensorView::contiguous(q.data.data(), TQ, H, D), TensorView::contiguous(k.data.data(), TK, HK, D),
-                   TensorView::contiguous(v.data.data(), TK, HK, D), TensorView::contiguous(got.data(), TQ, H, D),
-                   p.cu_q.data(), p.cu_k.data(), B, o, {}, &gl);
-  // Each sequence alone, f64 oracle and same-precision textbook, through [1, n, H, D] views.
   auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
-  for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t q0 = p.cu_q[b], nq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], nk = p.cu_k[b + 1] - k0;
-    if (nq == 0) continue;
-    AttentionOptions ob = o;
-    if (alibi) ob.alibi_slopes = slopes.data() + b * H;
-    std::vector<double> oracle(static_cast<std::size_t>(nq * H * D)), olse(static_cast<std::size_t>(H * nq));
-    std::vector<T> textbook(oracle.size());
-    TensorView ol = TensorView::contiguous(olse.data(), 1, H, nq);
-    attention_reference(TensorView::contiguous(q64.data.data() + q0 * H * D, 1, nq, H, D),
-                        TensorView::contiguous(k64.data.data() + k0 * HK * D, 1, nk, HK, D),
-                        TensorView::contiguous(v64.data.data() + k0 * HK * D, 1, nk, HK, D),
-                        TensorView::contiguous(oracle.data(), 1, nq, H, D), ob, &ol);
-    attention_reference(TensorView::contiguous(q.data.data() + q0 * H * D, 1, nq, H, D),
-                        TensorView::contiguous(k.data.data() + k0 * HK * D, 1, nk, HK, D),
-                        TensorView::contiguous(v.data.data() + k0 * HK * D, 1, nk, HK, D),
-                        TensorView::contiguous(textbook.data(), 1, nq, H, D), ob);
-    const std::vector<T> mine(got.begin() + q0 * H * D, got.begin() + (q0 + nq) * H * D);
-    const double base = test::max_abs_diff(textbook, oracle);
-    EXPECT_LE(test::max_abs_diff(mine, oracle), tol_factor * base + (std::is_same_v<T, double> ? 1e-12 : 2e-7))
-        << "sequence " << b;
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t i = 0; i < nq; ++i) {
-        const double want = olse[static_cast<std::size_t>(h * nq + i)];
-        const double have = got_lse[static_cast<std::size_t>(h * TQ + q0 + i)];
-        if (std::isinf(want))
-          EXPECT_EQ(have, want);
-        else
-          EXPECT_NEAR(have, want, (std::is_same_v<T, double> ? 1e-12 : 1e-4)) << "lse b" << b << " h" << h << " i" << i;
-      }
-  }
+  test::for_each_simd_target("tiled", detail::tiled_target, [&](std::int64_t) {
+    using L = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    std::vector<T> got(q.data.size());
+    std::vector<L> got_lse(static_cast<std::size_t>(H * TQ), L(42));
+    TensorView gl = TensorView::contiguous(got_lse.data(), 1, H, TQ);
+    attention_varlen(TensorView::contiguous(q.data.data(), TQ, H, D), TensorView::contiguous(k.data.data(), TK, HK, D),
+                     TensorView::contiguous(v.data.data(), TK, HK, D), TensorView::contiguous(got.data(), TQ, H, D),
+                     p.cu_q.data(), p.cu_k.data(), B, o, {}, &gl);
+    // Each sequence alone, f64 oracle and same-precision textbook, through [1, n, H, D] views.
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t q0 = p.cu_q[b], nq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], nk = p.cu_k[b + 1] - k0;
+      if (nq == 0) continue;
+      AttentionOptions ob = o;
+      if (alibi) ob.alibi_slopes = slopes.data() + b * H;
+      std::vector<double> oracle(static_cast<std::size_t>(nq * H * D)), olse(static_cast<std::size_t>(H * nq));
+      std::vector<T> textbook(oracle.size());
+      TensorView ol = TensorView::contiguous(olse.data(), 1, H, nq);
+      attention_reference(TensorView::contiguous(q64.data.data() + q0 * H * D, 1, nq, H, D),
+                          TensorView::contiguous(k64.data.data() + k0 * HK * D, 1, nk, HK, D),
+                          TensorView::contiguous(v64.data.data() + k0 * HK * D, 1, nk, HK, D),
+                          TensorView::contiguous(oracle.data(), 1, nq, H, D), ob, &ol);
+      attention_reference(TensorView::contiguous(q.data.data() + q0 * H * D, 1, nq, H, D),
+                          TensorView::contiguous(k.data.data() + k0 * HK * D, 1, nk, HK, D),
+                          TensorView::contiguous(v.data.data() + k0 * HK * D, 1, nk, HK, D),
+                          TensorView::contiguous(textbook.data(), 1, nq, H, D), ob);
+      const std::vector<T> mine(got.begin() + q0 * H * D, got.begin() + (q0 + nq) * H * D);
+      const double base = test::max_abs_diff(textbook, oracle);
+      const double slack = std::is_same_v<T, double> ? 1e-12 : std::is_same_v<T, float> ? 2e-7 : 1e-3;
+      EXPECT_LE(test::max_abs_diff(mine, oracle), tol_factor * base + slack) << "sequence " << b;
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < nq; ++i) {
+          const double want = olse[static_cast<std::size_t>(h * nq + i)];
+          const double have = got_lse[static_cast<std::size_t>(h * TQ + q0 + i)];
+          if (std::isinf(want))
+            EXPECT_EQ(have, want);
+          else
+            EXPECT_NEAR(have, want, (std::is_same_v<T, double> ? 1e-12 : 1e-4))
+                << "lse b" << b << " h" << h << " i" << i;
+        }
+    }
+  });
 }
 
 TEST(Varlen, F64ExactPerSequence) {
@@ -94,6 +98,12 @@ TEST(Varlen, F64ExactWithAlibiPerSequence) {
 }
 TEST(Varlen, F32WithinTwiceTheTextbookError) {
   check_varlen<float>({{70, 70}, {3, 200}, {130, 129}, {1, 1}}, 4, 2, 64, true, false, 2);
+}
+TEST(Varlen, Bf16WithinTwiceTheTextbookError) {
+  check_varlen<bf16_t>({{70, 70}, {3, 200}, {130, 129}, {1, 1}}, 4, 2, 64, true, true, 2);
+}
+TEST(Varlen, F16WithinTwiceTheTextbookError) {
+  check_varlen<f16_t>({{40, 90}, {65, 33}, {0, 5}, {17, 17}}, 6, 2, 24, false, false, 2);
 }
 
 struct Bad {

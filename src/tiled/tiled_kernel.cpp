@@ -375,6 +375,8 @@ void RunF16(const std::vector<Problem>& ps, const std::vector<TiledPlan>& pl, co
   RunAll<f16_t>(ps, pl, f, th);
 }
 
+std::int64_t Target() { return HWY_TARGET; }
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attn::detail::tiled_simd
 HWY_AFTER_NAMESPACE();
@@ -386,7 +388,10 @@ HWY_EXPORT(RunF64);
 HWY_EXPORT(RunF32);
 HWY_EXPORT(RunBF16);
 HWY_EXPORT(RunF16);
+HWY_EXPORT(Target);
 }  // namespace tiled_simd
+
+std::int64_t tiled_target() { return HWY_DYNAMIC_DISPATCH(tiled_simd::Target)(); }
 
 void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, int threads) {
   if (problems.empty()) return;

@@ -28,4 +28,8 @@ struct TiledPlan {
 // `threads` threads. Problems have been validated; nothing here throws.
 void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, int threads);
 
+// The SIMD target (a Highway target bit, HWY_AVX2 ...) that run_tiled dispatches to now: the best one
+// this CPU supports among those the kernel was compiled for. For tests that pin each target in turn.
+std::int64_t tiled_target();
+
 }  // namespace attn::detail
