@@ -103,8 +103,7 @@ TEST(OptionExtremes, AnExtentAtTheInt64LimitIsRejectedNamingTheArgument) {
   const TensorView k = TensorView::strided(buf.data() + 8, {1, 2, 1, 4}, {0, kMax, 0, 0});
   const TensorView v = TensorView::contiguous(buf.data() + 16, 1, 2, 1, 4);
   std::vector<double> o(8);
-  const std::string msg =
-      error_of([&] { attention_tiled(q, k, v, TensorView::contiguous(o.data(), 1, 2, 1, 4)); });
+  const std::string msg = error_of([&] { attention_tiled(q, k, v, TensorView::contiguous(o.data(), 1, 2, 1, 4)); });
   EXPECT_NE(msg.find("k: sizes overflow"), std::string::npos) << msg;
   for (double x : o) EXPECT_EQ(x, 0.0);
 }
@@ -127,8 +126,7 @@ TEST(OptionExtremes, SoftcapAndScaleBeyondTheF32RangeAreNamedErrors) {
       EXPECT_NE(error_of([&] { attention_tiled(q.view(), k.view(), v.view(), ov, o); }).find(want), std::string::npos);
       EXPECT_NE(error_of([&] { attention_reference(q.view(), k.view(), v.view(), ov, o); }).find(want),
                 std::string::npos);
-      EXPECT_NE(error_of([&] { attention_splitk(q.view(), k.view(), v.view(), ov, o); }).find(want),
-                std::string::npos);
+      EXPECT_NE(error_of([&] { attention_splitk(q.view(), k.view(), v.view(), ov, o); }).find(want), std::string::npos);
       EXPECT_NE(error_of([&] {
                   attention_decode(q.view(), KVCache{k.view(), v.view(), seqlens.data()}, ov, o);
                 }).find(want),

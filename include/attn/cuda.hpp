@@ -53,7 +53,7 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
 
 // Decode over a contiguous or paged cache (include/attn/decode.hpp), split-K over the keys with a
 // merge kernel. DecodeOptions::num_splits = 0 picks the split count from the number of SMs
-// (split_heuristic); any value >= 1 gives the same result up to rounding.
+// (cuda::decode_num_splits, src/cuda/heuristics.hpp); any value >= 1 gives the same result up to rounding.
 struct DecodeHostMirror {
   // Optional host copies of cache.seqlens [batch] and cache.block_table [batch x stride]: validation
   // and planning read them instead of copying from the device (no stream sync). They must equal the

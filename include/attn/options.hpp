@@ -28,7 +28,7 @@ struct AttentionOptions {
   int num_threads = 0;
 };
 
-// Tile sizes for the tiled algorithm; unset = chosen from the cache sizes (see src/tiled/tile_plan.hpp).
+// Tile sizes for the tiled algorithm; unset = chosen from the cache sizes (plan_tiles, src/heuristics/cpu.cpp).
 // Any value from 1 to the whole sequence is valid and gives the same result up to rounding.
 struct TileOptions {
   std::optional<std::int64_t> q_tile;  // queries per tile (B_r)

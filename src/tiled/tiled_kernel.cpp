@@ -21,19 +21,6 @@
 // Lanes run along queries in S^T, so the softmax needs no horizontal reductions, and K and V are used
 // in their natural row layout: no transposition of K per query tile.
 //
-// Kernel history (f32, d=128, batch 1, 16 heads, EPYC Zen 4 2 cores shared with other builds, so
-// load averages of 2-12; single runs of an ad-hoc driver over attention_tiled, then `attn bench prefill`):
-//   v1 this design, Highway, no unroll pragmas, B_r 64:  seq 4096, 1 thread  21.7 GFLOP/s  (accumulator
-//      arrays spilled to the stack: GCC does not unroll the register-block loops on its own)
-//   v2 + `GCC unroll` on every register-block loop:      seq 4096, 1 thread  47 GFLOP/s
-//   v3 + head-major task order, SIMD packing, next-tile prefetch into L2 (T0 prefetch thrashed L1):
-//      seq 2048, 1 thread 83 GFLOP/s (B_r 64), 90 (B_r 256): packing K/V rows a head stride apart
-//      was 16-25% of the time before the prefetch
-//   v4 B_r = 2 L1 / (d acc) (128 at d=128): numbers in docs/prefill.md (`attn bench prefill`)
-//   v5 bf16 scores with VDPBF16PS (`attn bench prefill --seq 4096 --causal 0 --threads 1`, fuzzers
-//      niced on the other core): d=128 bf16 112 GFLOP/s vs f32 87 (before: bf16 2-3% below f32);
-//      d=64 94 vs 73. The first try, inline asm on the accumulator array, made GCC keep the array
-//      in memory (no faster than widening)
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tiled/tiled_kernel.cpp"
 #ifndef HWY_DISABLED_TARGETS
