@@ -12,7 +12,7 @@ FUZZ_SECONDS     ?= 60
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
 FUZZERS          := reference tiled splitk splitk_partials varlen decode
-LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/fuzz/lsan-libomp.supp
+LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
 TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
 
 .PHONY: demo test build deps test-release asan-build test-asan test-tsan test-fuzz
