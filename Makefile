@@ -4,42 +4,70 @@ SHELL := /bin/bash
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 
-# `make test` = the release suite, then the same suite under AddressSanitizer + UBSan, the threaded
-# tests under ThreadSanitizer, and a few seconds of each libFuzzer target (docs/robustness.md).
-# Each stage stops the run on failure. Knobs: FUZZ_SECONDS (the differential test's budget in the
-# release build), FUZZ_RUN_SECONDS (per libFuzzer target), SAN_JOBS (parallel compile jobs, <= 2 on CI).
+# `make demo` builds the library and the CLI only (target attn_cli, $(BUILD)/tools/attn) and runs
+# `attn demo`. It configures a new $(BUILD) without the CUDA backend, which the CLI does not use (nvcc
+# would add about a minute); an existing $(BUILD) is used as configured. `make build` and `make test`
+# configure with ATTN_CUDA (default AUTO: on when nvcc is found), so after `make demo` they recompile
+# the library once with the backend.
+#
+# `make test` = the format check (scripts/check-format), the release suite, then the same suite under
+# AddressSanitizer + UBSan, the threaded tests under ThreadSanitizer, and a few seconds of each
+# libFuzzer target (docs/robustness.md). scripts/run-stages runs the stages in that order, stops at the
+# first that fails and names it, and prints the seconds of each at the end (also in $(BUILD)/stage-times).
+# Knobs: FUZZ_SECONDS (the differential test's budget in the release build), FUZZ_RUN_SECONDS (per
+# libFuzzer target), SAN_JOBS (parallel compile jobs, <= 2 on CI), ATTN_CUDA (AUTO, ON or OFF: the CUDA
+# backend of the release build).
 FUZZ_SECONDS     ?= 60
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
+ATTN_CUDA        ?= AUTO
 FUZZERS          := reference tiled splitk splitk_partials varlen decode
-LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/fuzz/lsan-libomp.supp
+LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
 TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
 
-.PHONY: demo test build deps test-release asan-build test-asan test-tsan test-fuzz
-demo: build
+# Within `make test` each stage is a make of its own, run after the stages before it: NODEPS=1 drops
+# the prerequisites those stages made, so that each stage's time is its own work.
+after = $(if $(NODEPS),,$(1))
+
+.PHONY: demo test build deps check-format test-release asan-build test-asan test-tsan test-fuzz
+demo: $(call after,deps)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DATTN_CUDA=OFF)
+	cmake --build $(BUILD) -j$(JOBS) --target attn_cli
 	$(BUILD)/tools/attn demo
 
-test: test-release test-asan test-tsan test-fuzz
+test:
+	@scripts/run-stages $(BUILD)/stage-times \
+	  "packages"         "$(MAKE) --no-print-directory deps" \
+	  "format check"     "$(MAKE) --no-print-directory NODEPS=1 check-format" \
+	  "release build"    "$(MAKE) --no-print-directory NODEPS=1 build" \
+	  "release tests"    "$(MAKE) --no-print-directory NODEPS=1 test-release" \
+	  "ASan build"       "$(MAKE) --no-print-directory NODEPS=1 asan-build" \
+	  "ASan tests"       "$(MAKE) --no-print-directory NODEPS=1 test-asan" \
+	  "TSan build+tests" "$(MAKE) --no-print-directory NODEPS=1 test-tsan" \
+	  "fuzz"             "$(MAKE) --no-print-directory NODEPS=1 test-fuzz"
 
-test-release: build
+check-format: $(call after,deps)
+	scripts/check-format
+
+test-release: $(call after,build)
 	cd $(BUILD) && ATTN_FUZZ_SECONDS=$(FUZZ_SECONDS) ctest --output-on-failure -j$(JOBS) --timeout 600
 
 # ASan + UBSan: every test binary and the fuzzers (clang-16, -O0; scripts/configure-sanitized).
-build-asan/CMakeCache.txt: | deps
+build-asan/CMakeCache.txt: | $(call after,deps)
 	scripts/configure-sanitized build-asan address,undefined -DATTN_BUILD_FUZZERS=ON
-asan-build: deps build-asan/CMakeCache.txt
+asan-build: $(call after,deps) build-asan/CMakeCache.txt
 	cmake --build build-asan -j$(SAN_JOBS)
 # The IO-model simulations at N = 1000 (minutes under ASan at -O0, no kernel code) run in test-release only.
-test-asan: asan-build
+test-asan: $(call after,asan-build)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 $(LSAN_ENV) \
 	  ATTN_FUZZ_SECONDS=20 ctest --output-on-failure -j$(JOBS) --timeout 600 -E 'Counted\..*N1000'
 
 # TSan: the tests that run the threaded paths. libomp's libarcher makes OpenMP's synchronisation
 # visible to TSan; ignore_noninstrumented_modules=1 (LLVM's documented setting for Archer) skips the
 # accesses inside the uninstrumented libomp itself. No suppressions: any report in attn's code fails.
-build-tsan/CMakeCache.txt: | deps
+build-tsan/CMakeCache.txt: | $(call after,deps)
 	scripts/configure-sanitized build-tsan thread
-test-tsan: deps build-tsan/CMakeCache.txt
+test-tsan: $(call after,deps) build-tsan/CMakeCache.txt
 	cmake --build build-tsan -j$(SAN_JOBS) --target $(TSAN_TESTS)
 	set -e; for t in $(TSAN_TESTS); do \
 	  echo "== tsan: $$t"; \
@@ -48,7 +76,7 @@ test-tsan: deps build-tsan/CMakeCache.txt
 	done
 
 # libFuzzer: FUZZ_RUN_SECONDS per target from the seed corpus (new inputs go to build-asan/corpus/).
-test-fuzz: asan-build
+test-fuzz: $(call after,asan-build)
 	@for f in $(FUZZERS); do \
 	  mkdir -p build-asan/corpus/$$f; \
 	  echo "== fuzz_$$f: $(FUZZ_RUN_SECONDS) s"; \
@@ -59,8 +87,8 @@ test-fuzz: asan-build
 	  grep -E "stat::number_of_executed_units|Done [0-9]+ runs" build-asan/fuzz_$$f.log; \
 	done
 
-build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+build: $(call after,deps)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA=$(ATTN_CUDA)
 	cmake --build $(BUILD) -j$(JOBS)
 
 deps:

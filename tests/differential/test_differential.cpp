@@ -1,4 +1,4 @@
-// Randomised differential test: random valid configurations (tests/fuzz/case.hpp) run through every
+// Randomised differential test: random valid configurations (tests/differential/case.hpp) run through every
 // entry point ("target") and checked against the f64 oracle with the accuracy rule of docs/STANDARDS.md:
 //   f64: within 1e-12 of the oracle;  f32/bf16/f16: error <= 2 x the textbook method's error at the
 //   same precision (+ a rounding slack of about one unit in the last place of the output type).
@@ -253,9 +253,9 @@ std::vector<Target> targets() {
                      false);
                }});
   // Varlen: a packed batch with cu_seqlens (empty sequences included), each sequence against the oracle
-  // on its own rows (tests/fuzz/varlen_target.hpp).
+  // on its own rows (tests/differential/varlen_target.hpp).
   t.push_back({"varlen", [](const Config& c) { return check_varlen_any(c); }});
-  // Decode over contiguous and paged KV caches, with k_new/v_new appends (tests/fuzz/decode_target.hpp).
+  // Decode over contiguous and paged KV caches, with k_new/v_new appends (tests/differential/decode_target.hpp).
   t.push_back({"decode", [](const Config& c) { return check_decode_any(c, false); }});
   t.push_back({"decode_paged", [](const Config& c) { return check_decode_any(c, true); }});
   return t;
