@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -42,18 +44,44 @@ class Bytes {
 
 using Shape4 = std::array<std::int64_t, 4>;
 
+// Valid option values at the extremes (docs/robustness.md, "Huge and non-finite options"): windows
+// that mean "unbounded" without being -1, the largest softcap, scales of zero, tiny and huge magnitude.
+// The top byte values of each draw pick from these, so corpora stay valid.
+constexpr std::int64_t kHugeWindows[] = {std::numeric_limits<std::int64_t>::max(),
+                                         std::numeric_limits<std::int64_t>::max() - 1, std::int64_t{1} << 62,
+                                         std::int64_t{1} << 31, (std::int64_t{1} << 31) - 1};
+constexpr double kExtremeSoftcaps[] = {3.4028234663852886e38, 1e30, 1e-30};
+constexpr double kExtremeScales[] = {0.0, -0.0, 1e-30, -1e-30, 3.4028234663852886e38, -3.4028234663852886e38};
+
+// Whether a scale makes scores overflow to +-inf (NaN outputs are then the documented answer, so the
+// targets skip their bound checks).
+inline bool scale_may_overflow(const AttentionOptions& o) { return !(std::fabs(o.softmax_scale.value_or(1)) < 1e30); }
+
+inline std::int64_t draw_window(std::uint8_t byte, int max_window) {
+  constexpr int kHuge = static_cast<int>(std::size(kHugeWindows));
+  return byte >= 256 - kHuge ? kHugeWindows[byte - (256 - kHuge)] : byte % max_window;
+}
+
 // The attention options every target draws, in one byte order (corpora stay valid): a window of up to
-// max_window - 1 keys on each side, softcap, scale, ALiBi slopes for batch x heads (kept alive in
-// `slopes`), thread count.
+// max_window - 1 keys on each side (or a huge one), softcap, scale (each sometimes at an extreme), ALiBi
+// slopes for batch x heads (kept alive in `slopes`), thread count.
 inline AttentionOptions draw_options(Bytes& in, bool causal, bool use_softcap, bool use_scale, bool use_alibi,
                                      std::int64_t batch, std::int64_t heads, int max_window,
                                      std::vector<float>& slopes) {
   AttentionOptions o;
   o.causal = causal;
-  if (in.u8() & 1) o.window_left = in.u8() % max_window;
-  if (in.u8() & 1) o.window_right = in.u8() % max_window;
-  if (use_softcap) o.softcap = (1 + in.u8()) / 8.0;
-  if (use_scale) o.softmax_scale = static_cast<std::int8_t>(in.u8()) / 32.0;
+  if (in.u8() & 1) o.window_left = draw_window(in.u8(), max_window);
+  if (in.u8() & 1) o.window_right = draw_window(in.u8(), max_window);
+  if (use_softcap) {
+    const std::uint8_t b = in.u8();
+    constexpr int n = static_cast<int>(std::size(kExtremeSoftcaps));
+    o.softcap = b >= 256 - n ? kExtremeSoftcaps[b - (256 - n)] : (1 + b) / 8.0;
+  }
+  if (use_scale) {
+    const std::uint8_t b = in.u8();
+    constexpr int n = static_cast<int>(std::size(kExtremeScales));
+    o.softmax_scale = b >= 256 - n ? kExtremeScales[b - (256 - n)] : static_cast<std::int8_t>(b) / 32.0;
+  }
   slopes.assign(static_cast<std::size_t>(batch * heads), 0.0f);
   for (auto& s : slopes) s = in.u8() / 64.0f;
   if (use_alibi) {

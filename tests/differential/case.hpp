@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -133,8 +134,12 @@ inline Config generate(std::uint64_t seed) {
   auto& o = c.opts;
   o.causal = r.chance(0.4);
   const std::int64_t span = std::max(c.seqlen_q, c.seqlen_k) + 2;
-  if (r.chance(0.3)) o.window_left = r.uniform(0, span);
-  if (r.chance(0.2)) o.window_right = r.uniform(0, span);
+  // Windows past every key, up to INT64_MAX, mean "unbounded" (docs/robustness.md).
+  const auto window = [&] {
+    return r.chance(0.1) ? std::numeric_limits<std::int64_t>::max() - r.uniform(0, 2) : r.uniform(0, span);
+  };
+  if (r.chance(0.3)) o.window_left = window();
+  if (r.chance(0.2)) o.window_right = window();
   if (r.chance(0.2)) o.softcap = r.real(0.5, 30);
   if (r.chance(0.2)) o.softmax_scale = r.real(-1.5, 1.5);
   if (r.chance(0.2)) {
