@@ -8,9 +8,11 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "attn/decode.hpp"
+#include "attn/varlen.hpp"
 #include "core/element.hpp"
 #include "support.hpp"
 
@@ -330,6 +332,213 @@ TYPED_TEST(Edges, ARowThatReadsANanKeyIsNaNInEveryAlgorithm) {
           << a.name << ": row " << i << " reads a NaN key, got out " << out[static_cast<std::size_t>(i * 2)] << " lse "
           << lse[static_cast<std::size_t>(i)];
   }
+}
+
+// ---- A +inf score. docs/robustness.md: a score of -inf counts as masked, +inf gives NaN (inf - inf),
+// in every algorithm whatever the tile size or the split. The +inf comes from an infinity in one key
+// row against a positive query, or from finite entries whose dot product overflows the accumulator.
+// Every position of that key is tried, so with each k_tile it falls in a row's last key tile, in an
+// earlier one, and alone in its tile (k_tile 1, or the last of 10 keys with k_tile 3).
+enum class InfScore { InfInKey, Overflow };
+
+// Whether query i of a (sq, sk) problem sees key j under `o` (causal and left windows, bottom-right
+// aligned): written out here rather than taken from the library.
+bool sees(const AttentionOptions& o, std::int64_t sq, std::int64_t sk, std::int64_t i, std::int64_t j) {
+  const std::int64_t diag = i + sk - sq;
+  if (o.causal && j > diag) return false;
+  return o.window_left < 0 || j >= diag - o.window_left;
+}
+
+// q with entries in [0.5, 1] (so an infinite or huge key scores +inf, not -inf), k and v random.
+template <class T>
+Tensor<T> positive_queries(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, std::uint64_t seed) {
+  auto q = random_tensor<T>(b, s, h, d, seed);
+  for (auto& e : q.data) e = detail::store<T>(0.5 + 0.5 * std::abs(detail::load<double>(e)));
+  return q;
+}
+
+// Puts the +inf-scoring key into row `j` of k (every kv head, batch 0).
+template <class T>
+void plant_inf_score(Tensor<T>& k, std::int64_t j, InfScore kind) {
+  // 0.9 x the accumulator's largest value (finite in T, except f16, which does not use it): four
+  // products of at least 0.45 x that overflow the f32 / f64 dot product.
+  const double big = 0.9 * static_cast<double>(std::numeric_limits<LseT<T>>::max());
+  for (std::int64_t h = 0; h < k.h; ++h)
+    for (std::int64_t c = 0; c < k.d; ++c)
+      k.at(0, j, h, c) = detail::store<T>(kind == InfScore::InfInKey ? (c == 1 ? double(INFINITY) : 0.25) : big);
+}
+
+template <class T>
+std::vector<InfScore> inf_score_kinds() {
+  // f16's largest value (65504) squared does not overflow the f32 accumulator.
+  if (std::is_same_v<T, f16_t>) return {InfScore::InfInKey};
+  return {InfScore::InfInKey, InfScore::Overflow};
+}
+
+// Compares one run against the reference on the same inputs: the same NaN / non-NaN pattern element
+// by element (out and lse), NaN wherever the row sees the bad key, and the other rows bit-identical to
+// the same algorithm's run without the bad key and close to the reference. Out is [queries, H, D];
+// `query_of_lse(e)` gives the query of lse element e; `seen(i)` says whether query i sees the key.
+struct InfScoreRun {
+  const std::vector<double>&out, &lse, &clean, &clean_lse, &want, &want_lse;
+};
+
+template <class T>
+void expect_inf_score_rows(const std::string& what, const InfScoreRun& r, std::int64_t H, std::int64_t D,
+                           const std::function<std::int64_t(std::int64_t)>& query_of_lse,
+                           const std::function<bool(std::int64_t)>& seen) {
+  const double tol = sizeof(T) == 2 ? 1e-2 : 1e-6;
+  std::int64_t bad = 0;
+  std::string first;
+  auto note = [&](const std::string& m) {
+    if (bad++ == 0) first = m;
+  };
+  for (std::size_t e = 0; e < r.out.size(); ++e) {
+    const std::int64_t i = static_cast<std::int64_t>(e) / (H * D);
+    const std::string at = "out[" + std::to_string(e) + "] (query " + std::to_string(i) + ")";
+    if (std::isnan(r.out[e]) != std::isnan(r.want[e]))
+      note(at + ": " + std::to_string(r.out[e]) + ", the reference " + std::to_string(r.want[e]));
+    else if (seen(i) && !std::isnan(r.out[e]))
+      note(at + " sees the +inf score but is " + std::to_string(r.out[e]));
+    else if (!seen(i) &&
+             (std::memcmp(&r.out[e], &r.clean[e], sizeof(double)) != 0 || !(std::abs(r.out[e] - r.want[e]) <= tol)))
+      note(at + " does not see the key but changed: " + std::to_string(r.out[e]) + ", without it " +
+           std::to_string(r.clean[e]) + ", the reference " + std::to_string(r.want[e]));
+  }
+  for (std::size_t e = 0; e < r.lse.size(); ++e) {
+    const std::int64_t i = query_of_lse(static_cast<std::int64_t>(e));
+    const std::string at = "lse[" + std::to_string(e) + "] (query " + std::to_string(i) + ")";
+    if (std::isnan(r.lse[e]) != std::isnan(r.want_lse[e]))
+      note(at + ": " + std::to_string(r.lse[e]) + ", the reference " + std::to_string(r.want_lse[e]));
+    else if (seen(i) && !std::isnan(r.lse[e]))
+      note(at + " sees the +inf score but is " + std::to_string(r.lse[e]));
+    else if (!seen(i) && (std::memcmp(&r.lse[e], &r.clean_lse[e], sizeof(double)) != 0 ||
+                          !(std::abs(r.lse[e] - r.want_lse[e]) <= 1e-5)))
+      note(at + " does not see the key but changed: " + std::to_string(r.lse[e]) + ", without it " +
+           std::to_string(r.clean_lse[e]) + ", the reference " + std::to_string(r.want_lse[e]));
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " wrong elements, first " << first;
+}
+
+std::vector<AttentionOptions> inf_score_masks() {
+  AttentionOptions full, causal, window;
+  causal.causal = true;
+  window.causal = true;
+  window.window_left = 2;
+  return {full, causal, window};
+}
+
+std::string mask_name(const AttentionOptions& o) {
+  return !o.causal ? "full" : o.window_left < 0 ? "causal" : "window " + std::to_string(o.window_left);
+}
+
+// attention_tiled over q_tile {1, 3, default} x k_tile {1, 3, 16, all keys}, and the other algorithms.
+TYPED_TEST(Edges, APlusInfScoreGivesNaNInEveryAlgorithmAndTile) {
+  using T = TypeParam;
+  const std::int64_t S = 10, H = 2, HK = 1, D = 4;
+  std::vector<Algo> all = algos();
+  for (std::optional<std::int64_t> qt :
+       {std::optional<std::int64_t>(1), std::optional<std::int64_t>(3), std::optional<std::int64_t>()})
+    for (std::int64_t kt : {std::int64_t(1), std::int64_t(3), std::int64_t(16), S}) {
+      const std::string name =
+          "tiled q_tile " + (qt ? std::to_string(*qt) : std::string("default")) + " k_tile " + std::to_string(kt);
+      all.push_back({name, [qt, kt](auto& q, auto& k, auto& v, auto& o, auto& op, auto* l) {
+                       TileOptions t;
+                       t.q_tile = qt;
+                       t.k_tile = kt;
+                       attention_tiled(q, k, v, o, op, t, l);
+                     }});
+    }
+  const auto q = positive_queries<T>(1, S, H, D, 61), k = random_tensor<T>(1, S, HK, D, 62),
+             v = random_tensor<T>(1, S, HK, D, 63);
+  for (const AttentionOptions& o : inf_score_masks())
+    for (InfScore kind : inf_score_kinds<T>())
+      for (std::int64_t j = 0; j < S; ++j) {
+        auto kb = k;
+        plant_inf_score(kb, j, kind);
+        const auto [want, want_lse] = run(all[0], q, kb, v, o);
+        auto seen = [&](std::int64_t i) { return sees(o, S, S, i, j); };
+        const std::string what =
+            mask_name(o) + (kind == InfScore::InfInKey ? ", inf in key " : ", overflow at key ") + std::to_string(j);
+        for (std::int64_t i = 0; i < S; ++i)
+          if (seen(i)) ASSERT_TRUE(std::isnan(want_lse[static_cast<std::size_t>(i)])) << what << ": the reference";
+        for (const Algo& a : all) {
+          const auto [clean, clean_lse] = run(a, q, k, v, o);
+          const auto [out, lse] = run(a, q, kb, v, o);
+          expect_inf_score_rows<T>(
+              a.name + ", " + what, InfScoreRun{out, lse, clean, clean_lse, want, want_lse}, H, D,
+              [&](std::int64_t e) { return e % S; }, seen);
+        }
+      }
+}
+
+// attention_varlen: two sequences (10 queries x 10 keys, 7 x 9) packed, the +inf-scoring key at every
+// position of either; each sequence against the reference on it alone.
+TYPED_TEST(Edges, APlusInfScoreGivesNaNInVarlen) {
+  using T = TypeParam;
+  using L = LseT<T>;
+  const std::int64_t H = 2, HK = 1, D = 4, TQ = 17, TK = 19;
+  const std::vector<std::int32_t> cu_q{0, 10, 17}, cu_k{0, 10, 19};
+  // Packed [total, heads, d] tensors are [1, total, heads, d] ones.
+  const auto q = positive_queries<T>(1, TQ, H, D, 71), k = random_tensor<T>(1, TK, HK, D, 72),
+             v = random_tensor<T>(1, TK, HK, D, 73);
+  auto varlen = [&](const test::Tensor<T>& kk, const AttentionOptions& o, std::optional<std::int64_t> qt,
+                    std::int64_t kt) {
+    std::vector<T> out(q.data.size());
+    std::vector<L> lse(static_cast<std::size_t>(H * TQ));
+    const TensorView lv = TensorView::contiguous(lse.data(), 1, H, TQ);
+    TileOptions t;
+    t.q_tile = qt;
+    t.k_tile = kt;
+    attention_varlen(TensorView::contiguous(q.data.data(), TQ, H, D), TensorView::contiguous(kk.data.data(), TK, HK, D),
+                     TensorView::contiguous(v.data.data(), TK, HK, D), TensorView::contiguous(out.data(), TQ, H, D),
+                     cu_q.data(), cu_k.data(), 2, o, t, &lv);
+    std::vector<double> o64(out.size()), l64(lse.begin(), lse.end());
+    for (std::size_t i = 0; i < out.size(); ++i) o64[i] = detail::load<double>(out[i]);
+    return std::pair{o64, l64};
+  };
+  for (const AttentionOptions& o : inf_score_masks())
+    for (InfScore kind : inf_score_kinds<T>())
+      for (std::int64_t j = 0; j < TK; ++j) {
+        auto kb = k;
+        plant_inf_score(kb, j, kind);
+        const std::int64_t sj = j < cu_k[1] ? 0 : 1;  // the key's sequence
+        // The reference, sequence by sequence, into packed out and lse.
+        std::vector<double> want(q.data.size()), want_lse(static_cast<std::size_t>(H * TQ));
+        for (std::int64_t b = 0; b < 2; ++b) {
+          const std::int64_t q0 = cu_q[b], nq = cu_q[b + 1] - q0, k0 = cu_k[b], nk = cu_k[b + 1] - k0;
+          std::vector<T> ob(static_cast<std::size_t>(nq * H * D));
+          std::vector<L> lb(static_cast<std::size_t>(H * nq));
+          const TensorView lv = TensorView::contiguous(lb.data(), 1, H, nq);
+          attention_reference(TensorView::contiguous(q.data.data() + q0 * H * D, 1, nq, H, D),
+                              TensorView::contiguous(kb.data.data() + k0 * HK * D, 1, nk, HK, D),
+                              TensorView::contiguous(v.data.data() + k0 * HK * D, 1, nk, HK, D),
+                              TensorView::contiguous(ob.data(), 1, nq, H, D), o, &lv);
+          for (std::size_t e = 0; e < ob.size(); ++e)
+            want[static_cast<std::size_t>(q0 * H * D) + e] = detail::load<double>(ob[e]);
+          for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t i = 0; i < nq; ++i)
+              want_lse[static_cast<std::size_t>(h * TQ + q0 + i)] = lb[static_cast<std::size_t>(h * nq + i)];
+        }
+        auto seen = [&](std::int64_t t) {
+          const std::int64_t b = t < cu_q[1] ? 0 : 1;
+          return b == sj && sees(o, cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b], t - cu_q[b], j - cu_k[b]);
+        };
+        const std::string what =
+            mask_name(o) + (kind == InfScore::InfInKey ? ", inf in key " : ", overflow at key ") + std::to_string(j);
+        for (std::int64_t t = 0; t < TQ; ++t)
+          if (seen(t)) ASSERT_TRUE(std::isnan(want_lse[static_cast<std::size_t>(t)])) << what << ": the reference";
+        for (std::optional<std::int64_t> qt : {std::optional<std::int64_t>(1), std::optional<std::int64_t>()})
+          for (std::int64_t kt : {std::int64_t(1), std::int64_t(3), std::int64_t(16), TK}) {
+            const auto [clean, clean_lse] = varlen(k, o, qt, kt);
+            const auto [out, lse] = varlen(kb, o, qt, kt);
+            expect_inf_score_rows<T>(
+                "varlen q_tile " + (qt ? std::to_string(*qt) : std::string("default")) + " k_tile " +
+                    std::to_string(kt) + ", " + what,
+                InfScoreRun{out, lse, clean, clean_lse, want, want_lse}, H, D, [&](std::int64_t e) { return e % TQ; },
+                seen);
+          }
+      }
 }
 
 // ---- Sizes near and past the int32 range: offsets are int64 everywhere. The big views are virtual

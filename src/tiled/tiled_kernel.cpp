@@ -15,7 +15,8 @@
 //                          d, and VDPBF16PS does two products per lane (half the instructions, no
 //                          widening of K); P V stays in f32 FMAs (P is not rounded to bf16).
 //     per row: m_new = max(m, tile max); alpha = rescale_factor(m, m_new); P^T = exp(S^T - m_new) in
-//              place, l = l alpha + sum P (vectorised along queries: all of these are lane-wise)
+//              place (NaN where S^T - m_new is NaN: a NaN score, or +inf - +inf, as in attn::fold),
+//              l = l alpha + sum P (vectorised along queries: all of these are lane-wise)
 //     O [R][dp] = O alpha + P V   register block: 4 query rows (broadcast P) x CV vectors of d
 //   finalize each row (attn::finalize: l = 0 gives out 0, lse -inf) and store it converted to T.
 // Lanes run along queries in S^T, so the softmax needs no horizontal reductions, and K and V are used
@@ -274,11 +275,13 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
       auto sum = hn::Zero(d);
       for (std::int64_t c = 0; c < n; ++c) {
         A* sc = w.s + static_cast<std::size_t>(c) * R + r;
-        const auto score = hn::Load(d, sc);
-        // exp(-inf) = 0. A NaN score (NaN in q or in a visible key) must poison its row, as in
-        // attn::fold; the vectorised Exp does not propagate NaN, so it is passed through explicitly
-        // and reaches l and o.
-        const auto pv = hn::IfThenElse(hn::IsNaN(score), score, hn::Exp(d, hn::Sub(score, m_sub)));
+        // exp(-inf) = 0. A NaN score (NaN in q or in a visible key) and a +inf score (whose row has
+        // m = +inf, so inf - inf) make x NaN, which must poison the row, as std::exp does in
+        // attn::fold; the vectorised Exp returns 0 for NaN (it would give the fully masked answer,
+        // out 0 and lse -inf, when no later tile's alpha = exp(inf - inf) catches it), so a NaN x is
+        // passed through explicitly and reaches l and o.
+        const auto x = hn::Sub(hn::Load(d, sc), m_sub);
+        const auto pv = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
         hn::Store(pv, d, sc);
         sum = hn::Add(sum, pv);
       }
