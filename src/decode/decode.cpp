@@ -42,27 +42,27 @@ void decode_chunk_f64(const ChunkArgs<double>& a) {
   const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q;
   double* scores = a.scratch;
   double* vpack = a.scratch + 2 * R * kChunk;
-  for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+  for (std::int64_t hk = 0; hk < a.kv_heads; ++hk) {
     for (std::int64_t c = 0; c < a.n; ++c) {
-      const double* vr = static_cast<const double*>(a.v_rows[c]) + g * a.v_head_stride;
+      const double* vr = static_cast<const double*>(a.v_rows[c]) + hk * a.v_head_stride;
       std::copy(vr, vr + d, vpack + c * d);
     }
     for (std::int64_t r = 0; r < R; ++r) {
       const std::int64_t i = r % a.seqlen_q;
-      const double* q = a.q + (g * R + r) * d;
-      const double slope = a.slopes[g * a.group + r / a.seqlen_q];
+      const double* q = a.q + (hk * R + r) * d;
+      const double slope = a.slopes[hk * a.group + r / a.seqlen_q];
       for (std::int64_t c = 0; c < a.n; ++c) {
         const std::int64_t j = a.j0 + c;
         if (j < a.first_key[i] || j >= a.end_key[i]) {
           scores[c] = -std::numeric_limits<double>::infinity();
           continue;
         }
-        const double* kr = static_cast<const double*>(a.k_rows[c]) + g * a.k_head_stride;
+        const double* kr = static_cast<const double*>(a.k_rows[c]) + hk * a.k_head_stride;
         double dot = 0;
         for (std::int64_t x = 0; x < d; ++x) dot += q[x] * kr[x];
         scores[c] = a.mask->score(dot, i, j, slope);
       }
-      double* st = a.states + (g * R + r) * a.state_stride;
+      double* st = a.states + (hk * R + r) * a.state_stride;
       fold(RowState<double>{st + a.state_stride - 2, st + a.state_stride - 1, st, d}, scores, a.n, vpack, d);
     }
   }
@@ -237,7 +237,7 @@ class ItemWorker {
   ChunkArgs<A> a_{};
 };
 
-// Step 5: the merged state of query row `row` (= g * R + hh * seqlen_q + i: query head g * group + hh,
+// Step 5: the merged state of query row `row` (= hk * R + hh * seqlen_q + i: query head hk * group + hh,
 // query i) of sequence b, finalised into out and lse. `tmp` holds head_dim values.
 template <class A>
 void finalize_row(const DecodeProblem& p, RowState<A> s, std::int64_t b, std::int64_t row, A* tmp) {
@@ -253,7 +253,7 @@ void finalize_row(const DecodeProblem& p, RowState<A> s, std::int64_t b, std::in
 template <class A>
 void run(const DecodeProblem& p) {
   const std::int64_t d = p.head_dim, rows = p.kv_heads * p.group() * p.seqlen_q;
-  const std::int64_t S = state_stride_for(d);
+  const std::int64_t state_stride = state_stride_for(d);
   const DecodePlan plan = plan_decode(p);
   const PackedQueries<A> pq = pack_queries<A>(p);
 
@@ -261,16 +261,17 @@ void run(const DecodeProblem& p) {
   // merged into each row's running state in slice order (core/slice_groups.hpp). Partials are
   // uninitialised: every item resets its own.
   constexpr std::int64_t kBudget = std::int64_t{1} << 22;
-  const std::int64_t G = items_per_group(kBudget, rows * S, plan.items);
-  const std::unique_ptr<A[]> partial(new A[static_cast<std::size_t>(G * rows * S)]);
-  std::vector<A> running(static_cast<std::size_t>(p.batch * rows * S));
-  for (std::int64_t t = 0; t < p.batch * rows; ++t) reset(state_view(running.data() + t * S, S, d));
-  auto merge_group = [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
+  const std::int64_t G = items_per_group(kBudget, rows * state_stride, plan.items);
+  const std::unique_ptr<A[]> partial(new A[static_cast<std::size_t>(G * rows * state_stride)]);
+  std::vector<A> running(static_cast<std::size_t>(p.batch * rows * state_stride));
+  for (std::int64_t t = 0; t < p.batch * rows; ++t)
+    reset(state_view(running.data() + t * state_stride, state_stride, d));
+  auto merge_group = [&](std::int64_t t, std::int64_t begin, std::int64_t end) {
     const SeqPlan& s = plan.seqs[static_cast<std::size_t>(t / rows)];
-    const std::int64_t first = std::max(s.first_item, i0), last = std::min(s.first_item + s.items(), i1);
+    const std::int64_t first = std::max(s.first_item, begin), last = std::min(s.first_item + s.items(), end);
     for (std::int64_t it = first; it < last; ++it)
-      merge(state_view(running.data() + t * S, S, d),
-            state_view(partial.get() + ((it - i0) * rows + t % rows) * S, S, d));
+      merge(state_view(running.data() + t * state_stride, state_stride, d),
+            state_view(partial.get() + ((it - begin) * rows + t % rows) * state_stride, state_stride, d));
   };
 
 #pragma omp parallel num_threads(resolve_threads(p.num_threads))
@@ -285,11 +286,12 @@ void run(const DecodeProblem& p) {
     ItemWorker<A> worker(p, plan, pq, scratch.data(), row_ptrs.data());
     run_slice_groups(
         plan.items, G, p.batch * rows,
-        [&](std::int64_t it, std::int64_t slot) { worker.run(it, partial.get() + slot * rows * S); }, merge_group);
+        [&](std::int64_t it, std::int64_t slot) { worker.run(it, partial.get() + slot * rows * state_stride); },
+        merge_group);
     std::vector<A> tmp(static_cast<std::size_t>(d));
 #pragma omp for schedule(static)
     for (std::int64_t t = 0; t < p.batch * rows; ++t)
-      finalize_row(p, state_view(running.data() + t * S, S, d), t / rows, t % rows, tmp.data());
+      finalize_row(p, state_view(running.data() + t * state_stride, state_stride, d), t / rows, t % rows, tmp.data());
   }
 }
 

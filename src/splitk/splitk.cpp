@@ -87,9 +87,9 @@ void run(const detail::Problem& p, std::int64_t W) {
                       scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
       }
     };
-    auto merge_group = [&](std::int64_t r, std::int64_t i0, std::int64_t i1) {
-      for (std::int64_t it = i0 + r; it < i1; it += nr)
-        merge(view(running.data() + r * state), view(partial.data() + (it - i0) * state));
+    auto merge_group = [&](std::int64_t r, std::int64_t begin, std::int64_t end) {
+      for (std::int64_t it = begin + r; it < end; it += nr)
+        merge(view(running.data() + r * state), view(partial.data() + (it - begin) * state));
     };
     detail::run_slice_groups(slots * nr, G * nr, nr, compute, merge_group);
 #pragma omp for
