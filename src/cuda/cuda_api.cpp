@@ -84,18 +84,25 @@ int sm_count() {
   return n;
 }
 
+// The data pointers and strides of q, k, v, out and lse, as both parameter blocks spell them.
+template <class Params>
+void set_views(Params& params, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const TensorView* lse) {
+  params.q = q.data;
+  params.k = k.data;
+  params.v = v.data;
+  params.out = out.data;
+  params.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+  copy_strides(params.qs, q);
+  copy_strides(params.ks, k);
+  copy_strides(params.vs, v);
+  copy_strides(params.os, out);
+  if (lse) copy_strides(params.ls, *lse);
+}
+
 cuda_detail::FwdParams forward_params(const detail::Problem& p, const TensorView* lse) {
   cuda_detail::FwdParams f{};
-  f.q = p.q.data;
-  f.k = p.k.data;
-  f.v = p.v.data;
-  f.out = p.out.data;
-  f.lse = lse ? static_cast<float*>(lse->data) : nullptr;
-  copy_strides(f.qs, p.q);
-  copy_strides(f.ks, p.k);
-  copy_strides(f.vs, p.v);
-  copy_strides(f.os, p.out);
-  if (lse) copy_strides(f.ls, *lse);
+  set_views(f, p.q, p.k, p.v, p.out, lse);
   f.batch = p.batch;
   f.seqlen_q = p.seqlen_q;
   f.seqlen_k = p.seqlen_k;
@@ -223,16 +230,7 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
 
   cuda_detail::DecodeParams d{};
-  d.q = q.data;
-  d.k = cache.k.data;
-  d.v = cache.v.data;
-  d.out = out.data;
-  d.lse = lse ? static_cast<float*>(lse->data) : nullptr;
-  copy_strides(d.qs, q);
-  copy_strides(d.ks, cache.k);
-  copy_strides(d.vs, cache.v);
-  copy_strides(d.os, out);
-  if (lse) copy_strides(d.ls, *lse);
+  set_views(d, q, cache.k, cache.v, out, lse);
   d.k_head_stride = cache.k.strides[2];
   d.v_head_stride = cache.v.strides[2];
   d.batch = p.batch;
