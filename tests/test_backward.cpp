@@ -133,15 +133,15 @@ TEST_P(FiniteDifferences, TextbookBackwardMatchesTheForward) {
 }
 
 // b 2, sq 5, sk 7, h 4, hk 2, d 6 unless the case says otherwise.
-INSTANTIATE_TEST_SUITE_P(
-    Cases, FiniteDifferences,
-    ::testing::Values(FdCase{"no_mask", {2, 5, 7, 4, 2, 6, false}}, FdCase{"causal", {2, 5, 7, 4, 2, 6, true}},
-                      FdCase{"window", {2, 5, 7, 4, 2, 6, false, 2, 1}},
-                      FdCase{"softcap", {2, 5, 7, 4, 2, 6, false, -1, -1, 1.0}},
-                      FdCase{"alibi", {2, 5, 7, 4, 2, 6, true, -1, -1, 0, true}},
-                      FdCase{"gqa4", {2, 5, 7, 4, 1, 6, false}},
-                      FdCase{"sq_gt_sk", {2, 7, 5, 4, 2, 6, true}}),  // rows 0 and 1 see no key
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Cases, FiniteDifferences,
+                         ::testing::Values(FdCase{"no_mask", {2, 5, 7, 4, 2, 6, false}},
+                                           FdCase{"causal", {2, 5, 7, 4, 2, 6, true}},
+                                           FdCase{"window", {2, 5, 7, 4, 2, 6, false, 2, 1}},
+                                           FdCase{"softcap", {2, 5, 7, 4, 2, 6, false, -1, -1, 1.0}},
+                                           FdCase{"alibi", {2, 5, 7, 4, 2, 6, true, -1, -1, 0, true}},
+                                           FdCase{"gqa4", {2, 5, 7, 4, 1, 6, false}},
+                                           FdCase{"sq_gt_sk", {2, 7, 5, 4, 2, 6, true}}),  // rows 0 and 1 see no key
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Backward, RowsThatSeeNoKeyGetZeroGradients) {
   // seqlen_q 6 > seqlen_k 3, causal: rows 0..2 see nothing; seqlen_k 0: no row sees anything.
@@ -178,18 +178,18 @@ TEST_P(Exactness, F64TiledMatchesTheTextbookForEveryTiling) {
   std::printf("[  EXACT  ] worst relative error %.2e\n", worst);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, Exactness,
-    ::testing::Values(Shape{2, 9, 11, 4, 2, 5, true},                   // causal, GQA 2
-                      Shape{1, 11, 6, 2, 2, 5, true},                   // seqlen_q > seqlen_k: masked rows
-                      Shape{1, 6, 13, 2, 1, 5, true},                   // seqlen_q < seqlen_k
-                      Shape{1, 10, 10, 4, 4, 1, false, 3, 2},           // window (3, 2), head_dim 1
-                      Shape{1, 9, 12, 4, 1, 33, false, 2, 0},           // window (2, 0), GQA 4, head_dim 33
-                      Shape{1, 13, 8, 2, 1, 5, false, 0, 4},            // window (0, 4), seqlen_q > seqlen_k
-                      Shape{1, 8, 9, 2, 1, 5, false, -1, -1, 1.5},      // softcap
-                      Shape{2, 7, 9, 4, 2, 6, true, -1, -1, 0, true},   // ALiBi
-                      Shape{1, 12, 12, 2, 2, 5, false, 4, -1, 2.0, true},  // window + softcap + ALiBi
-                      Shape{1, 5, 0, 2, 1, 3, false}));                    // no keys
+INSTANTIATE_TEST_SUITE_P(Shapes, Exactness,
+                         ::testing::Values(Shape{2, 9, 11, 4, 2, 5, true},          // causal, GQA 2
+                                           Shape{1, 11, 6, 2, 2, 5, true},          // seqlen_q > seqlen_k: masked rows
+                                           Shape{1, 6, 13, 2, 1, 5, true},          // seqlen_q < seqlen_k
+                                           Shape{1, 10, 10, 4, 4, 1, false, 3, 2},  // window (3, 2), head_dim 1
+                                           Shape{1, 9, 12, 4, 1, 33, false, 2, 0},  // window (2, 0), GQA 4, head_dim 33
+                                           Shape{1, 13, 8, 2, 1, 5, false, 0, 4},  // window (0, 4), seqlen_q > seqlen_k
+                                           Shape{1, 8, 9, 2, 1, 5, false, -1, -1, 1.5},     // softcap
+                                           Shape{2, 7, 9, 4, 2, 6, true, -1, -1, 0, true},  // ALiBi
+                                           Shape{1, 12, 12, 2, 2, 5, false, 4, -1, 2.0,
+                                                 true},                       // window + softcap + ALiBi
+                                           Shape{1, 5, 0, 2, 1, 3, false}));  // no keys
 
 // ---- Reduced precision ----
 // Baseline: the textbook backward run on the same low-precision inputs (q, k, v, dout, and the forward's

@@ -158,8 +158,8 @@ TEST(BackwardValidation, GradientsMustNotAliasThemselves) {
 TEST(BackwardValidation, GradientsMustNotOverlapInputs) {
   const std::pair<TensorView Fixture::*, const char*> grads[] = {
       {&Fixture::dqv, "dq"}, {&Fixture::dkv, "dk"}, {&Fixture::dvv, "dv"}};
-  const std::pair<TensorView Fixture::*, const char*> inputs[] = {{&Fixture::qv, "q"},    {&Fixture::kv, "k"},
-                                                                  {&Fixture::vv, "v"},    {&Fixture::ov, "out"},
+  const std::pair<TensorView Fixture::*, const char*> inputs[] = {{&Fixture::qv, "q"},     {&Fixture::kv, "k"},
+                                                                  {&Fixture::vv, "v"},     {&Fixture::ov, "out"},
                                                                   {&Fixture::dov, "dout"}, {&Fixture::lv, "lse"}};
   for (const auto& [g, gname] : grads)
     for (const auto& [in, iname] : inputs) {

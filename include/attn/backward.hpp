@@ -30,9 +30,8 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
 // dS = P * (dP - rowsum(dO * O)) (seqlen_q x seqlen_k each), then dV = P^T dO, dQ = dS K, dK = dS^T Q
 // through the score transforms. Like attention_reference it accumulates in the inputs' accumulator type
 // (f64 for f64: the oracle; f32 otherwise: the textbook method at that precision).
-void attention_backward_reference(const TensorView& q, const TensorView& k, const TensorView& v,
-                                  const TensorView& out, const TensorView& dout, const TensorView& lse,
-                                  const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                  const AttentionOptions& opts = {});
+void attention_backward_reference(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                  const TensorView& dout, const TensorView& lse, const TensorView& dq,
+                                  const TensorView& dk, const TensorView& dv, const AttentionOptions& opts = {});
 
 }  // namespace attn

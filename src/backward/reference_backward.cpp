@@ -26,7 +26,8 @@ template <class A>
 struct Buffers {
   std::vector<A> storage;
   A *K, *V, *dK, *dV, *Q, *O, *dO, *dQ, *P, *dP, *dS;
-  Buffers(std::int64_t sq, std::int64_t sk, std::int64_t d) : storage(static_cast<std::size_t>(4 * (sk + sq) * d + 3 * sq * sk)) {
+  Buffers(std::int64_t sq, std::int64_t sk, std::int64_t d)
+      : storage(static_cast<std::size_t>(4 * (sk + sq) * d + 3 * sq * sk)) {
     A* at = storage.data();
     for (A** x : {&K, &V, &dK, &dV}) *x = std::exchange(at, at + sk * d);
     for (A** x : {&Q, &O, &dO, &dQ}) *x = std::exchange(at, at + sq * d);
@@ -126,10 +127,9 @@ void run(const BackwardProblem& p) {
 
 }  // namespace
 
-void attention_backward_reference(const TensorView& q, const TensorView& k, const TensorView& v,
-                                  const TensorView& out, const TensorView& dout, const TensorView& lse,
-                                  const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                  const AttentionOptions& opts) {
+void attention_backward_reference(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                  const TensorView& dout, const TensorView& lse, const TensorView& dq,
+                                  const TensorView& dk, const TensorView& dv, const AttentionOptions& opts) {
   const BackwardProblem p =
       detail::validate_backward("attn::attention_backward_reference", q, k, v, out, dout, lse, dq, dk, dv, opts);
   detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p); });

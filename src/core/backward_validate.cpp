@@ -34,7 +34,8 @@ BackwardProblem validate_backward(std::string_view who, const TensorView& q, con
   const Span s_dq = check_view(who, "dq", dq, 4, false);
   const Span s_dk = check_view(who, "dk", dk, 4, true);
   const Span s_dv = check_view(who, "dv", dv, 4, true);
-  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
+  for (auto [name, t] :
+       {std::pair<const char*, const TensorView*>{"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
     require_dtype(who, name, *t, q.dtype);
   require_shape(who, "dout", dout, "out", out);
   require_shape(who, "dq", dq, "q", q);
@@ -54,7 +55,8 @@ BackwardProblem validate_backward(std::string_view who, const TensorView& q, con
     for (const auto& [name, s] : inputs)
       if (overlaps(grads[g].second, s)) fail(who, grads[g].first, std::string("overlaps input ") + name);
     for (int e = 0; e < g; ++e)
-      if (overlaps(grads[g].second, grads[e].second)) fail(who, grads[g].first, std::string("overlaps ") + grads[e].first);
+      if (overlaps(grads[g].second, grads[e].second))
+        fail(who, grads[g].first, std::string("overlaps ") + grads[e].first);
   }
   p.dout = dout;
   p.dq = dq;
