@@ -9,6 +9,13 @@
 #include "support.hpp"
 
 namespace attn {
+namespace test {
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "b" << s.b << " sq" << s.sq << " sk" << s.sk << " h" << s.h << " hk" << s.hk << " d" << s.d
+      << (s.causal ? " causal" : "") << " window(" << s.left << "," << s.right << ") softcap " << s.softcap
+      << (s.alibi ? " alibi" : "");
+}
+}  // namespace test
 namespace {
 
 using test::random_tensor;
@@ -81,6 +88,11 @@ double relative_error(const std::vector<T>& a, const std::vector<U>& b) {
   return big == 0 ? diff : diff / big;
 }
 
+template <class T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
 // ---- The textbook backward against central finite differences of attention_reference (f64) ----
 
 // d loss / d x for every element x of q, k and v, with loss = sum(out * W), W = dout.
@@ -116,6 +128,7 @@ struct FdCase {
   const char* name;
   Shape s;
 };
+void PrintTo(const FdCase& c, std::ostream* os) { *os << c.name; }
 
 class FiniteDifferences : public ::testing::TestWithParam<FdCase> {};
 
@@ -154,6 +167,29 @@ TEST(Backward, RowsThatSeeNoKeyGetZeroGradients) {
       for (int t = 0; t < 3; ++t)
         for (double x : g[t].data) EXPECT_TRUE(std::isfinite(x));
     }
+  }
+}
+
+TEST(Backward, ANanValueRowOnlyReachesTheRowsThatSeeIt) {
+  // Square causal: key 7 is seen by row 7 only. A NaN in v[0, 7, 0, 1] makes out[0, 7, h, 1] NaN, hence
+  // D and dq of row 7 and the dk rows it reaches; every other row of batch 0 and all of batch 1 keep the
+  // bits of the run without it (masked keys are skipped, not weighted by 0). dv does not read v.
+  const Shape s{2, 8, 8, 2, 1, 4, true};
+  Problem<double> clean(s, 13), bad(s, 13);
+  bad.v.at(0, 7, 0, 1) = NAN;
+  bad.forward();
+  const Grads<double> want[] = {reference_grads(clean), tiled_grads(clean, 3, 3)};
+  const Grads<double> got[] = {reference_grads(bad), tiled_grads(bad, 3, 3)};
+  for (int a = 0; a < 2; ++a) {
+    const auto& w = want[a];
+    const auto& g = got[a];
+    const std::size_t batch_q = static_cast<std::size_t>(s.sq * s.h * s.d), row = static_cast<std::size_t>(s.h * s.d);
+    const std::size_t batch_k = static_cast<std::size_t>(s.sk * s.hk * s.d);
+    for (std::size_t e = 0; e < 2 * batch_q; ++e)
+      if (e < 7 * row || e >= batch_q) EXPECT_EQ(g.dq.data[e], w.dq.data[e]) << "dq element " << e;
+    EXPECT_TRUE(std::isnan(g.dq.data[7 * row])) << "dq of the row that sees the NaN";
+    for (std::size_t e = batch_k; e < 2 * batch_k; ++e) EXPECT_EQ(g.dk.data[e], w.dk.data[e]) << "dk element " << e;
+    EXPECT_TRUE(same_bytes(g.dv.data, w.dv.data));
   }
 }
 
@@ -227,11 +263,6 @@ TEST(Precision, Bf16WithinThreeTimesTheTextbookError) { check_precision<bf16_t>(
 TEST(Precision, F16WithinThreeTimesTheTextbookError) { check_precision<f16_t>(1e-4); }
 
 // ---- Determinism and strides ----
-
-template <class T>
-bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 template <class T>
 void check_threads() {
