@@ -101,7 +101,8 @@ void run(const BackwardProblem& p) {
   const std::int64_t sq = p.seqlen_q, sk = p.seqlen_k, d = p.head_dim;
   const int threads = detail::resolve_threads(p.num_threads);
   // Scratch is allocated before anything is written, so a bad_alloc leaves the gradients untouched.
-  std::vector<Buffers<A>> scratch;
+  std::vector<Buffers<A>> scratch;  // reserved: the matrices point into each element's storage
+  scratch.reserve(static_cast<std::size_t>(threads));
   for (int t = 0; t < threads; ++t) scratch.emplace_back(sq, sk, d);
   const std::int64_t tasks = p.batch * p.kv_heads;
 #pragma omp parallel for num_threads(threads) schedule(dynamic)

@@ -183,7 +183,8 @@ void run(const BackwardProblem& p, Tiles t) {
   const int threads = detail::resolve_threads(p.num_threads);
   // All scratch before anything is written: a bad_alloc leaves the gradients untouched.
   std::vector<A> D(static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q));
-  std::vector<Scratch<A>> scratch;
+  std::vector<Scratch<A>> scratch;  // reserved: the tiles point into each element's storage
+  scratch.reserve(static_cast<std::size_t>(threads));
   for (int i = 0; i < threads; ++i) scratch.emplace_back(t, p.head_dim);
   row_dots<T>(p, D, threads);
   const std::int64_t k_tiles = (p.seqlen_k + t.bc - 1) / t.bc, q_tiles = (p.seqlen_q + t.br - 1) / t.br;
