@@ -1,6 +1,7 @@
 // The score rule (src/core/score_rule.hpp) on its own: the mask against the definition of
-// include/attn/options.hpp key by key (windows of every size up to INT64_MAX), the logit's transforms,
-// and the per-sequence view. Every kernel takes its masks and logits from this type.
+// include/attn/options.hpp key by key (windows of every size up to INT64_MAX), the logit's transforms
+// and their derivative (the backward pass's), and the per-sequence view. Every kernel takes its masks and logits from
+// this type.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -82,6 +83,20 @@ TEST(ScoreRule, LogitAppliesScaleThenSoftcapThenAlibi) {
   // The mask's score is the logit at the pair's distance diagonal(i) - j.
   const Mask m = rule.mask(3, 10);
   EXPECT_DOUBLE_EQ(m.score(3.0, 0, 9, 0.25), rule.logit(3.0, 7 - 9, 0.25));
+}
+
+// The backward pass's d logit / d dot is the derivative of `logit` (central differences; the ALiBi
+// bias is additive and does not change it).
+TEST(ScoreRule, LogitGradIsTheDerivativeOfTheLogit) {
+  for (double softcap : {0.0, 0.5, 3.0})
+    for (double dot : {-7.0, -0.3, 0.0, 0.2, 1.9, 11.0}) {
+      ScoreRule r;
+      r.scale = 0.7;
+      r.softcap = softcap;
+      const double h = 1e-6;
+      const double fd = (r.logit(dot + h, 3, 0.25) - r.logit(dot - h, 3, 0.25)) / (2 * h);
+      EXPECT_NEAR(r.logit_grad(dot), fd, 1e-8) << "softcap " << softcap << " dot " << dot;
+    }
 }
 
 TEST(ScoreRule, ForSequencePicksThatSequencesSlopes) {

@@ -1,9 +1,11 @@
 // The tiled algorithm never allocates anything of size seqlen_q x seqlen_k: its heap use, measured by
 // counting every operator new in this program, is O(tile sizes x head_dim) and does not grow with the
-// sequence. The reference, which materialises S, is measured the same way as a control.
+// sequence. The reference, which materialises S, is measured the same way as a control. The tiled
+// backward likewise: its scratch is O(tile sizes x head_dim) plus D, one value per query row.
 #include <gtest/gtest.h>
 
 #include "alloc_tracker.hpp"
+#include "attn/backward.hpp"
 #include "support.hpp"
 
 namespace attn {
@@ -49,6 +51,33 @@ TEST(ScratchMemory, TiledDoesNotGrowWithSequenceWhileReferenceGrowsQuadratically
   EXPECT_EQ(tiled_small, tiled_large);
   const std::size_t ref_large = peak_heap_of(2048, 16, 32, 32, false);
   EXPECT_GE(ref_large, sizeof(float) * 2048 * 2048);  // the control: S is really there
+}
+
+// The tiled backward's heap use: per thread (one here) Q, dO, dQ (br x d), lse and D (br), K, V, dK,
+// dV (bc x d), P and dX (br x bc), two row bounds (br int64), plus D (n floats) and the containers.
+TEST(ScratchMemory, TiledBackwardIsBoundedByTilesAndRows) {
+  const std::int64_t d = 16, br = 32, bc = 48;
+  for (std::int64_t n : {256, 1024}) {
+    auto q = test::random_tensor<float>(1, n, 1, d, 1), k = test::random_tensor<float>(1, n, 1, d, 2),
+         v = test::random_tensor<float>(1, n, 1, d, 3), dout = test::random_tensor<float>(1, n, 1, d, 4);
+    std::vector<float> out(q.data.size()), lse(static_cast<std::size_t>(n)), dq(out.size()), dk(out.size()),
+        dv(out.size());
+    AttentionOptions o;
+    o.num_threads = 1;
+    o.causal = true;
+    const TensorView lv = TensorView::contiguous(lse.data(), 1, 1, n);
+    attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), 1, n, 1, d), o, &lv);
+    TileOptions t;
+    t.q_tile = br;
+    t.k_tile = bc;
+    tools::HeapPeakScope scope;
+    attention_backward(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), 1, n, 1, d), dout.view(), lv,
+                       TensorView::contiguous(dq.data(), 1, n, 1, d), TensorView::contiguous(dk.data(), 1, n, 1, d),
+                       TensorView::contiguous(dv.data(), 1, n, 1, d), o, t);
+    const std::size_t bound = sizeof(float) * ((3 * d + 2) * br + 4 * d * bc + 2 * br * bc + n) + 8 * 2 * br + 1024;
+    EXPECT_LE(scope.peak_growth(), bound) << "n=" << n;
+    EXPECT_GT(scope.peak_growth(), 0u);
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "attn/attention.hpp"
+#include "attn/backward.hpp"
 #include "attn/decode.hpp"
 #include "attn/io_model.hpp"
 #include "attn/online_softmax.hpp"

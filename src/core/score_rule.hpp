@@ -46,6 +46,15 @@ struct ScoreRule {
     if (slope != A(0)) s -= slope * static_cast<A>(distance < 0 ? -distance : distance);
     return s;
   }
+  // d logit / d dot, for the backward pass: the scale times the soft-cap's derivative
+  // 1 - tanh^2(x / softcap) at x = dot * scale. ALiBi is additive (its slopes get no gradient).
+  template <class A>
+  ATTN_HOST_DEVICE A logit_grad(A dot) const {
+    const A s = static_cast<A>(scale);
+    if (!(softcap > 0)) return s;
+    const A t = std::tanh(dot * s / static_cast<A>(softcap));
+    return s * (A(1) - t * t);
+  }
   ATTN_HOST_DEVICE Mask mask(std::int64_t seqlen_q, std::int64_t seqlen_k) const;
 };
 

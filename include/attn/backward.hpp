@@ -1,0 +1,37 @@
+// The attention backward pass: the gradients of a loss with respect to q, k and v, given the forward's
+// out and lse and the gradient dout of the loss with respect to out (docs/backward.md).
+//
+// Shapes as in attention.hpp: q, dq [batch, seqlen_q, heads, head_dim]; k, v, dk, dv [batch, seqlen_k,
+// kv_heads, head_dim]; out, dout like q; lse [batch, heads, seqlen_q], f64 for f64 inputs, else f32 (the
+// forward's lse). Any strides; every tensor in the inputs' dtype. Accumulation is in f64 for f64 and in
+// f32 for every other dtype. With GQA, dk and dv of a kv head are summed over its group's query heads.
+// `opts` must be the forward's options (masks, scale, softcap, ALiBi); the ALiBi slopes get no gradient.
+// A query row that sees no key contributes nothing and gets dq = 0.
+//
+// Every argument is validated before anything is written: a bad one throws std::invalid_argument whose
+// message names the function, the argument and the rule, and leaves dq, dk and dv untouched. out and
+// lse follow the forward's output rules (distinct addresses, no overlap with q, k, v, or each other);
+// dq, dk and dv must give every element its own address and overlap no input and no other gradient.
+#pragma once
+
+#include "attn/options.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+// FlashAttention-2's backward (Algorithm 2): recomputes P = exp(S - lse) tile by tile and never
+// allocates anything of size seqlen_q x seqlen_k. Bitwise identical results for any thread count.
+// Tiles unset: plan_tiles' choice for the forward (attention.hpp).
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const AttentionOptions& opts = {}, const TileOptions& tiles = {});
+
+// The textbook backward, the oracle: per (batch, head) it materialises P = exp(S - lse), dP = dO V^T and
+// dS = P * (dP - rowsum(dO * O)) (seqlen_q x seqlen_k each), then dV = P^T dO, dQ = dS K, dK = dS^T Q
+// through the score transforms. Like attention_reference it accumulates in the inputs' accumulator type
+// (f64 for f64: the oracle; f32 otherwise: the textbook method at that precision).
+void attention_backward_reference(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                  const TensorView& dout, const TensorView& lse, const TensorView& dq,
+                                  const TensorView& dk, const TensorView& dv, const AttentionOptions& opts = {});
+
+}  // namespace attn

@@ -1,0 +1,190 @@
+// Bad input to the backward pass: each rule gets an std::invalid_argument naming the argument, and no
+// buffer changes (the gradients keep their bytes; inputs are never written).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "attn/backward.hpp"
+#include "support.hpp"
+
+namespace attn {
+namespace {
+
+using test::random_tensor;
+
+// Every buffer lives in one arena, 100 floats apart (the largest view spans 80), so that a view moved
+// onto another buffer overlaps that buffer and nothing else.
+struct Fixture {
+  std::vector<float> arena = make_arena();
+  float* at(int slot) { return arena.data() + 100 * slot; }
+  TensorView qv = TensorView::contiguous(at(0), 1, 4, 2, 8), kv = TensorView::contiguous(at(1), 1, 5, 2, 8),
+             vv = TensorView::contiguous(at(2), 1, 5, 2, 8), dov = TensorView::contiguous(at(3), 1, 4, 2, 8),
+             ov = TensorView::contiguous(at(4), 1, 4, 2, 8), lv = TensorView::contiguous(at(5), 1, 2, 4),
+             dqv = TensorView::contiguous(at(6), 1, 4, 2, 8), dkv = TensorView::contiguous(at(7), 1, 5, 2, 8),
+             dvv = TensorView::contiguous(at(8), 1, 5, 2, 8);
+  AttentionOptions opts;
+  TileOptions tiles;
+
+  // Slots 0-3 (q, k, v, dout) random, out 0.5, lse 1.5, the gradients 123, 124, 125, the spare slots 9
+  // and 10 zero.
+  static std::vector<float> make_arena() {
+    std::vector<float> a(1100, 0.0f);
+    const auto r = random_tensor<float>(1, 4, 10, 10, 1);
+    std::copy(r.data.begin(), r.data.end(), a.begin());
+    std::fill(a.begin() + 400, a.begin() + 464, 0.5f);
+    std::fill(a.begin() + 500, a.begin() + 508, 1.5f);
+    for (int g = 0; g < 3; ++g) std::fill(a.begin() + 600 + 100 * g, a.begin() + 680 + 100 * g, 123.0f + g);
+    return a;
+  }
+  float grad(int g) const { return arena[static_cast<std::size_t>(600 + 100 * g)]; }
+  std::vector<float> snapshot() const { return arena; }
+};
+
+// Runs both entry points on the fixture; each must throw a message containing every needle and leave
+// every buffer as it was.
+void expect_rejected(const Fixture& f, std::initializer_list<std::string> needles, bool tiled_only = false) {
+  const auto before = f.snapshot();
+  const std::pair<const char*, std::function<void()>> calls[] = {
+      {"attn::attention_backward",
+       [&] { attention_backward(f.qv, f.kv, f.vv, f.ov, f.dov, f.lv, f.dqv, f.dkv, f.dvv, f.opts, f.tiles); }},
+      {"attn::attention_backward_reference",
+       [&] { attention_backward_reference(f.qv, f.kv, f.vv, f.ov, f.dov, f.lv, f.dqv, f.dkv, f.dvv, f.opts); }},
+  };
+  for (const auto& [who, call] : calls) {
+    if (tiled_only && std::string(who) != "attn::attention_backward") continue;
+    try {
+      call();
+      ADD_FAILURE() << who << ": no exception";
+    } catch (const std::invalid_argument& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind(std::string(who) + ": ", 0), 0u) << msg;
+      for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << who << ": " << msg;
+    }
+    EXPECT_EQ(std::memcmp(f.arena.data(), before.data(), before.size() * sizeof(float)), 0)
+        << who << " changed a buffer";
+  }
+}
+
+TEST(BackwardValidation, TheFixtureIsValid) {
+  for (int which = 0; which < 2; ++which) {
+    Fixture f;
+    if (which == 0)
+      attention_backward(f.qv, f.kv, f.vv, f.ov, f.dov, f.lv, f.dqv, f.dkv, f.dvv, f.opts, f.tiles);
+    else
+      attention_backward_reference(f.qv, f.kv, f.vv, f.ov, f.dov, f.lv, f.dqv, f.dkv, f.dvv, f.opts);
+    EXPECT_NE(f.grad(0), 123.0f);
+    EXPECT_NE(f.grad(1), 124.0f);
+    EXPECT_NE(f.grad(2), 125.0f);
+  }
+}
+
+// The forward's rules, through detail::validate.
+TEST(BackwardValidation, ForwardRulesApply) {
+  Fixture f;
+  f.kv.shape[0] = 2;
+  expect_rejected(f, {"k: batch must equal q's"});
+  Fixture g;
+  g.ov.shape[1] = 3;
+  expect_rejected(g, {"out: seqlen must equal q's"});
+  Fixture h;
+  h.opts.softmax_scale = NAN;
+  expect_rejected(h, {"softmax_scale: must be finite"});
+}
+TEST(BackwardValidation, LseIsRequired) {
+  Fixture f;
+  f.lv.data = nullptr;
+  expect_rejected(f, {"lse: data pointer is null"});
+}
+TEST(BackwardValidation, LseShape) {
+  Fixture f;
+  f.lv.shape[2] = 5;
+  expect_rejected(f, {"lse: seqlen_q must equal q's"});
+}
+TEST(BackwardValidation, LseDtype) {
+  Fixture f;
+  f.lv.dtype = DType::f64;
+  expect_rejected(f, {"lse: dtype must be f32 for f32 inputs, got f64"});
+}
+TEST(BackwardValidation, DoutDtype) {
+  Fixture f;
+  f.dov.dtype = DType::bf16;
+  expect_rejected(f, {"dout: dtype must match q's (f32), got bf16"});
+}
+TEST(BackwardValidation, DoutShape) {
+  Fixture f;
+  f.dov.shape[3] = 4;
+  expect_rejected(f, {"dout: head_dim must equal out's (8), got 4"});
+}
+TEST(BackwardValidation, DoutRank) {
+  Fixture f;
+  f.dov.rank = 3;
+  expect_rejected(f, {"dout: rank must be 4"});
+}
+TEST(BackwardValidation, GradientDtypes) {
+  for (TensorView Fixture::*g : {&Fixture::dqv, &Fixture::dkv, &Fixture::dvv}) {
+    Fixture f;
+    (f.*g).dtype = DType::f16;
+    const char* name = g == &Fixture::dqv ? "dq" : g == &Fixture::dkv ? "dk" : "dv";
+    expect_rejected(f, {std::string(name) + ": dtype must match q's (f32), got f16"});
+  }
+}
+TEST(BackwardValidation, GradientShapes) {
+  Fixture f;
+  f.dqv.shape[2] = 1;
+  expect_rejected(f, {"dq: heads must equal q's (2), got 1"});
+  Fixture g;
+  g.dkv.shape[1] = 4;
+  expect_rejected(g, {"dk: seqlen must equal k's (5), got 4"});
+  Fixture h;
+  h.dvv.shape[0] = 2;
+  expect_rejected(h, {"dv: batch must equal k's (1), got 2"});
+}
+TEST(BackwardValidation, GradientStrides) {
+  Fixture f;
+  f.dkv.strides[1] = -1;
+  expect_rejected(f, {"dk: stride[1] must be >= 0"});
+}
+TEST(BackwardValidation, GradientsMustNotAliasThemselves) {
+  Fixture f;
+  f.dqv.strides[1] = 0;
+  expect_rejected(f, {"dq: strides make elements alias"});
+  Fixture g;
+  g.dvv.strides[3] = 0;
+  expect_rejected(g, {"dv: strides make elements alias"});
+}
+TEST(BackwardValidation, GradientsMustNotOverlapInputs) {
+  const std::pair<TensorView Fixture::*, const char*> grads[] = {
+      {&Fixture::dqv, "dq"}, {&Fixture::dkv, "dk"}, {&Fixture::dvv, "dv"}};
+  const std::pair<TensorView Fixture::*, const char*> inputs[] = {{&Fixture::qv, "q"},     {&Fixture::kv, "k"},
+                                                                  {&Fixture::vv, "v"},     {&Fixture::ov, "out"},
+                                                                  {&Fixture::dov, "dout"}, {&Fixture::lv, "lse"}};
+  for (const auto& [g, gname] : grads)
+    for (const auto& [in, iname] : inputs) {
+      Fixture f;
+      (f.*g).data = (f.*in).data;
+      expect_rejected(f, {std::string(gname) + ": overlaps input " + iname});
+    }
+}
+TEST(BackwardValidation, GradientsMustNotOverlapEachOther) {
+  Fixture f;  // dq in the spare slot 9, dk starting inside it
+  f.dqv.data = f.at(9);
+  f.dkv.data = f.at(9) + 63;
+  expect_rejected(f, {"dk: overlaps dq"});
+  Fixture g;
+  g.dvv.data = g.at(7) + 79;
+  expect_rejected(g, {"dv: overlaps dk"});
+  Fixture h;
+  h.dvv.data = h.at(6) + 50;
+  expect_rejected(h, {"dv: overlaps dq"});
+}
+TEST(BackwardValidation, TileSizes) {
+  Fixture f;
+  f.tiles.k_tile = 0;
+  expect_rejected(f, {"tiles.k_tile: must be >= 1"}, /*tiled_only=*/true);
+}
+
+}  // namespace
+}  // namespace attn
