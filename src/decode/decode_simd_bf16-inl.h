@@ -1,0 +1,210 @@
+// The decode chunk kernel for bf16 caches on CPUs with AVX512-BF16 (core/dpbf16.hpp), a Highway
+// per-target header holding code only for the AVX-512 targets; included by decode_simd.cpp inside
+// foreach_target, once per target.
+//
+// ChunkDp: the steps of the generic kernel (decode_simd.cpp), with
+//   q . k with VDPBF16PS, 32 products per instruction with no widening of K. q is split into
+//         q_hi + q_lo (both bf16) when it is not exactly a bf16 value, so an f32 q loses nothing that
+//         matters (|q_lo| <= 2^-9 |q|, and the rounding of q_lo is 2^-17 |q|, far below f32
+//         accumulation error).
+//   P V:  with a bf16 output, p is rounded to bf16 and VDPBF16PS does two keys per instruction
+//         (PVDp2); otherwise f32 FMAs on V widened by unpacking (PVDp). Both leave o
+//         in the unpack order, which FinishDispatch (decode_simd.cpp) restores once per work item.
+//
+// Every function here carries ATTN_DPBF16_ATTR (it holds the intrinsic or inlines one that does).
+#if defined(ATTN_DECODE_SIMD_BF16_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_DECODE_SIMD_BF16_INL_H_
+#undef ATTN_DECODE_SIMD_BF16_INL_H_
+#else
+#define ATTN_DECODE_SIMD_BF16_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstdint>
+
+#include "core/dpbf16.hpp"
+#include "decode/decode_chunk-inl.h"
+#include "decode/decode_internal.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail::HWY_NAMESPACE {
+
+#if ATTN_DPBF16_TARGET
+// o is kept per 32-element block in the order VPUNPCK{L,H}WD leaves it: lanes 0-15 hold elements
+// {0-3, 8-11, 16-19, 24-27}, lanes 16-31 elements {4-7, 12-15, 20-23, 28-31} (FinishDispatch restores).
+// o_r (permuted, NB blocks of 32 from x) += sum_c p[r][c] v_c, f32 FMAs on V widened by unpacking.
+template <int NR, int NB>
+ATTN_DPBF16_ATTR HWY_INLINE void PVDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
+                                      std::int64_t n, float* o, std::int64_t S, std::int64_t x) {
+  __m512 acc[NR][2 * NB];
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::int64_t c = 0; c < n; ++c) {
+    const std::uint16_t* vr = vrows[c] + vhs + x;
+    __m512 vv[2 * NB];
+    for (int b = 0; b < NB; ++b) {
+      const __m512i raw = _mm512_loadu_si512(vr + 32 * b);
+      vv[2 * b] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
+      vv[2 * b + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * kChunk + c]);
+      for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_fmadd_ps(pr, vv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(o + r * S + x + 16 * v, acc[r][v]);
+}
+
+// The same sum with p rounded to bf16 and two keys per VDPBF16PS: pb[r][j] holds (p[r][2j], p[r][2j + 1])
+// as bf16, V rows 2j and 2j + 1 are interleaved by VPUNPCK{L,H}WD (the o order above). An odd tail
+// pairs the last key with a zero row, never with a real one (0 x NaN is NaN).
+template <int NR, int NB>
+ATTN_DPBF16_ATTR HWY_INLINE void PVDp2(const std::uint32_t* pb, const std::uint16_t* const* vrows, std::int64_t vhs,
+                                       std::int64_t n, float* o, std::int64_t S, std::int64_t x) {
+  __m512 acc[NR][2 * NB];
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
+  for (std::int64_t c = 0; c < n; c += 2) {
+    const std::uint16_t* v0 = vrows[c] + vhs + x;
+    const std::uint16_t* v1 = c + 1 < n ? vrows[c + 1] + vhs + x : nullptr;
+    __m512bh vv[2 * NB];
+    for (int b = 0; b < NB; ++b) {
+      const __m512i a = _mm512_loadu_si512(v0 + 32 * b);
+      const __m512i z = v1 ? _mm512_loadu_si512(v1 + 32 * b) : _mm512_setzero_si512();
+      vv[2 * b] = (__m512bh)_mm512_unpacklo_epi16(a, z);
+      vv[2 * b + 1] = (__m512bh)_mm512_unpackhi_epi16(a, z);
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh pr = (__m512bh)_mm512_set1_epi32(static_cast<int>(pb[r * (kChunk / 2) + c / 2]));
+      for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], pr, vv[v]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(o + r * S + x + 16 * v, acc[r][v]);
+}
+
+template <int NR>
+ATTN_DPBF16_ATTR HWY_INLINE void PVRowsDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
+                                          std::int64_t n, float* o, std::int64_t S, std::int64_t d, bool bf16_p) {
+  std::int64_t x = 0;
+  if (bf16_p) {
+    // p rows [0, n) rounded to bf16 (round to nearest even), zero past n: pairs are 32-bit words.
+    alignas(64) std::uint32_t pb[NR * (kChunk / 2)];
+    for (int r = 0; r < NR; ++r) {
+      const float* pr = p + r * kChunk;
+      auto* dst = reinterpret_cast<__m256bh*>(pb + r * (kChunk / 2));
+      for (std::int64_t c = 0; c < kChunk; c += 16) {
+        const __mmask16 live = c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
+        dst[c / 16] = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, pr + c));
+      }
+    }
+    for (; x + 64 <= d; x += 64) PVDp2<NR, 2>(pb, vrows, vhs, n, o, S, x);
+    if (x < d) PVDp2<NR, 1>(pb, vrows, vhs, n, o, S, x);
+    return;
+  }
+  for (; x + 64 <= d; x += 64) PVDp<NR, 2>(p, vrows, vhs, n, o, S, x);
+  if (x < d) PVDp<NR, 1>(p, vrows, vhs, n, o, S, x);
+}
+
+// Dots4 with VDPBF16PS: dst[r] = q_r . k for NR <= 4 query rows (q_hi + q_lo, stride d) and one key row
+// (bf16, d a multiple of 32); dst[NR ..] = 0.
+template <int NR, int D, bool kLo>
+ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
+                                        const std::uint16_t* k, float* dst) {
+  __m512 acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
+  const std::int64_t dd = D > 0 ? D : d;
+#pragma GCC unroll 8
+  for (std::int64_t x = 0; x < dd; x += 32) {
+    const __m512bh kv = (__m512bh)_mm512_loadu_si512(k + x);
+    for (int r = 0; r < NR; ++r) {
+      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(qh + r * dd + x), kv);
+      if constexpr (kLo) acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(ql + r * dd + x), kv);
+    }
+  }
+  StoreSum4(DF(), VF{acc[0]}, VF{acc[1]}, VF{acc[2]}, VF{acc[3]}, dst);
+}
+
+// ScoreKeys (decode_simd.cpp) with DotsDp: the same walk, the same dots4 layout.
+template <int D, bool kLo>
+ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
+  const std::int64_t d = D > 0 ? D : a.head_dim, R = a.group * a.seqlen_q, RB = (R + 3) / 4;
+  const auto* const* krows = reinterpret_cast<const std::uint16_t* const*>(a.k_rows);
+  for (std::int64_t c = 0; c < a.n; ++c) {
+    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+      PrefetchV<bf16_t>(a, c, g);
+      const std::uint16_t* kr = krows[c] + g * a.k_head_stride;
+      for (std::int64_t b = 0; b < RB; ++b) {
+        const std::uint16_t* qh = a.q_hi + (g * R + 4 * b) * d;
+        const std::uint16_t* ql = kLo ? a.q_lo + (g * R + 4 * b) * d : nullptr;
+        float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
+        switch (std::min<std::int64_t>(4, R - 4 * b)) {
+          case 4:
+            DotsDp<4, D, kLo>(qh, ql, d, kr, dst);
+            break;
+          case 3:
+            DotsDp<3, D, kLo>(qh, ql, d, kr, dst);
+            break;
+          case 2:
+            DotsDp<2, D, kLo>(qh, ql, d, kr, dst);
+            break;
+          default:
+            DotsDp<1, D, kLo>(qh, ql, d, kr, dst);
+            break;
+        }
+      }
+    }
+  }
+}
+
+ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
+  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride;
+  float* scores = a.scratch;  // [kv_heads][R][kChunk]
+  float* probs = a.scratch + a.kv_heads * R * kChunk;
+  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
+  const auto* const* vrows = reinterpret_cast<const std::uint16_t* const*>(a.v_rows);
+  const bool lo = a.q_lo != nullptr;
+  switch (d) {
+    case 64:
+      lo ? ScoreKeysDp<64, true>(a, dots4) : ScoreKeysDp<64, false>(a, dots4);
+      break;
+    case 128:
+      lo ? ScoreKeysDp<128, true>(a, dots4) : ScoreKeysDp<128, false>(a, dots4);
+      break;
+    case 256:
+      lo ? ScoreKeysDp<256, true>(a, dots4) : ScoreKeysDp<256, false>(a, dots4);
+      break;
+    default:
+      lo ? ScoreKeysDp<0, true>(a, dots4) : ScoreKeysDp<0, false>(a, dots4);
+      break;
+  }
+  UntangleDots(a, dots4, scores);
+  TransformScores(a, scores);
+  for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+    const std::int64_t gs = g * R * kChunk;
+    float* st = a.states + g * R * S;
+    for (std::int64_t r = 0; r < R; ++r)
+      FoldRow(scores + gs + r * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2, st + r * S + S - 1, d);
+    const std::int64_t vh = g * a.v_head_stride;
+    for (std::int64_t r0 = 0; r0 < R; r0 += 4)
+      PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st,
+             [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
+               PVRowsDp<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d, a.bf16_out);
+             });
+  }
+}
+
+bool UseDp(const ChunkArgs<float>& a, DType t) {
+  return cpu_has_avx512bf16() && t == DType::bf16 && a.head_dim % 32 == 0 && a.q_hi != nullptr;
+}
+#else
+bool UseDp(const ChunkArgs<float>&, DType) { return false; }
+#endif  // ATTN_DPBF16_TARGET
+
+}  // namespace attn::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_DECODE_SIMD_BF16_INL_H_
