@@ -117,8 +117,8 @@ HWY_INLINE void FoldRow(float* s, float* p, std::int64_t n, float* o, float* m, 
 // call over just the keys it sees: masked keys are skipped, never weighted by p = 0, because 0 x NaN
 // is NaN and a non-finite value row must only reach the rows that see it.
 template <class PV>
-HWY_INLINE void PvRows(const ChunkArgs<float>& a, std::int64_t r0, std::int64_t nr, const float* probs, float* st,
-                       PV&& pv) {
+HWY_INLINE void PvVisibleKeys(const ChunkArgs<float>& a, std::int64_t r0, std::int64_t nr, const float* probs,
+                              float* st, PV&& pv) {
   const std::int64_t S = a.state_stride;
   std::int64_t lo[4], hi[4];
   bool full = true;

@@ -84,8 +84,8 @@ HWY_INLINE void Dots4(const float* q, std::int64_t d, const T* k, float* dst) {
 
 // o_r[x .. x + NV*N) += sum_c p[r][c] v_c[x ..] for NR rows (states stride S, p stride kChunk).
 template <int NR, int NV, class T>
-HWY_INLINE void AccumulatePV(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
-                             std::int64_t S, std::int64_t x) {
+HWY_INLINE void PvSumBlock(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
+                           std::int64_t S, std::int64_t x) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   VF acc[NR][NV];
@@ -104,14 +104,16 @@ HWY_INLINE void AccumulatePV(const float* p, const T* const* vrows, std::int64_t
     for (int v = 0; v < NV; ++v) hn::StoreU(acc[r][v], df, o + r * S + x + v * N);
 }
 
+// o_r += sum_{c < n} p[r][c] v_c for NR rows over all of d: blocks of 4 vectors, then single vectors,
+// then lane by lane.
 template <int NR, class T>
-HWY_INLINE void PVRows(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
-                       std::int64_t S, std::int64_t d) {
+HWY_INLINE void PvSum(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o, std::int64_t S,
+                      std::int64_t d) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   std::int64_t x = 0;
-  for (; x + 4 * N <= d; x += 4 * N) AccumulatePV<NR, 4>(p, vrows, vhs, n, o, S, x);
-  for (; x + N <= d; x += N) AccumulatePV<NR, 1>(p, vrows, vhs, n, o, S, x);
+  for (; x + 4 * N <= d; x += 4 * N) PvSumBlock<NR, 4>(p, vrows, vhs, n, o, S, x);
+  for (; x + N <= d; x += N) PvSumBlock<NR, 1>(p, vrows, vhs, n, o, S, x);
   for (; x < d; ++x)
     for (int r = 0; r < NR; ++r) {
       float acc = o[r * S + x];
@@ -184,10 +186,10 @@ void Chunk(const ChunkArgs<float>& a) {
               d);
     const std::int64_t vh = g * a.v_head_stride;
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
-      PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st,
-             [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
-               PVRows<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d);
-             });
+      PvVisibleKeys(a, r0, std::min<std::int64_t>(4, R - r0), probs, st,
+                    [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
+                      PvSum<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d);
+                    });
   }
 }
 

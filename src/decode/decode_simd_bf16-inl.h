@@ -8,7 +8,7 @@
 //         matters (|q_lo| <= 2^-9 |q|, and the rounding of q_lo is 2^-17 |q|, far below f32
 //         accumulation error).
 //   P V:  with a bf16 output, p is rounded to bf16 and VDPBF16PS does two keys per instruction
-//         (PVDp2); otherwise f32 FMAs on V widened by unpacking (PVDp). Both leave o
+//         (PvSumBlockDpPairs); otherwise f32 FMAs on V widened by unpacking (PvSumBlockDp). Both leave o
 //         in the unpack order, which FinishDispatch (decode_simd.cpp) restores once per work item.
 //
 // Every function here carries ATTN_DPBF16_ATTR (it holds the intrinsic or inlines one that does).
@@ -35,8 +35,8 @@ namespace attn::detail::HWY_NAMESPACE {
 // {0-3, 8-11, 16-19, 24-27}, lanes 16-31 elements {4-7, 12-15, 20-23, 28-31} (FinishDispatch restores).
 // o_r (permuted, NB blocks of 32 from x) += sum_c p[r][c] v_c, f32 FMAs on V widened by unpacking.
 template <int NR, int NB>
-ATTN_DPBF16_ATTR HWY_INLINE void PVDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
-                                      std::int64_t n, float* o, std::int64_t S, std::int64_t x) {
+ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
+                                              std::int64_t n, float* o, std::int64_t S, std::int64_t x) {
   __m512 acc[NR][2 * NB];
   for (int r = 0; r < NR; ++r)
     for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
@@ -62,8 +62,9 @@ ATTN_DPBF16_ATTR HWY_INLINE void PVDp(const float* p, const std::uint16_t* const
 // as bf16, V rows 2j and 2j + 1 are interleaved by VPUNPCK{L,H}WD (the o order above). An odd tail
 // pairs the last key with a zero row, never with a real one (0 x NaN is NaN).
 template <int NR, int NB>
-ATTN_DPBF16_ATTR HWY_INLINE void PVDp2(const std::uint32_t* pb, const std::uint16_t* const* vrows, std::int64_t vhs,
-                                       std::int64_t n, float* o, std::int64_t S, std::int64_t x) {
+ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDpPairs(const std::uint32_t* pb, const std::uint16_t* const* vrows,
+                                                   std::int64_t vhs, std::int64_t n, float* o, std::int64_t S,
+                                                   std::int64_t x) {
   __m512 acc[NR][2 * NB];
   for (int r = 0; r < NR; ++r)
     for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
@@ -86,9 +87,10 @@ ATTN_DPBF16_ATTR HWY_INLINE void PVDp2(const std::uint32_t* pb, const std::uint1
     for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(o + r * S + x + 16 * v, acc[r][v]);
 }
 
+// o_r += sum_{c < n} p[r][c] v_c for NR rows over all of d (a multiple of 32), in blocks of 64 then 32.
 template <int NR>
-ATTN_DPBF16_ATTR HWY_INLINE void PVRowsDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
-                                          std::int64_t n, float* o, std::int64_t S, std::int64_t d, bool bf16_p) {
+ATTN_DPBF16_ATTR HWY_INLINE void PvSumDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
+                                         std::int64_t n, float* o, std::int64_t S, std::int64_t d, bool bf16_p) {
   std::int64_t x = 0;
   if (bf16_p) {
     // p rows [0, n) rounded to bf16 (round to nearest even), zero past n: pairs are 32-bit words.
@@ -101,12 +103,12 @@ ATTN_DPBF16_ATTR HWY_INLINE void PVRowsDp(const float* p, const std::uint16_t* c
         dst[c / 16] = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, pr + c));
       }
     }
-    for (; x + 64 <= d; x += 64) PVDp2<NR, 2>(pb, vrows, vhs, n, o, S, x);
-    if (x < d) PVDp2<NR, 1>(pb, vrows, vhs, n, o, S, x);
+    for (; x + 64 <= d; x += 64) PvSumBlockDpPairs<NR, 2>(pb, vrows, vhs, n, o, S, x);
+    if (x < d) PvSumBlockDpPairs<NR, 1>(pb, vrows, vhs, n, o, S, x);
     return;
   }
-  for (; x + 64 <= d; x += 64) PVDp<NR, 2>(p, vrows, vhs, n, o, S, x);
-  if (x < d) PVDp<NR, 1>(p, vrows, vhs, n, o, S, x);
+  for (; x + 64 <= d; x += 64) PvSumBlockDp<NR, 2>(p, vrows, vhs, n, o, S, x);
+  if (x < d) PvSumBlockDp<NR, 1>(p, vrows, vhs, n, o, S, x);
 }
 
 // Dots4 with VDPBF16PS: dst[r] = q_r . k for NR <= 4 query rows (q_hi + q_lo, stride d) and one key row
@@ -190,10 +192,10 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
       FoldRow(scores + gs + r * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2, st + r * S + S - 1, d);
     const std::int64_t vh = g * a.v_head_stride;
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
-      PvRows(a, r0, std::min<std::int64_t>(4, R - r0), probs, st,
-             [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
-               PVRowsDp<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d, a.bf16_out);
-             });
+      PvVisibleKeys(a, r0, std::min<std::int64_t>(4, R - r0), probs, st,
+                    [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
+                      PvSumDp<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d, a.bf16_out);
+                    });
   }
 }
 
