@@ -1,7 +1,8 @@
 // The steps both decode chunk kernels share (the generic one in decode_simd.cpp, the AVX512-BF16 one in
-// decode_simd_bf16-inl.h), a Highway per-target header: the 4-row horizontal sum, the vectorised fold,
-// P V split by what each row sees, the score transform, the V prefetch and the key walk's dots4 layout.
-// Included by decode_simd.cpp inside foreach_target, once per target.
+// decode_simd_bf16-inl.h), a Highway per-target header: the key walk and its dots4 layout, the score
+// transform, the vectorised fold, P V split by what each row sees, and RunChunk, which strings them
+// together around a kernel's own dot products and P V. Included by decode_simd.cpp inside
+// foreach_target, once per target.
 #if defined(ATTN_DECODE_CHUNK_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_DECODE_CHUNK_INL_H_
 #undef ATTN_DECODE_CHUNK_INL_H_
@@ -64,6 +65,42 @@ HWY_INLINE void StoreSum4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT dst) 
 #endif
 }
 
+// f(std::integral_constant<int, nr>(), args...) for nr in 1 .. 4: kernels register-block up to 4 query
+// rows, and the row count must be a template argument for the blocks to stay in registers.
+template <class F, class... Args>
+HWY_INLINE void WithRowCount(std::int64_t nr, F&& f, Args&&... args) {
+  switch (nr) {
+    case 4:
+      f(std::integral_constant<int, 4>(), args...);
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>(), args...);
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>(), args...);
+      break;
+    default:
+      f(std::integral_constant<int, 1>(), args...);
+      break;
+  }
+}
+
+// f(std::integral_constant<int, D>()) with D = d for the head dims the dot products unroll for (64, 128,
+// 256: the out-of-order core then overlaps more keys), else D = 0 (d read at run time).
+template <class F>
+HWY_INLINE void WithHeadDim(std::int64_t d, F&& f) {
+  switch (d) {
+    case 64:
+      return f(std::integral_constant<int, 64>());
+    case 128:
+      return f(std::integral_constant<int, 128>());
+    case 256:
+      return f(std::integral_constant<int, 256>());
+    default:
+      return f(std::integral_constant<int, 0>());
+  }
+}
+
 // attn::fold for one row over a chunk, vectorised: s[0..kChunk) scores (-inf past n), p gets exp(s - m).
 HWY_INLINE void FoldRow(float* s, float* p, std::int64_t n, float* o, float* m, float* l, std::int64_t d) {
   const DF df;
@@ -112,13 +149,15 @@ HWY_INLINE void FoldRow(float* s, float* p, std::int64_t n, float* o, float* m, 
   *l += hn::GetLane(hn::SumOfLanes(df, sum));
 }
 
-// P V for stacked rows r0 .. r0 + nr of kv head g. Rows that see every key of the chunk share one
-// register-blocked call (pv.template operator()<NR>); a row whose window cuts the chunk gets its own
-// call over just the keys it sees: masked keys are skipped, never weighted by p = 0, because 0 x NaN
-// is NaN and a non-finite value row must only reach the rows that see it.
-template <class PV>
-HWY_INLINE void PvVisibleKeys(const ChunkArgs<float>& a, std::int64_t r0, std::int64_t nr, const float* probs,
-                              float* st, PV&& pv) {
+// P V for the stacked query rows r0 .. r0 + nr of kv head g, through
+//   pv(std::integral_constant<int, k>(), g, p, c0, m, o):  o_t += sum_{c < m} p[t][c] v_{c0 + c}, t < k
+// (p and o rows kChunk and state_stride apart). Rows that see every key of the chunk share one
+// register-blocked call; a row whose window cuts the chunk gets its own call over just the keys it
+// sees: masked keys are skipped, never weighted by p = 0, because 0 x NaN is NaN and a non-finite value
+// row must only reach the rows that see it.
+template <class PvFn>
+HWY_INLINE void PvVisibleKeys(const ChunkArgs<float>& a, std::int64_t g, std::int64_t r0, std::int64_t nr,
+                              const float* probs, float* st, PvFn&& pv) {
   const std::int64_t S = a.state_stride;
   std::int64_t lo[4], hi[4];
   bool full = true;
@@ -130,20 +169,10 @@ HWY_INLINE void PvVisibleKeys(const ChunkArgs<float>& a, std::int64_t r0, std::i
   }
   const float* pr = probs + r0 * kChunk;
   float* o = st + r0 * S;
-  if (full) {
-    switch (nr) {
-      case 4:
-        return pv(std::integral_constant<int, 4>(), pr, 0, a.n, o);
-      case 3:
-        return pv(std::integral_constant<int, 3>(), pr, 0, a.n, o);
-      case 2:
-        return pv(std::integral_constant<int, 2>(), pr, 0, a.n, o);
-      default:
-        return pv(std::integral_constant<int, 1>(), pr, 0, a.n, o);
-    }
-  }
+  if (full) return WithRowCount(nr, pv, g, pr, std::int64_t{0}, a.n, o);
   for (std::int64_t t = 0; t < nr; ++t)
-    if (hi[t] > lo[t]) pv(std::integral_constant<int, 1>(), pr + t * kChunk + lo[t], lo[t], hi[t] - lo[t], o + t * S);
+    if (hi[t] > lo[t])
+      pv(std::integral_constant<int, 1>(), g, pr + t * kChunk + lo[t], lo[t], hi[t] - lo[t], o + t * S);
 }
 
 // scores[g][r][0..n) hold raw dots q . k; apply the mask's score rule (a vector multiply in the common
@@ -179,10 +208,31 @@ HWY_INLINE void PrefetchV(const ChunkArgs<float>& a, std::int64_t c, std::int64_
     __builtin_prefetch(vr + b, 0, 2);
 }
 
-// The key walk's output layout: the dots of query rows 4b .. 4b + 3 of kv head g with key c are one
-// 4-float group at dots4[((g * RB + b) * kChunk + c) * 4], RB = ceil(R / 4), written by one vector store.
-// This de-interleaves them to scores[g][r][0 .. kChunk) (lanes past n are copied too; they are set to
-// -inf before use).
+// The key walk (every kv head of key c before key c + 1, so K is read front to back: the pattern the
+// hardware prefetcher streams best, about twice the head-by-head order on Zen 4), each kv head's V row
+// prefetched as its K row is consumed. It is latency-bound -- each K row's dot-product chains and the
+// reduction after them wait on the row's load -- so its instructions per key are kept few (no loop over
+// d, one vector store of four dots) and the out-of-order core overlaps more keys.
+//
+// Output layout: the dots of query rows 4b .. 4b + 3 of kv head g with key c are one 4-float group at
+// dots4[((g * RB + b) * kChunk + c) * 4], RB = ceil(R / 4), written by
+//   dots(nr, row, k, dst):  dst[t] = q_{row + t} . k for t < nr, dst[nr ..] = 0
+// where row = g * R + 4 b is the first of the nr <= 4 query rows and k is kv head g's K row of key c.
+template <class T, class DotsFn>
+HWY_INLINE void WalkKeys(const ChunkArgs<float>& a, float* dots4, DotsFn&& dots) {
+  const std::int64_t R = a.group * a.seqlen_q, RB = (R + 3) / 4;
+  const T* const* krows = reinterpret_cast<const T* const*>(a.k_rows);
+  for (std::int64_t c = 0; c < a.n; ++c)
+    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+      PrefetchV<T>(a, c, g);
+      const T* kr = krows[c] + g * a.k_head_stride;
+      for (std::int64_t b = 0; b < RB; ++b)
+        dots(std::min<std::int64_t>(4, R - 4 * b), g * R + 4 * b, kr, dots4 + ((g * RB + b) * kChunk + c) * 4);
+    }
+}
+
+// De-interleaves WalkKeys' dots4 to scores[g][r][0 .. kChunk) (lanes past n are copied too; they are set
+// to -inf before use).
 HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, float* scores) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), R = a.group * a.seqlen_q, RB = (R + 3) / 4;
@@ -197,6 +247,28 @@ HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, floa
         for (std::int64_t t = 0; t < nr; ++t) hn::StoreU(rows[t], df, dst + t * kChunk + c);
       }
     }
+}
+
+// One chunk, all kv heads: score_keys(dots4) fills the key walk's dots (WalkKeys), which become masked,
+// scaled scores; then per kv head g every row is folded (probabilities in the scratch) and P V is added
+// through pv (PvVisibleKeys).
+template <class ScoreKeysFn, class PvFn>
+HWY_INLINE void RunChunk(const ChunkArgs<float>& a, ScoreKeysFn&& score_keys, PvFn&& pv) {
+  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride;
+  float* scores = a.scratch;  // [kv_heads][R][kChunk]
+  float* probs = a.scratch + a.kv_heads * R * kChunk;
+  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
+  score_keys(dots4);
+  UntangleDots(a, dots4, scores);
+  TransformScores(a, scores);
+  for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+    float* st = a.states + g * R * S;
+    for (std::int64_t r = 0; r < R; ++r)
+      FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2,
+              st + r * S + S - 1, d);
+    for (std::int64_t r0 = 0; r0 < R; r0 += 4)
+      PvVisibleKeys(a, g, r0, std::min<std::int64_t>(4, R - r0), probs, st, pv);
+  }
 }
 
 }  // namespace attn::detail::HWY_NAMESPACE

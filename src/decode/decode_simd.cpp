@@ -1,6 +1,6 @@
 // The decode chunk kernels for f32, bf16 and f16 caches, in Highway (compiled for every x86/Arm target,
 // dispatched at run time). Accumulation in f32. Per chunk of n <= kChunk keys, all kv heads, with the
-// R = group x seqlen_q query rows of each kv head g (Chunk below):
+// R = group x seqlen_q query rows of each kv head g (RunChunk, decode_chunk-inl.h):
 //   scores: each K row is loaded once and dotted with up to 4 query rows at a time (q rows stay in L1),
 //           in key order (every kv head of key c before key c + 1) so K is read front to back, which
 //           the hardware prefetcher streams about twice as fast as the head-by-head order on Zen 4; V
@@ -76,9 +76,11 @@ HWY_INLINE void Dots4(const float* q, std::int64_t d, const T* k, float* dst) {
     for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * dd + x), kv, acc[r]);
   }
   StoreSum4(df, acc[0], acc[1], acc[2], acc[3], dst);
-  for (; x < dd; ++x) {
-    const float kx = load<float>(k[x]);
-    for (int r = 0; r < NR; ++r) dst[r] += q[r * dd + x] * kx;
+  if constexpr (D == 0 || D % hn::MaxLanes(df) != 0) {  // else the vector loop covered d
+    for (; x < dd; ++x) {
+      const float kx = load<float>(k[x]);
+      for (int r = 0; r < NR; ++r) dst[r] += q[r * dd + x] * kx;
+    }
   }
 }
 
@@ -122,75 +124,24 @@ HWY_INLINE void PvSum(const float* p, const T* const* vrows, std::int64_t vhs, s
     }
 }
 
-// The key walk (every kv head of key c before key c + 1, so K is read front to back: the pattern the
-// hardware prefetcher streams best, about twice the head-by-head order on Zen 4), each kv head's V row
-// prefetched as its K row is consumed. It is latency-bound -- each K row's dot-product chains and the
-// reduction after them wait on the row's load -- so its instructions per key are kept few (no loop over
-// d, one vector store of four dots) and the out-of-order core overlaps more keys.
+// The key walk with Dots4.
 template <class T, int D>
 void ScoreKeys(const ChunkArgs<float>& a, float* dots4) {
-  const std::int64_t d = D > 0 ? D : a.head_dim, R = a.group * a.seqlen_q, RB = (R + 3) / 4;
-  const T* const* krows = reinterpret_cast<const T* const*>(a.k_rows);
-  for (std::int64_t c = 0; c < a.n; ++c)
-    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
-      PrefetchV<T>(a, c, g);
-      const T* kr = krows[c] + g * a.k_head_stride;
-      for (std::int64_t b = 0; b < RB; ++b) {
-        const float* q = a.q + (g * R + 4 * b) * d;
-        float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
-        switch (std::min<std::int64_t>(4, R - 4 * b)) {
-          case 4:
-            Dots4<4, D>(q, d, kr, dst);
-            break;
-          case 3:
-            Dots4<3, D>(q, d, kr, dst);
-            break;
-          case 2:
-            Dots4<2, D>(q, d, kr, dst);
-            break;
-          default:
-            Dots4<1, D>(q, d, kr, dst);
-            break;
-        }
-      }
-    }
+  const std::int64_t d = D > 0 ? D : a.head_dim;
+  WalkKeys<T>(a, dots4, [&](std::int64_t nr, std::int64_t row, const T* k, float* dst) {
+    const float* q = a.q + row * d;
+    WithRowCount(nr, [&](auto rows) { Dots4<decltype(rows)::value, D>(q, d, k, dst); });
+  });
 }
 
 template <class T>
 void Chunk(const ChunkArgs<float>& a) {
-  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride, n = a.n;
-  float* scores = a.scratch;  // [kv_heads][R][kChunk]
-  float* probs = a.scratch + a.kv_heads * R * kChunk;
-  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
   const T* const* vrows = reinterpret_cast<const T* const*>(a.v_rows);
-  switch (d) {
-    case 64:
-      ScoreKeys<T, 64>(a, dots4);
-      break;
-    case 128:
-      ScoreKeys<T, 128>(a, dots4);
-      break;
-    case 256:
-      ScoreKeys<T, 256>(a, dots4);
-      break;
-    default:
-      ScoreKeys<T, 0>(a, dots4);
-      break;
-  }
-  UntangleDots(a, dots4, scores);
-  TransformScores(a, scores);
-  for (std::int64_t g = 0; g < a.kv_heads; ++g) {
-    float* st = a.states + g * R * S;
-    for (std::int64_t r = 0; r < R; ++r)
-      FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, n, st + r * S, st + r * S + S - 2, st + r * S + S - 1,
-              d);
-    const std::int64_t vh = g * a.v_head_stride;
-    for (std::int64_t r0 = 0; r0 < R; r0 += 4)
-      PvVisibleKeys(a, r0, std::min<std::int64_t>(4, R - r0), probs, st,
-                    [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
-                      PvSum<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d);
-                    });
-  }
+  RunChunk(
+      a, [&](float* dots4) { WithHeadDim(a.head_dim, [&](auto D) { ScoreKeys<T, decltype(D)::value>(a, dots4); }); },
+      [&](auto nr, std::int64_t g, const float* p, std::int64_t c0, std::int64_t m, float* o) {
+        PvSum<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim);
+      });
 }
 
 // Puts back in order the o that ChunkDp keeps in the unpack order (decode_simd_bf16-inl.h).

@@ -2,7 +2,7 @@
 // per-target header holding code only for the AVX-512 targets; included by decode_simd.cpp inside
 // foreach_target, once per target.
 //
-// ChunkDp: the steps of the generic kernel (decode_simd.cpp), with
+// ChunkDp is RunChunk (decode_chunk-inl.h) with these inner steps:
 //   q . k with VDPBF16PS, 32 products per instruction with no widening of K. q is split into
 //         q_hi + q_lo (both bf16) when it is not exactly a bf16 value, so an f32 q loses nothing that
 //         matters (|q_lo| <= 2^-9 |q|, and the rounding of q_lo is 2^-17 |q|, far below f32
@@ -11,7 +11,9 @@
 //         (PvSumBlockDpPairs); otherwise f32 FMAs on V widened by unpacking (PvSumBlockDp). Both leave o
 //         in the unpack order, which FinishDispatch (decode_simd.cpp) restores once per work item.
 //
-// Every function here carries ATTN_DPBF16_ATTR (it holds the intrinsic or inlines one that does).
+// Every kernel function here carries ATTN_DPBF16_ATTR (it holds the intrinsic or inlines one that does),
+// and so does every lambda handed to the shared steps (WalkKeys, RunChunk): GCC copies the mark onto a
+// lambda from the function around it, Clang does not.
 #if defined(ATTN_DECODE_SIMD_BF16_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_DECODE_SIMD_BF16_INL_H_
 #undef ATTN_DECODE_SIMD_BF16_INL_H_
@@ -111,11 +113,11 @@ ATTN_DPBF16_ATTR HWY_INLINE void PvSumDp(const float* p, const std::uint16_t* co
   if (x < d) PvSumBlockDp<NR, 1>(p, vrows, vhs, n, o, S, x);
 }
 
-// Dots4 with VDPBF16PS: dst[r] = q_r . k for NR <= 4 query rows (q_hi + q_lo, stride d) and one key row
-// (bf16, d a multiple of 32); dst[NR ..] = 0.
+// Dots4 (decode_simd.cpp) with VDPBF16PS: dst[r] = q_r . k for NR <= 4 query rows (q_hi + q_lo, stride
+// d) and one key row (d a multiple of 32); dst[NR ..] = 0.
 template <int NR, int D, bool kLo>
 ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
-                                        const std::uint16_t* k, float* dst) {
+                                        const bf16_t* k, float* dst) {
   __m512 acc[4];
   for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
   const std::int64_t dd = D > 0 ? D : d;
@@ -130,75 +132,34 @@ ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint
   StoreSum4(DF(), VF{acc[0]}, VF{acc[1]}, VF{acc[2]}, VF{acc[3]}, dst);
 }
 
-// ScoreKeys (decode_simd.cpp) with DotsDp: the same walk, the same dots4 layout.
+// The key walk with DotsDp; kLo: q_lo is there (q is not exactly bf16).
 template <int D, bool kLo>
 ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
-  const std::int64_t d = D > 0 ? D : a.head_dim, R = a.group * a.seqlen_q, RB = (R + 3) / 4;
-  const auto* const* krows = reinterpret_cast<const std::uint16_t* const*>(a.k_rows);
-  for (std::int64_t c = 0; c < a.n; ++c) {
-    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
-      PrefetchV<bf16_t>(a, c, g);
-      const std::uint16_t* kr = krows[c] + g * a.k_head_stride;
-      for (std::int64_t b = 0; b < RB; ++b) {
-        const std::uint16_t* qh = a.q_hi + (g * R + 4 * b) * d;
-        const std::uint16_t* ql = kLo ? a.q_lo + (g * R + 4 * b) * d : nullptr;
-        float* dst = dots4 + ((g * RB + b) * kChunk + c) * 4;
-        switch (std::min<std::int64_t>(4, R - 4 * b)) {
-          case 4:
-            DotsDp<4, D, kLo>(qh, ql, d, kr, dst);
-            break;
-          case 3:
-            DotsDp<3, D, kLo>(qh, ql, d, kr, dst);
-            break;
-          case 2:
-            DotsDp<2, D, kLo>(qh, ql, d, kr, dst);
-            break;
-          default:
-            DotsDp<1, D, kLo>(qh, ql, d, kr, dst);
-            break;
-        }
-      }
-    }
-  }
+  const std::int64_t d = D > 0 ? D : a.head_dim;
+  WalkKeys<bf16_t>(a, dots4, [&](std::int64_t nr, std::int64_t row, const bf16_t* k, float* dst) ATTN_DPBF16_ATTR {
+    const std::uint16_t* qh = a.q_hi + row * d;
+    const std::uint16_t* ql = kLo ? a.q_lo + row * d : nullptr;
+    WithRowCount(nr, [&](auto rows) ATTN_DPBF16_ATTR { DotsDp<decltype(rows)::value, D, kLo>(qh, ql, d, k, dst); });
+  });
 }
 
 ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
-  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride;
-  float* scores = a.scratch;  // [kv_heads][R][kChunk]
-  float* probs = a.scratch + a.kv_heads * R * kChunk;
-  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
   const auto* const* vrows = reinterpret_cast<const std::uint16_t* const*>(a.v_rows);
-  const bool lo = a.q_lo != nullptr;
-  switch (d) {
-    case 64:
-      lo ? ScoreKeysDp<64, true>(a, dots4) : ScoreKeysDp<64, false>(a, dots4);
-      break;
-    case 128:
-      lo ? ScoreKeysDp<128, true>(a, dots4) : ScoreKeysDp<128, false>(a, dots4);
-      break;
-    case 256:
-      lo ? ScoreKeysDp<256, true>(a, dots4) : ScoreKeysDp<256, false>(a, dots4);
-      break;
-    default:
-      lo ? ScoreKeysDp<0, true>(a, dots4) : ScoreKeysDp<0, false>(a, dots4);
-      break;
-  }
-  UntangleDots(a, dots4, scores);
-  TransformScores(a, scores);
-  for (std::int64_t g = 0; g < a.kv_heads; ++g) {
-    const std::int64_t gs = g * R * kChunk;
-    float* st = a.states + g * R * S;
-    for (std::int64_t r = 0; r < R; ++r)
-      FoldRow(scores + gs + r * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2, st + r * S + S - 1, d);
-    const std::int64_t vh = g * a.v_head_stride;
-    for (std::int64_t r0 = 0; r0 < R; r0 += 4)
-      PvVisibleKeys(a, r0, std::min<std::int64_t>(4, R - r0), probs, st,
-                    [&](auto nr, const float* p, std::int64_t c0, std::int64_t m, float* o) {
-                      PvSumDp<decltype(nr)::value>(p, vrows + c0, vh, m, o, S, d, a.bf16_out);
-                    });
-  }
+  RunChunk(
+      a,
+      [&](float* dots4) ATTN_DPBF16_ATTR {
+        WithHeadDim(a.head_dim, [&](auto D) ATTN_DPBF16_ATTR {
+          constexpr int kD = decltype(D)::value;
+          a.q_lo != nullptr ? ScoreKeysDp<kD, true>(a, dots4) : ScoreKeysDp<kD, false>(a, dots4);
+        });
+      },
+      [&](auto nr, std::int64_t g, const float* p, std::int64_t c0, std::int64_t m, float* o) ATTN_DPBF16_ATTR {
+        PvSumDp<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim, a.bf16_out);
+      });
 }
 
+// The path ChunkDp serves: a bf16 cache on a CPU with the instruction, q split (q_hi set), d a multiple
+// of 32.
 bool UseDp(const ChunkArgs<float>& a, DType t) {
   return cpu_has_avx512bf16() && t == DType::bf16 && a.head_dim % 32 == 0 && a.q_hi != nullptr;
 }
