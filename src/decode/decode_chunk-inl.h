@@ -1,0 +1,277 @@
+// The steps both decode chunk kernels share (the generic one in decode_simd.cpp, the AVX512-BF16 one in
+// decode_simd_bf16-inl.h), a Highway per-target header: the key walk and its dots4 layout, the score
+// transform, the vectorised fold, P V split by what each row sees, and RunChunk, which strings them
+// together around a kernel's own dot products and P V. Included by decode_simd.cpp inside
+// foreach_target, once per target.
+#if defined(ATTN_DECODE_CHUNK_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_DECODE_CHUNK_INL_H_
+#undef ATTN_DECODE_CHUNK_INL_H_
+#else
+#define ATTN_DECODE_CHUNK_INL_H_
+#endif
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "attn/online_softmax.hpp"
+#include "decode/decode_internal.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+#if !(HWY_TARGET == HWY_SCALAR || HWY_HAVE_SCALABLE)
+// The 128-bit blocks of v added together.
+template <class D>
+HWY_INLINE hn::Vec<hn::Full128<float>> FoldBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(d) <= 4) {
+    return v;
+  } else {
+    const hn::Half<D> dh;
+    return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+#endif
+
+// dst[r] = the sum of the lanes of a_r, r < 4: one transposing tree (two interleave levels inside each
+// 128-bit block, then the blocks added) instead of four horizontal sums, whose latency chains the key
+// walk would wait on.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE void StoreSum4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT dst) {
+#if HWY_TARGET == HWY_SCALAR || HWY_HAVE_SCALABLE
+  dst[0] = hn::GetLane(hn::SumOfLanes(d, a0));
+  dst[1] = hn::GetLane(hn::SumOfLanes(d, a1));
+  dst[2] = hn::GetLane(hn::SumOfLanes(d, a2));
+  dst[3] = hn::GetLane(hn::SumOfLanes(d, a3));
+#else
+  // Per block: t0 = (a0[0] + a0[2], a1[0] + a1[2], a0[1] + a0[3], a1[1] + a1[3]), t1 likewise for a2, a3;
+  // the 64-bit halves of t0 and t1 then add up to (sum a0, sum a1, sum a2, sum a3).
+  const V t0 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const V t1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const hn::Repartition<std::uint64_t, D> d64;
+  const auto w0 = hn::BitCast(d64, t0), w1 = hn::BitCast(d64, t1);
+  const V u =
+      hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w0, w1)), hn::BitCast(d, hn::InterleaveUpper(d64, w0, w1)));
+  hn::StoreU(FoldBlocks(d, u), hn::Full128<float>(), dst);
+#endif
+}
+
+// f(std::integral_constant<int, nr>(), args...) for nr in 1 .. 4: kernels register-block up to 4 query
+// rows, and the row count must be a template argument for the blocks to stay in registers.
+template <class F, class... Args>
+HWY_INLINE void WithRowCount(std::int64_t nr, F&& f, Args&&... args) {
+  switch (nr) {
+    case 4:
+      f(std::integral_constant<int, 4>(), args...);
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>(), args...);
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>(), args...);
+      break;
+    default:
+      f(std::integral_constant<int, 1>(), args...);
+      break;
+  }
+}
+
+// f(std::integral_constant<int, D>()) with D = d for the head dims the dot products unroll for (64, 128,
+// 256: the out-of-order core then overlaps more keys), else D = 0 (d read at run time).
+template <class F>
+HWY_INLINE void WithHeadDim(std::int64_t d, F&& f) {
+  switch (d) {
+    case 64:
+      return f(std::integral_constant<int, 64>());
+    case 128:
+      return f(std::integral_constant<int, 128>());
+    case 256:
+      return f(std::integral_constant<int, 256>());
+    default:
+      return f(std::integral_constant<int, 0>());
+  }
+}
+
+// attn::fold for one row over a chunk, vectorised: s[0..kChunk) scores (-inf past n), p gets exp(s - m).
+HWY_INLINE void FoldRow(float* s, float* p, std::int64_t n, float* o, float* m, float* l, std::int64_t d) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  if (*m != *m) {  // poisoned by an earlier NaN score: stays NaN (attn::fold)
+    std::memset(p, 0, sizeof(float) * kChunk);
+    return;
+  }
+  for (std::int64_t c = n; c < kChunk; ++c) s[c] = ninf;
+  VF vmax = hn::Set(df, ninf), nan = hn::Zero(df);
+  for (std::int64_t c = 0; c < kChunk; c += N) {
+    const VF v = hn::LoadU(df, s + c);
+    vmax = hn::Max(vmax, v);
+    nan = hn::Or(nan, hn::VecFromMask(df, hn::IsNaN(v)));
+  }
+  // A NaN score (NaN in q or in a visible key) poisons the row, as attn::fold does; vector max and
+  // exp would otherwise drop it.
+  if (!hn::AllFalse(df, hn::MaskFromVec(nan))) {
+    poison(RowState<float>{m, l, o, d});
+    std::memset(p, 0, sizeof(float) * kChunk);
+    return;
+  }
+  const float m_tile = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  if (m_tile == ninf) {  // nothing visible: the state is unchanged, p = 0
+    std::memset(p, 0, sizeof(float) * kChunk);
+    return;
+  }
+  const float m_new = m_tile > *m ? m_tile : *m;
+  const float alpha = m_new == *m ? 1.0f : rescale_factor(*m, m_new);  // exp(0) = 1 exactly: skip the call
+  if (alpha != 1.0f) {
+    *l *= alpha;
+    const VF va = hn::Set(df, alpha);
+    std::int64_t x = 0;
+    for (; x + N <= d; x += N) hn::StoreU(hn::Mul(hn::LoadU(df, o + x), va), df, o + x);
+    for (; x < d; ++x) o[x] *= alpha;
+  }
+  *m = m_new;
+  const VF vm = hn::Set(df, m_new);
+  VF sum = hn::Zero(df);
+  for (std::int64_t c = 0; c < kChunk; c += N) {
+    const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + c), vm));
+    hn::StoreU(e, df, p + c);
+    sum = hn::Add(sum, e);
+  }
+  *l += hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
+// P V for the stacked query rows r0 .. r0 + nr of kv head g, through
+//   pv(std::integral_constant<int, k>(), g, p, c0, m, o):  o_t += sum_{c < m} p[t][c] v_{c0 + c}, t < k
+// (p and o rows kChunk and state_stride apart). Rows that see every key of the chunk share one
+// register-blocked call; a row whose window cuts the chunk gets its own call over just the keys it
+// sees: masked keys are skipped, never weighted by p = 0, because 0 x NaN is NaN and a non-finite value
+// row must only reach the rows that see it.
+template <class PvFn>
+HWY_INLINE void PvVisibleKeys(const ChunkArgs<float>& a, std::int64_t g, std::int64_t r0, std::int64_t nr,
+                              const float* probs, float* st, PvFn&& pv) {
+  const std::int64_t S = a.state_stride;
+  std::int64_t lo[4], hi[4];
+  bool full = true;
+  for (std::int64_t t = 0; t < nr; ++t) {
+    const std::int64_t i = (r0 + t) % a.seqlen_q;
+    lo[t] = std::clamp<std::int64_t>(a.first_key[i] - a.j0, 0, a.n);
+    hi[t] = std::clamp<std::int64_t>(a.end_key[i] - a.j0, lo[t], a.n);
+    full = full && lo[t] == 0 && hi[t] == a.n;
+  }
+  const float* pr = probs + r0 * kChunk;
+  float* o = st + r0 * S;
+  if (full) return WithRowCount(nr, pv, g, pr, std::int64_t{0}, a.n, o);
+  for (std::int64_t t = 0; t < nr; ++t)
+    if (hi[t] > lo[t])
+      pv(std::integral_constant<int, 1>(), g, pr + t * kChunk + lo[t], lo[t], hi[t] - lo[t], o + t * S);
+}
+
+// scores[g][r][0..n) hold raw dots q . k; apply the mask's score rule (a vector multiply in the common
+// case of no softcap and no ALiBi) and set the keys outside each row's range to -inf.
+HWY_INLINE void TransformScores(const ChunkArgs<float>& a, float* scores) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), R = a.group * a.seqlen_q, n = a.n;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const bool plain = a.mask->rule.softcap == 0;
+  const auto vs = hn::Set(df, static_cast<float>(a.mask->rule.scale));
+  for (std::int64_t g = 0; g < a.kv_heads; ++g)
+    for (std::int64_t r = 0; r < R; ++r) {
+      float* sr = scores + (g * R + r) * kChunk;
+      const std::int64_t i = r % a.seqlen_q;
+      const float slope = a.slopes[g * a.group + r / a.seqlen_q];
+      const std::int64_t lo = std::clamp<std::int64_t>(a.first_key[i] - a.j0, 0, n);
+      const std::int64_t hi = std::clamp<std::int64_t>(a.end_key[i] - a.j0, lo, n);
+      if (plain && slope == 0.0f) {  // Mask::score is dot * float(scale) here: the same product
+        for (std::int64_t c = 0; c < n; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, sr + c), vs), df, sr + c);
+      } else {
+        for (std::int64_t c = lo; c < hi; ++c) sr[c] = a.mask->score(sr[c], i, a.j0 + c, slope);
+      }
+      for (std::int64_t c = 0; c < lo; ++c) sr[c] = ninf;
+      for (std::int64_t c = hi; c < n; ++c) sr[c] = ninf;
+    }
+}
+
+// Prefetches kv head g's V row of key c (consumed by the head-by-head P V pass after the scores).
+template <class T>
+HWY_INLINE void PrefetchV(const ChunkArgs<float>& a, std::int64_t c, std::int64_t g) {
+  const char* vr = static_cast<const char*>(a.v_rows[c]) + g * a.v_head_stride * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t b = 0; b < a.head_dim * static_cast<std::int64_t>(sizeof(T)); b += 64)
+    __builtin_prefetch(vr + b, 0, 2);
+}
+
+// The key walk (every kv head of key c before key c + 1, so K is read front to back: the pattern the
+// hardware prefetcher streams best, about twice the head-by-head order on Zen 4), each kv head's V row
+// prefetched as its K row is consumed. It is latency-bound -- each K row's dot-product chains and the
+// reduction after them wait on the row's load -- so its instructions per key are kept few (no loop over
+// d, one vector store of four dots) and the out-of-order core overlaps more keys.
+//
+// Output layout: the dots of query rows 4b .. 4b + 3 of kv head g with key c are one 4-float group at
+// dots4[((g * RB + b) * kChunk + c) * 4], RB = ceil(R / 4), written by
+//   dots(nr, row, k, dst):  dst[t] = q_{row + t} . k for t < nr, dst[nr ..] = 0
+// where row = g * R + 4 b is the first of the nr <= 4 query rows and k is kv head g's K row of key c.
+template <class T, class DotsFn>
+HWY_INLINE void WalkKeys(const ChunkArgs<float>& a, float* dots4, DotsFn&& dots) {
+  const std::int64_t R = a.group * a.seqlen_q, RB = (R + 3) / 4;
+  const T* const* krows = reinterpret_cast<const T* const*>(a.k_rows);
+  for (std::int64_t c = 0; c < a.n; ++c)
+    for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+      PrefetchV<T>(a, c, g);
+      const T* kr = krows[c] + g * a.k_head_stride;
+      for (std::int64_t b = 0; b < RB; ++b)
+        dots(std::min<std::int64_t>(4, R - 4 * b), g * R + 4 * b, kr, dots4 + ((g * RB + b) * kChunk + c) * 4);
+    }
+}
+
+// De-interleaves WalkKeys' dots4 to scores[g][r][0 .. kChunk) (lanes past n are copied too; they are set
+// to -inf before use).
+HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, float* scores) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), R = a.group * a.seqlen_q, RB = (R + 3) / 4;
+  for (std::int64_t g = 0; g < a.kv_heads; ++g)
+    for (std::int64_t b = 0; b < RB; ++b) {
+      const float* src = dots4 + (g * RB + b) * kChunk * 4;
+      const std::int64_t nr = std::min<std::int64_t>(4, R - 4 * b);
+      float* dst = scores + (g * R + 4 * b) * kChunk;
+      for (std::int64_t c = 0; c < a.n; c += N) {
+        VF rows[4];
+        hn::LoadInterleaved4(df, src + c * 4, rows[0], rows[1], rows[2], rows[3]);
+        for (std::int64_t t = 0; t < nr; ++t) hn::StoreU(rows[t], df, dst + t * kChunk + c);
+      }
+    }
+}
+
+// One chunk, all kv heads: score_keys(dots4) fills the key walk's dots (WalkKeys), which become masked,
+// scaled scores; then per kv head g every row is folded (probabilities in the scratch) and P V is added
+// through pv (PvVisibleKeys).
+template <class ScoreKeysFn, class PvFn>
+HWY_INLINE void RunChunk(const ChunkArgs<float>& a, ScoreKeysFn&& score_keys, PvFn&& pv) {
+  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride;
+  float* scores = a.scratch;  // [kv_heads][R][kChunk]
+  float* probs = a.scratch + a.kv_heads * R * kChunk;
+  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
+  score_keys(dots4);
+  UntangleDots(a, dots4, scores);
+  TransformScores(a, scores);
+  for (std::int64_t g = 0; g < a.kv_heads; ++g) {
+    float* st = a.states + g * R * S;
+    for (std::int64_t r = 0; r < R; ++r)
+      FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2,
+              st + r * S + S - 1, d);
+    for (std::int64_t r0 = 0; r0 < R; r0 += 4)
+      PvVisibleKeys(a, g, r0, std::min<std::int64_t>(4, R - r0), probs, st, pv);
+  }
+}
+
+}  // namespace attn::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_DECODE_CHUNK_INL_H_
