@@ -218,6 +218,9 @@ HWY_INLINE void PrefetchV(const ChunkArgs<float>& a, std::int64_t c, std::int64_
 // dots4[((g * RB + b) * kChunk + c) * 4], RB = ceil(R / 4), written by
 //   dots(nr, row, k, dst):  dst[t] = q_{row + t} . k for t < nr, dst[nr ..] = 0
 // where row = g * R + 4 b is the first of the nr <= 4 query rows and k is kv head g's K row of key c.
+// Kernels form the row pointers in dots and pass them, through WithRowCount, to a lambda that captures
+// nothing: GCC then compiles the walk as tightly as a loop nest written out by hand (an inner lambda
+// that captures them costs several instructions per block).
 template <class T, class DotsFn>
 HWY_INLINE void WalkKeys(const ChunkArgs<float>& a, float* dots4, DotsFn&& dots) {
   const std::int64_t R = a.group * a.seqlen_q, RB = (R + 3) / 4;

@@ -127,10 +127,12 @@ HWY_INLINE void PvSum(const float* p, const T* const* vrows, std::int64_t vhs, s
 // The key walk with Dots4.
 template <class T, int D>
 void ScoreKeys(const ChunkArgs<float>& a, float* dots4) {
-  const std::int64_t d = D > 0 ? D : a.head_dim;
+  const auto dots = [](auto rows, const float* q, std::int64_t d, const T* k, float* dst) {
+    Dots4<decltype(rows)::value, D>(q, d, k, dst);
+  };
   WalkKeys<T>(a, dots4, [&](std::int64_t nr, std::int64_t row, const T* k, float* dst) {
-    const float* q = a.q + row * d;
-    WithRowCount(nr, [&](auto rows) { Dots4<decltype(rows)::value, D>(q, d, k, dst); });
+    const std::int64_t d = D > 0 ? D : a.head_dim;
+    WithRowCount(nr, dots, a.q + row * d, d, k, dst);
   });
 }
 
