@@ -41,13 +41,6 @@ A lse_at(const BackwardProblem& p, std::int64_t b, std::int64_t h, std::int64_t 
   return static_cast<const A*>(l.data)[b * l.strides[0] + h * l.strides[1] + i * l.strides[2]];
 }
 
-template <class A>
-A dot(const A* x, const A* y, std::int64_t d) {
-  A s = 0;
-  for (std::int64_t c = 0; c < d; ++c) s += x[c] * y[c];
-  return s;
-}
-
 // P, dP and dS (already through the transforms: dX) of query head h, over the visible keys of each row.
 template <class A>
 void head_matrices(const BackwardProblem& p, Buffers<A>& m, std::int64_t b, std::int64_t h) {
@@ -57,12 +50,12 @@ void head_matrices(const BackwardProblem& p, Buffers<A>& m, std::int64_t b, std:
   for (std::int64_t i = 0; i < sq; ++i) {
     const std::int64_t lo = mask.first_key(i), hi = std::max(lo, mask.end_key(i));
     const A lse = lse_at<A>(p, b, h, i);
-    const A D = dot(m.dO + i * d, m.O + i * d, d);
+    const A D = detail::dot(m.dO + i * d, m.O + i * d, d);
     for (std::int64_t j = lo; j < hi; ++j) {
-      const A x = dot(m.Q + i * d, m.K + j * d, d);
+      const A x = detail::dot(m.Q + i * d, m.K + j * d, d);
       const std::int64_t e = i * sk + j;
       m.P[e] = std::exp(mask.score(x, i, j, slope) - lse);
-      m.dP[e] = dot(m.dO + i * d, m.V + j * d, d);
+      m.dP[e] = detail::dot(m.dO + i * d, m.V + j * d, d);
       m.dS[e] = m.P[e] * (m.dP[e] - D) * p.rule.logit_grad(x);
     }
   }

@@ -50,13 +50,6 @@ struct Scratch {
   }
 };
 
-template <class A>
-A dot(const A* x, const A* y, std::int64_t d) {
-  A s = 0;
-  for (std::int64_t c = 0; c < d; ++c) s += x[c] * y[c];
-  return s;
-}
-
 // Each row's visible columns of key tile [j0, j0 + cols); false when no row of the tile sees any.
 template <class A>
 bool visible_ranges(const BackwardProblem& p, Scratch<A>& s, std::int64_t i0, std::int64_t rows, std::int64_t j0,
@@ -94,9 +87,9 @@ void recompute(const BackwardProblem& p, Scratch<A>& s, Tiles t, std::int64_t b,
   const A slope = static_cast<A>(p.rule.alibi_slope(b, h));
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = s.lo[r]; c < s.hi[r]; ++c) {
-      const A x = dot(s.Q + r * d, s.K + c * d, d);
+      const A x = detail::dot(s.Q + r * d, s.K + c * d, d);
       const A P = std::exp(mask.score(x, i0 + r, j0 + c, slope) - s.lse[r]);
-      const A dP = dot(s.dO + r * d, s.V + c * d, d);
+      const A dP = detail::dot(s.dO + r * d, s.V + c * d, d);
       s.P[r * t.bc + c] = P;
       s.dX[r * t.bc + c] = P * (dP - s.D[r]) * p.rule.logit_grad(x);
     }

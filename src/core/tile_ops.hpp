@@ -25,6 +25,14 @@ inline void pack_rows(A* dst, const TensorView& t, std::int64_t b, std::int64_t 
   }
 }
 
+// x . y over d elements, in index order (the portable kernels' one summation order).
+template <class A>
+inline A dot(const A* x, const A* y, std::int64_t d) {
+  A s = 0;
+  for (std::int64_t c = 0; c < d; ++c) s += x[c] * y[c];
+  return s;
+}
+
 // scores[c] = the score of query i against key j0 + c of a packed tile (scaled, soft-capped, ALiBi),
 // or -inf where that key is outside [first_key(i), end_key(i)).
 template <class A>
@@ -38,10 +46,7 @@ inline void score_row(const Problem& p, A* scores, const A* q, const A* k_tile, 
       scores[c] = -std::numeric_limits<A>::infinity();
       continue;
     }
-    const A* kc = k_tile + c * d;
-    A dot = 0;
-    for (std::int64_t x = 0; x < d; ++x) dot += q[x] * kc[x];
-    scores[c] = mask.score(dot, i, j, slope);
+    scores[c] = mask.score(dot(q, k_tile + c * d, d), i, j, slope);
   }
 }
 
