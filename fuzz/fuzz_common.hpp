@@ -53,6 +53,15 @@ constexpr std::int64_t kHugeWindows[] = {std::numeric_limits<std::int64_t>::max(
 constexpr double kExtremeSoftcaps[] = {3.4028234663852886e38, 1e30, 1e-30};
 constexpr double kExtremeScales[] = {0.0, -0.0, 1e-30, -1e-30, 3.4028234663852886e38, -3.4028234663852886e38};
 
+// Invalid values for the scale and softcap corruptions: non-finite, negative, or finite beyond the f32
+// range (rejected: docs/robustness.md).
+inline double bad_scale(int amount) {
+  return std::array<double, 5>{NAN, INFINITY, -INFINITY, 1e39, -1e300}[amount % 5];
+}
+inline double bad_softcap(int amount) {
+  return std::array<double, 5>{NAN, INFINITY, -0.5 - amount, 1e39, 1e300}[amount % 5];
+}
+
 // Whether a scale makes scores overflow to +-inf (NaN outputs are then the documented answer, so the
 // targets skip their bound checks).
 inline bool scale_may_overflow(const AttentionOptions& o) { return !(std::fabs(o.softmax_scale.value_or(1)) < 1e30); }

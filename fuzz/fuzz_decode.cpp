@@ -266,11 +266,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2);
       break;
     case kScale:
-      // Non-finite, or finite beyond the f32 range (rejected: docs/robustness.md).
-      o.softmax_scale = std::array<double, 5>{NAN, INFINITY, -INFINITY, 1e39, -1e300}[amount % 5];
+      o.softmax_scale = bad_scale(amount);
       break;
     case kSoftcap:
-      o.softcap = std::array<double, 5>{NAN, INFINITY, -0.5 - amount, 1e39, 1e300}[amount % 5];
+      o.softcap = bad_softcap(amount);
       break;
     case kWindow:
       (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
