@@ -17,6 +17,7 @@
 
 #include "attn/attention.hpp"
 #include "attn/backward.hpp"
+#include "backward/backward_kernel.hpp"
 #include "core/backward_problem.hpp"
 #include "core/tile_ops.hpp"
 
@@ -171,9 +172,8 @@ void query_tile(const BackwardProblem& p, Scratch<A>& s, const std::vector<A>& D
 }
 
 template <class T>
-void run(const BackwardProblem& p, Tiles t) {
+void run(const BackwardProblem& p, Tiles t, int threads) {
   using A = detail::Acc<T>;
-  const int threads = detail::resolve_threads(p.num_threads);
   // All scratch before anything is written: a bad_alloc leaves the gradients untouched.
   std::vector<A> D(static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q));
   std::vector<Scratch<A>> scratch;  // reserved: the tiles point into each element's storage
@@ -196,15 +196,26 @@ void run(const BackwardProblem& p, Tiles t) {
 
 }  // namespace
 
+namespace detail {
+
+void run_backward(const std::vector<BackwardProblem>& problems, const TileOptions& tiles, int threads) {
+  for (const BackwardProblem& p : problems) {
+    const TilePlan plan = plan_tiles(p.seqlen_q, p.seqlen_k, p.head_dim, p.dtype, tiles);
+    const Tiles t{std::max<std::int64_t>(1, std::min(plan.q_tile, p.seqlen_q)),
+                  std::max<std::int64_t>(1, std::min(plan.k_tile, p.seqlen_k))};
+    detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p, t, threads); });
+  }
+}
+
+}  // namespace detail
+
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const AttentionOptions& opts, const TileOptions& tiles) {
   const char* who = "attn::attention_backward";
   const BackwardProblem p = detail::validate_backward(who, q, k, v, out, dout, lse, dq, dk, dv, opts);
   detail::validate_tiles(who, tiles);
-  const TilePlan plan = plan_tiles(p.seqlen_q, p.seqlen_k, p.head_dim, p.dtype, tiles);
-  const Tiles t{std::min(plan.q_tile, p.seqlen_q), std::max<std::int64_t>(1, std::min(plan.k_tile, p.seqlen_k))};
-  detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p, t); });
+  detail::run_backward({p}, tiles, detail::resolve_threads(p.num_threads));
 }
 
 }  // namespace attn
