@@ -21,7 +21,7 @@ FUZZ_SECONDS     ?= 60
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
 ATTN_CUDA        ?= AUTO
-FUZZERS          := reference tiled splitk splitk_partials varlen decode
+FUZZERS          := reference tiled splitk splitk_partials varlen decode backward
 LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
 TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
 
