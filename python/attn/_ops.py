@@ -23,10 +23,8 @@ def _kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                 num_threads=num_threads)
 
 
-@torch.library.custom_op("attn::fwd", mutates_args=(), device_types="cpu")
-def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
-        window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
-        num_threads: int) -> Tuple[Tensor, Tensor]:
+def _fwd_eager(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
+               num_threads):
     b, sq, h, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=_lse_dtype(q), device=q.device)
@@ -35,20 +33,34 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal:
     return out, lse
 
 
+@torch.library.custom_op("attn::fwd", mutates_args=(), device_types="cpu")
+def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
+        window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
+        num_threads: int) -> Tuple[Tensor, Tensor]:
+    return _fwd_eager(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+                      seed, num_threads)
+
+
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
     b, sq, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, h, sq), dtype=_lse_dtype(q))
 
 
-@torch.library.custom_op("attn::bwd", mutates_args=(), device_types="cpu")
-def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: Optional[float],
-        causal: bool, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-        dropout_p: float, seed: int, num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _bwd_eager(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+               dropout_p, seed, num_threads):
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     _C.backward(q, k, v, out, dout, lse, dq, dk, dv, **_kw(softmax_scale, causal, window_left, window_right, softcap,
                                                            alibi_slopes, dropout_p, seed, num_threads))
     return dq, dk, dv
+
+
+@torch.library.custom_op("attn::bwd", mutates_args=(), device_types="cpu")
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: Optional[float],
+        causal: bool, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+        dropout_p: float, seed: int, num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _bwd_eager(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+                      alibi_slopes, dropout_p, seed, num_threads)
 
 
 @bwd.register_fake
@@ -57,10 +69,8 @@ def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-@torch.library.custom_op("attn::varlen_fwd", mutates_args=(), device_types="cpu")
-def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-               alibi_slopes: Optional[Tensor], dropout_p: float, seed: int, num_threads: int) -> Tuple[Tensor, Tensor]:
+def _varlen_fwd_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
+                      softcap, alibi_slopes, dropout_p, seed, num_threads):
     total_q, h, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((h, total_q), dtype=_lse_dtype(q), device=q.device)
@@ -70,6 +80,14 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
     return out, lse
 
 
+@torch.library.custom_op("attn::varlen_fwd", mutates_args=(), device_types="cpu")
+def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+               alibi_slopes: Optional[Tensor], dropout_p: float, seed: int, num_threads: int) -> Tuple[Tensor, Tensor]:
+    return _varlen_fwd_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
+                             softcap, alibi_slopes, dropout_p, seed, num_threads)
+
+
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
       dropout_p, seed, num_threads):
@@ -77,16 +95,22 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, w
     return q.new_empty(q.shape), q.new_empty((h, total_q), dtype=_lse_dtype(q))
 
 
-@torch.library.custom_op("attn::varlen_bwd", mutates_args=(), device_types="cpu")
-def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
-               cu_seqlens_k: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
-               window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
-               num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _varlen_bwd_eager(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
+                      window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     _C.varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                        **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
                              num_threads))
     return dq, dk, dv
+
+
+@torch.library.custom_op("attn::varlen_bwd", mutates_args=(), device_types="cpu")
+def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+               cu_seqlens_k: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
+               window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
+               num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _varlen_bwd_eager(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
+                             window_right, softcap, alibi_slopes, dropout_p, seed, num_threads)
 
 
 @varlen_bwd.register_fake
@@ -124,3 +148,49 @@ def _backward_varlen(ctx, dout, dlse):
 
 fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_varlen)
+
+
+# ---- eager mode: the same kernels and formulas through torch.autograd.Function, which costs a few
+# microseconds per call where the custom op's dispatch costs tens; torch.compile sees the custom ops.
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, *options):
+        out, lse = _fwd_eager(q.detach(), k.detach(), v.detach(), *options)
+        ctx.options = options
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        return _bwd_eager(dout.contiguous(), q, k, v, out, lse, *ctx.options) + (None,) * len(ctx.options)
+
+
+class _VarlenAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, *options):
+        out, lse = _varlen_fwd_eager(q.detach(), k.detach(), v.detach(), cu_q, cu_k, *options)
+        ctx.options = options
+        ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
+        grads = _varlen_bwd_eager(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
+        return grads + (None, None) + (None,) * len(ctx.options)
+
+
+def attention(q, k, v, *options):
+    """(out, lse) of attn::fwd, differentiable; the custom op under torch.compile, else the Function."""
+    if torch.compiler.is_compiling():
+        return fwd(q, k, v, *options)
+    return _Attention.apply(q, k, v, *options)
+
+
+def varlen_attention(q, k, v, cu_q, cu_k, *options):
+    if torch.compiler.is_compiling():
+        return varlen_fwd(q, k, v, cu_q, cu_k, *options)
+    return _VarlenAttention.apply(q, k, v, cu_q, cu_k, *options)

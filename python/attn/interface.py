@@ -54,7 +54,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         out, lse = _numpy_forward(q, k, v, opts)
     else:
         from . import _ops
-        out, lse = _ops.fwd(q, k, v, *opts)
+        out, lse = _ops.attention(q, k, v, *opts)
     return _result(out, lse, return_attn_probs)
 
 
@@ -84,7 +84,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            "use flash_attn_with_kvcache")
     from . import _ops
     opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
-    out, lse = _ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *opts)
+    out, lse = _ops.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *opts)
     return _result(out, lse, return_attn_probs)
 
 
