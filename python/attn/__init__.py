@@ -8,9 +8,11 @@ docs/python.md lists every function and what differs from flash-attn.
 from ._C import AttnError
 from ._threads import get_num_threads, set_num_threads
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
-                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
+                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
+                        flash_attn_with_kvcache)
 
 __all__ = ["AttnError", "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_with_kvcache",
            "get_num_threads", "set_num_threads"]
 __version__ = "0.1.0"

@@ -104,3 +104,37 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Decode over a KV cache: q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch, seqlen_cache,
+    nheads_k, headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table int32 (batch,
+    max_blocks) for any page_size >= 1; k, v (batch, seqlen_new, nheads_k, headdim) are written into the
+    cache in place at cache_seqlens before attending (cache_seqlens is not advanced, as in flash-attn).
+    cache_seqlens: int32 tensor (batch,), an int, or None (the whole cache). Returns out like q, or
+    (out, softmax_lse (batch, nheads, seqlen_q)). Not differentiable, as in flash-attn."""
+    import torch
+    who = "attn.flash_attn_with_kvcache"
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad)):
+        if value is not None:
+            raise _C.AttnError(f"{who}: {name}: not supported yet; must be None")
+    batch, seqlen_q, heads, _ = q.shape
+    if cache_seqlens is None:
+        full = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+        cache_seqlens = torch.full((batch,), full, dtype=torch.int32)
+    elif isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32)
+    left, right = _window(window_size)
+    out = torch.empty(q.shape, dtype=q.dtype)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32)
+    detach = lambda t: None if t is None else t.detach()
+    _C.kvcache(detach(q), detach(k_cache), detach(v_cache), out, lse if return_softmax_lse else None, cache_seqlens,
+               block_table, detach(k), detach(v), num_splits=int(num_splits),
+               softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
+               window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
+               num_threads=get_num_threads())
+    return (out, lse) if return_softmax_lse else out

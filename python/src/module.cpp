@@ -18,6 +18,7 @@
 
 #include "attn/attention.hpp"
 #include "attn/backward.hpp"
+#include "attn/decode.hpp"
 #include "attn/varlen.hpp"
 
 namespace nb = nanobind;
@@ -177,6 +178,40 @@ void varlen_backward(const Array& q, const Array& k, const Array& v, const Array
                                   views[8], cq, ck, batch, o);
 }
 
+// flash_attn_with_kvcache: attention_decode over a contiguous or paged cache, appending k_new/v_new in
+// place first. cache_seqlens int32 [batch]; block_table int32 [batch, max_pages] (row stride free).
+void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const Array& out, std::optional<Array> lse,
+             const Array& cache_seqlens, std::optional<Array> block_table, std::optional<Array> k_new,
+             std::optional<Array> v_new, std::int64_t num_splits, std::optional<double> scale, bool causal,
+             std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
+             std::uint64_t seed, std::uint64_t offset, int threads) {
+  const char* who = "attn.kvcache";
+  const attn::AttentionOptions o =
+      options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
+  const TensorView qv = view_of(who, "q", q, 4), ov = view_of(who, "out", out, 4);
+  attn::KVCache cache;
+  cache.k = view_of(who, "k_cache", k_cache, 4);
+  cache.v = view_of(who, "v_cache", v_cache, 4);
+  cache.seqlens = int32_data(who, "cache_seqlens", cache_seqlens, qv.shape[0]);
+  if (block_table) {
+    const Array& bt = *block_table;
+    if (bt.dtype() != nb::dtype<std::int32_t>() || bt.ndim() != 2 || (bt.shape(1) > 1 && bt.stride(1) != 1) ||
+        static_cast<std::int64_t>(bt.shape(0)) != qv.shape[0])
+      reject(who, "block_table", "must be int32 [batch, max_pages] with unit stride along pages");
+    cache.block_table = static_cast<const std::int32_t*>(bt.data());
+    cache.max_pages = static_cast<std::int64_t>(bt.shape(1));
+    cache.block_table_stride = bt.shape(0) > 1 ? bt.stride(0) : cache.max_pages;
+  }
+  attn::DecodeOptions dec;
+  dec.num_splits = num_splits;
+  TensorView kn, vn, lv;
+  if (k_new) kn = view_of(who, "k", *k_new, 4), dec.k_new = &kn;
+  if (v_new) vn = view_of(who, "v", *v_new, 4), dec.v_new = &vn;
+  if (lse) lv = view_of(who, "lse", *lse, 3);
+  nb::gil_scoped_release unlocked;
+  attn::attention_decode(qv, cache, ov, o, dec, lse ? &lv : nullptr);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -203,4 +238,8 @@ NB_MODULE(_C, m) {
   m.def("varlen_backward", &varlen_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
         ATTN_OPTION_ARGS, "attention_varlen_backward into dq, dk, dv.");
+  m.def("kvcache", &kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
+        nb::arg("v_new").none(), nb::arg("num_splits") = 0, ATTN_OPTION_ARGS,
+        "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place.");
 }

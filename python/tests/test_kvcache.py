@@ -1,0 +1,83 @@
+"""flash_attn_with_kvcache: decode over contiguous and paged caches (any page size, shuffled block
+tables), with k/v appended in place, against the PyTorch reference on the cache's first
+cache_seqlens + seqlen_new keys; the 2x rule against the textbook at the input dtype."""
+import pytest
+import torch
+
+import attn
+from test_flash_attn import SLACK, attention_ref, check_rule
+
+
+def make_case(b, sq, hk, group, d, max_len, new, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g).to(dtype)
+    q = rand(b, sq, hk * group, d)
+    k_cache, v_cache = rand(b, max_len, hk, d), rand(b, max_len, hk, d)
+    seqlens = torch.randint(0, max_len - new + 1, (b,), generator=g, dtype=torch.int32)
+    k_new, v_new = (rand(b, new, hk, d), rand(b, new, hk, d)) if new else (None, None)
+    return q, k_cache, v_cache, seqlens, k_new, v_new
+
+
+def paged(cache, page):
+    """The contiguous cache (b, max_len, hk, d) as pages of `page` slots in a shuffled pool."""
+    b, max_len, hk, d = cache.shape
+    per_seq = -(-max_len // page)
+    padded = torch.zeros(b, per_seq * page, hk, d, dtype=cache.dtype)
+    padded[:, :max_len] = cache
+    pages = padded.view(b * per_seq, page, hk, d)
+    order = torch.randperm(b * per_seq, generator=torch.Generator().manual_seed(page))
+    pool = torch.empty_like(pages)
+    pool[order] = pages
+    return pool, order.view(b, per_seq).to(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "paged1", "paged3", "paged16"])
+@pytest.mark.parametrize("sq,new,causal", [(1, 0, False), (1, 1, True), (3, 2, True), (4, 0, False)])
+def test_kvcache_matches_the_reference(dtype, layout, sq, new, causal):
+    b, hk, group, d, max_len = 3, 2, 4, 64, 70
+    q, k_cache, v_cache, seqlens, k_new, v_new = make_case(b, sq, hk, group, d, max_len, new, dtype, seed=sq + new)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for i in range(b):
+        n = int(seqlens[i])
+        if new:
+            want_k[i, n:n + new], want_v[i, n:n + new] = k_new[i], v_new[i]
+    block_table = None
+    if layout.startswith("paged"):
+        page = int(layout[5:])
+        k_cache, block_table = paged(k_cache, page)
+        v_cache, _ = paged(v_cache, page)
+    out, lse = attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                            block_table=block_table, causal=causal, return_softmax_lse=True,
+                                            num_splits=0 if layout != "paged3" else 5)
+    assert lse.shape == (b, hk * group, sq)
+    if block_table is not None:  # back to the contiguous layout to compare the cache
+        page = k_cache.shape[1]
+        k_cache = k_cache[block_table.long()].reshape(b, -1, hk, d)[:, :max_len]
+        v_cache = v_cache[block_table.long()].reshape(b, -1, hk, d)[:, :max_len]
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), "the cache after the append"
+    for i in range(b):
+        n = int(seqlens[i]) + new
+        args = (q[i:i + 1], want_k[i:i + 1, :n], want_v[i:i + 1, :n])
+        ref = attention_ref(*args, causal=causal)
+        textbook = attention_ref(*args, causal=causal, upcast=False)
+        check_rule(out[i:i + 1], ref, textbook, 2, dtype, f"sequence {i}")
+
+
+def test_kvcache_int_and_missing_seqlens():
+    q, k_cache, v_cache, _, _, _ = make_case(2, 1, 1, 2, 16, 9, 0, torch.float64, seed=1)
+    whole = attn.flash_attn_with_kvcache(q, k_cache, v_cache)
+    assert (whole - attention_ref(q, k_cache, v_cache)).abs().max().item() <= 1e-12
+    five = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=5)
+    assert (five - attention_ref(q, k_cache[:, :5], v_cache[:, :5])).abs().max().item() <= 1e-12
+
+
+def test_kvcache_bad_input():
+    q, k_cache, v_cache, seqlens, _, _ = make_case(2, 1, 1, 2, 16, 9, 0, torch.float32, seed=2)
+    with pytest.raises(RuntimeError, match="block_table"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                     block_table=torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(attn.AttnError, match="cache.seqlens.*exceeds the cache capacity"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([1, 99], dtype=torch.int32))
+    with pytest.raises(ValueError, match="rotary_cos: not supported yet"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(9, 8))
