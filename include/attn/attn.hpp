@@ -5,6 +5,7 @@
 #include "attn/backward.hpp"
 #include "attn/decode.hpp"
 #include "attn/io_model.hpp"
+#include "attn/merge.hpp"
 #include "attn/online_softmax.hpp"
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"

@@ -19,6 +19,7 @@
 #include "attn/attention.hpp"
 #include "attn/backward.hpp"
 #include "attn/decode.hpp"
+#include "attn/merge.hpp"
 #include "attn/varlen.hpp"
 
 namespace nb = nanobind;
@@ -212,6 +213,14 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
   attn::attention_decode(qv, cache, ov, o, dec, lse ? &lv : nullptr);
 }
 
+void merge_states(const Array& parts, const Array& parts_lse, const Array& out, const Array& lse) {
+  const char* who = "attn.merge_states";
+  const TensorView pv = view_of(who, "v", parts, 4), lv = view_of(who, "s", parts_lse, 3),
+                   ov = view_of(who, "out", out, 4), olv = view_of(who, "lse", lse, 3);
+  nb::gil_scoped_release unlocked;
+  attn::merge_states(pv, lv, ov, &olv);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -242,4 +251,7 @@ NB_MODULE(_C, m) {
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("num_splits") = 0, ATTN_OPTION_ARGS,
         "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place.");
+  m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),
+        "attn::merge_states: parts [rows, states, heads, d], parts_lse [rows, states, heads] into out "
+        "[rows, 1, heads, d], lse [rows, 1, heads].");
 }
