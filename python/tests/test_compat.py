@@ -1,0 +1,65 @@
+"""attn.flash_attn: `import flash_attn` after install() gives attn's functions and flash-attn's helper
+modules (bert_padding, layers.rotary, the private _flash_attn_forward/_backward)."""
+import torch
+
+import attn.flash_attn
+
+attn.flash_attn.install()
+
+import flash_attn  # noqa: E402
+from flash_attn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from flash_attn.bert_padding import pad_input, unpad_input  # noqa: E402
+from flash_attn.flash_attn_interface import _flash_attn_backward, _flash_attn_forward  # noqa: E402
+from flash_attn.layers.rotary import RotaryEmbedding, apply_rotary_emb  # noqa: E402
+
+
+def test_flash_attn_is_attn():
+    assert flash_attn.flash_attn_func is attn.flash_attn_func
+    assert flash_attn.__version__.startswith("2.")
+
+
+def test_unpad_varlen_pad_equals_padded_attention():
+    b, s, h, d = 3, 11, 2, 8
+    x = torch.randn(b, s, h * 3 * d, dtype=torch.float64)
+    mask = torch.arange(s).view(1, -1) < torch.tensor([11, 4, 7]).view(-1, 1)
+    packed, indices, cu, max_len, used = unpad_input(x, mask)
+    assert packed.shape[0] == 22 and cu.tolist() == [0, 11, 15, 22] and max_len == 11 and used.tolist() == [11, 4, 7]
+    assert torch.equal(pad_input(packed, indices, b, s)[mask], x[mask])
+    qkv = packed.view(-1, 3, h, d)
+    out = flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, max_len, max_len, causal=True)
+    padded = pad_input(out.reshape(-1, h * d), indices, b, s).view(b, s, h, d)
+    for i, n in enumerate((11, 4, 7)):
+        q = x[i:i + 1, :n].view(1, n, 3, h, d)
+        alone = flash_attn_func(q[:, :, 0], q[:, :, 1], q[:, :, 2], causal=True)
+        assert (padded[i, :n] - alone[0]).abs().max().item() <= 1e-12
+
+
+def test_rotary_matches_complex_multiplication():
+    b, s, h, d = 2, 9, 3, 16
+    x = torch.randn(b, s, h, d, dtype=torch.float64)
+    theta = torch.rand(s, d // 4, dtype=torch.float64) * 6  # rotary_dim = d / 2
+    cos, sin = theta.cos(), theta.sin()
+    for interleaved in (False, True):
+        got = apply_rotary_emb(x, cos, sin, interleaved=interleaved)
+        rot = x[..., : d // 2]
+        pairs = (rot.unflatten(-1, (-1, 2)) if interleaved else rot.unflatten(-1, (2, -1)).transpose(-1, -2))
+        z = torch.view_as_complex(pairs.contiguous()) * torch.polar(torch.ones_like(theta), theta)[None, :, None]
+        want = torch.view_as_real(z)
+        want = want.flatten(-2) if interleaved else want.transpose(-1, -2).flatten(-2)
+        assert (got[..., : d // 2] - want).abs().max().item() < 1e-12
+        assert torch.equal(got[..., d // 2:], x[..., d // 2:])
+    q, k = RotaryEmbedding(d)(x, x)
+    assert q.shape == x.shape and torch.allclose(q.norm(dim=-1), x.norm(dim=-1))
+
+
+def test_private_forward_and_backward_match_autograd():
+    q, k, v = (torch.randn(1, 13, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out, lse, _, rng = _flash_attn_forward(q, k, v, 0.0, None, True, -1, -1, 0.0, None, False)
+    ref = flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, ref.detach())
+    dout = torch.randn_like(out)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    d = _flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, None, True, -1, -1, 0.0, None, False, rng)
+    want = torch.autograd.grad(ref, (q, k, v), dout)
+    assert all(torch.equal(a, b) for a, b in zip((dq, dk, dv), want))
+    assert d.shape == (1, 2, 13) and (d - (dout * out).sum(-1).transpose(1, 2)).abs().max().item() < 1e-12
