@@ -5,6 +5,7 @@
 
 docs/python.md lists every function and what differs from flash-attn.
 """
+from . import check, io
 from ._C import AttnError
 from ._threads import get_num_threads, set_num_threads
 from .merge import merge_state, merge_states

@@ -10,6 +10,8 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
@@ -19,6 +21,7 @@
 #include "attn/attention.hpp"
 #include "attn/backward.hpp"
 #include "attn/decode.hpp"
+#include "attn/io_model.hpp"
 #include "attn/merge.hpp"
 #include "attn/varlen.hpp"
 
@@ -117,7 +120,10 @@ Options options(std::optional<double> scale, bool causal, std::int64_t wl, std::
   return {scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads};
 }
 
+// algorithm: "tiled" (the production kernel; q_tile/k_tile 0 = plan_tiles' choice), "reference" (the
+// textbook method, the oracle) or "splitk" (num_splits slices per row).
 void forward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+             const std::string& algorithm, std::int64_t q_tile, std::int64_t k_tile, std::int64_t num_splits,
              std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
              std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads) {
   const char* who = "attn.forward";
@@ -125,8 +131,15 @@ void forward(const Array& q, const Array& k, const Array& v, const Array& out, c
       options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
   const TensorView qv = view_of(who, "q", q, 4), kv = view_of(who, "k", k, 4), vv = view_of(who, "v", v, 4),
                    ov = view_of(who, "out", out, 4), lv = view_of(who, "lse", lse, 3);
+  attn::TileOptions tiles;
+  if (q_tile != 0) tiles.q_tile = q_tile;
+  if (k_tile != 0) tiles.k_tile = k_tile;
+  if (algorithm != "tiled" && algorithm != "reference" && algorithm != "splitk")
+    reject(who, "algorithm", "must be tiled, reference or splitk, got " + algorithm);
   nb::gil_scoped_release unlocked;
-  attn::attention_tiled(qv, kv, vv, ov, o, {}, &lv);
+  if (algorithm == "reference") return attn::attention_reference(qv, kv, vv, ov, o, &lv);
+  if (algorithm == "splitk") return attn::attention_splitk(qv, kv, vv, ov, o, {num_splits}, &lv);
+  attn::attention_tiled(qv, kv, vv, ov, o, tiles, &lv);
 }
 
 void backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout, const Array& lse,
@@ -221,6 +234,51 @@ void merge_states(const Array& parts, const Array& parts_lse, const Array& out, 
   attn::merge_states(pv, lv, ov, &olv);
 }
 
+nb::dict traffic_dict(const attn::io::Traffic& t) {
+  nb::dict d;
+  d["elements"] = t.elements;
+  d["bytes"] = t.bytes;
+  d["seconds"] = t.seconds;
+  d["block_rows"] = t.block_rows;
+  d["block_cols"] = t.block_cols;
+  d["passes"] = t.passes;
+  return d;
+}
+
+// attn::io::model (include/attn/io_model.hpp): the HBM traffic of the standard algorithm, tiled
+// Algorithm 1 and FlashAttention-2 at one (N, d, SRAM) point.
+nb::dict io_model(std::int64_t seqlen, std::int64_t head_dim, double sram_bytes, double element_bytes, double bandwidth,
+                  double derate) {
+  const attn::io::Report r = attn::io::model({seqlen, head_dim, sram_bytes, element_bytes, bandwidth, derate});
+  nb::dict d;
+  d["sram_elements"] = r.sram_elements;
+  d["standard"] = traffic_dict(r.standard);
+  d["tiled"] = traffic_dict(r.tiled);
+  d["fa2"] = traffic_dict(r.fa2);
+  d["reduction"] = r.reduction;
+  d["score_matrix_bytes"] = r.score_matrix_bytes;
+  return d;
+}
+
+// The counted simulation of one schedule: every HBM access of Algorithm 1 or FlashAttention-2 on random
+// f64 data, with its output checked against the reference.
+nb::dict io_count(const std::string& schedule, std::int64_t n, std::int64_t d, std::int64_t m, std::uint64_t seed) {
+  if (schedule != "algorithm1" && schedule != "fa2")
+    reject("attn.io.count", "schedule", "must be algorithm1 or fa2, got " + schedule);
+  attn::io::Counted c;
+  {
+    nb::gil_scoped_release unlocked;
+    c = schedule == "fa2" ? attn::io::count_fa2(n, d, m, seed) : attn::io::count_algorithm1(n, d, m, seed);
+  }
+  nb::dict r;
+  r["reads"] = c.reads;
+  r["writes"] = c.writes;
+  r["elements"] = c.elements;
+  r["sram_peak_elements"] = c.sram_peak_elements;
+  r["max_abs_diff"] = c.max_abs_diff;
+  return r;
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -236,8 +294,11 @@ NB_MODULE(_C, m) {
       PyErr_SetString(attn_error, e.what());
     }
   });
-  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), ATTN_OPTION_ARGS,
-        "attention_tiled into out and lse (rank-4 q, k, v, out; lse [batch, heads, seqlen_q]).");
+  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+        nb::arg("algorithm") = "tiled", nb::arg("q_tile") = 0, nb::arg("k_tile") = 0, nb::arg("num_splits") = 1,
+        ATTN_OPTION_ARGS,
+        "attention_tiled (or _reference, _splitk) into out and lse (rank-4 q, k, v, out; lse [batch, heads, "
+        "seqlen_q]).");
   m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), ATTN_OPTION_ARGS,
         "attention_backward into dq, dk, dv.");
@@ -254,4 +315,9 @@ NB_MODULE(_C, m) {
   m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),
         "attn::merge_states: parts [rows, states, heads, d], parts_lse [rows, states, heads] into out "
         "[rows, 1, heads, d], lse [rows, 1, heads].");
+  m.def("io_model", &io_model, nb::arg("seqlen") = 4096, nb::arg("head_dim") = 64, nb::arg("sram_bytes") = 192.0 * 1024,
+        nb::arg("element_bytes") = 2.0, nb::arg("bandwidth") = 3.35e12, nb::arg("derate") = 0.8,
+        "attn::io::model: the traffic of the three schedules (dict).");
+  m.def("io_count", &io_count, nb::arg("schedule"), nb::arg("n"), nb::arg("d"), nb::arg("m"), nb::arg("seed") = 1,
+        "attn::io::count_algorithm1 / count_fa2: the counted simulation (dict).");
 }
