@@ -13,7 +13,11 @@
 //   out          [batch, seqlen_q, heads, head_dim]
 //   lse          [batch, heads, seqlen_q] (optional): natural-log log-sum-exp of the scaled scores
 //
-// Sequence b attends over its first seqlen_k(b) = seqlens[b] + seqlen_new keys. Every mask is that of
+// Sequence b attends over its first seqlen_k(b) = seqlens[b] + seqlen_new keys. With cache.leftpad
+// (contiguous caches), over the keys at positions leftpad[b] .. seqlens[b] + seqlen_new - 1, so
+// seqlen_k(b) = seqlens[b] + seqlen_new - leftpad[b] (0 <= leftpad[b] <= seqlens[b]); with
+// cache.batch_idx, sequence b lives in cache row batch_idx[b] (in [0, max batch); distinct rows when
+// appending). Every mask is that of
 // attention_reference for the pair (seqlen_q, seqlen_k(b)): causal is aligned bottom-right, so with
 // seqlen_q = 3 and causal the last query sees all seqlen_k(b) keys and the first seqlen_k(b) - 2; the
 // window, softcap, ALiBi, scale and the fully-masked-row rule (out = 0, lse = -inf) are as in
@@ -48,6 +52,9 @@ struct KVCache {
   const std::int32_t* block_table = nullptr;  // nullptr: contiguous cache; else [batch, max_pages]
   std::int64_t max_pages = 0;                 // columns of block_table
   std::int64_t block_table_stride = 0;        // elements between rows of block_table; 0 = max_pages
+  // Contiguous caches only (flash-attn's cache_batch_idx and cache_leftpad); nullptr = off.
+  const std::int32_t* batch_idx = nullptr;  // [batch]: sequence b reads and appends cache row batch_idx[b]
+  const std::int32_t* leftpad = nullptr;    // [batch]: sequence b's keys start at position leftpad[b]
 };
 
 struct DecodeOptions {

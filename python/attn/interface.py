@@ -114,12 +114,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     nheads_k, headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table int32 (batch,
     max_blocks) for any page_size >= 1; k, v (batch, seqlen_new, nheads_k, headdim) are written into the
     cache in place at cache_seqlens before attending (cache_seqlens is not advanced, as in flash-attn).
-    cache_seqlens: int32 tensor (batch,), an int, or None (the whole cache). Returns out like q, or
-    (out, softmax_lse (batch, nheads, seqlen_q)). Not differentiable, as in flash-attn."""
+    cache_seqlens: int32 tensor (batch,), an int, or None (the whole cache). cache_batch_idx int32 (batch,):
+    sequence b uses cache row cache_batch_idx[b]; cache_leftpad int32 (batch,): its keys start at that
+    position (both for contiguous caches, as in flash-attn). Returns out like q, or (out, softmax_lse
+    (batch, nheads, seqlen_q)). Not differentiable, as in flash-attn."""
     import torch
     who = "attn.flash_attn_with_kvcache"
-    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
-                        ("cache_leftpad", cache_leftpad)):
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         if value is not None:
             raise _C.AttnError(f"{who}: {name}: not supported yet; must be None")
     batch, seqlen_q, heads, _ = q.shape
@@ -133,7 +134,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32)
     detach = lambda t: None if t is None else t.detach()
     _C.kvcache(detach(q), detach(k_cache), detach(v_cache), out, lse if return_softmax_lse else None, cache_seqlens,
-               block_table, detach(k), detach(v), num_splits=int(num_splits),
+               block_table, detach(k), detach(v), cache_batch_idx, cache_leftpad, num_splits=int(num_splits),
                softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
                window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
                num_threads=get_num_threads())

@@ -69,11 +69,15 @@ TensorView view_of(const char* who, const char* arg, const Array& a, int rank, b
   return v;
 }
 
-const std::int32_t* int32_data(const char* who, const char* arg, const Array& a, std::int64_t want) {
+// `want_name` says what `want` counts ("batch", "batch + 1").
+const std::int32_t* int32_data(const char* who, const char* arg, const Array& a, std::int64_t want,
+                               const char* want_name = "batch") {
   if (a.dtype() != nb::dtype<std::int32_t>() || a.ndim() != 1 || (a.shape(0) > 1 && a.stride(0) != 1))
     reject(who, arg, "must be a contiguous 1-D int32 array");
   if (static_cast<std::int64_t>(a.shape(0)) != want)
-    reject(who, arg, "must hold batch + 1 = " + std::to_string(want) + " entries, got " + std::to_string(a.shape(0)));
+    reject(who, arg,
+           std::string("must hold ") + want_name + " = " + std::to_string(want) + " entries, got " +
+               std::to_string(a.shape(0)));
   return static_cast<const std::int32_t*>(a.data());
 }
 
@@ -164,8 +168,8 @@ void varlen_forward(const Array& q, const Array& k, const Array& v, const Array&
   const attn::AttentionOptions o =
       options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
   const std::int64_t batch = static_cast<std::int64_t>(cu_seqlens_q.shape(0)) - 1;
-  const std::int32_t *cq = int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1),
-                     *ck = int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1);
+  const std::int32_t *cq = int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1, "batch + 1"),
+                     *ck = int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1");
   const TensorView qv = view_of(who, "q", q, 3), kv = view_of(who, "k", k, 3), vv = view_of(who, "v", v, 3),
                    ov = view_of(who, "out", out, 3), lv = view_of(who, "lse", lse, 3, true);
   nb::gil_scoped_release unlocked;
@@ -181,8 +185,8 @@ void varlen_backward(const Array& q, const Array& k, const Array& v, const Array
   const attn::AttentionOptions o =
       options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
   const std::int64_t batch = static_cast<std::int64_t>(cu_seqlens_q.shape(0)) - 1;
-  const std::int32_t *cq = int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1),
-                     *ck = int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1);
+  const std::int32_t *cq = int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1, "batch + 1"),
+                     *ck = int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1");
   const TensorView views[] = {
       view_of(who, "q", q, 3),     view_of(who, "k", k, 3),       view_of(who, "v", v, 3),
       view_of(who, "out", out, 3), view_of(who, "dout", dout, 3), view_of(who, "lse", lse, 3, true),
@@ -196,9 +200,10 @@ void varlen_backward(const Array& q, const Array& k, const Array& v, const Array
 // place first. cache_seqlens int32 [batch]; block_table int32 [batch, max_pages] (row stride free).
 void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const Array& out, std::optional<Array> lse,
              const Array& cache_seqlens, std::optional<Array> block_table, std::optional<Array> k_new,
-             std::optional<Array> v_new, std::int64_t num_splits, std::optional<double> scale, bool causal,
-             std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
-             std::uint64_t seed, std::uint64_t offset, int threads) {
+             std::optional<Array> v_new, std::optional<Array> batch_idx, std::optional<Array> leftpad,
+             std::int64_t num_splits, std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr,
+             double softcap, std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset,
+             int threads) {
   const char* who = "attn.kvcache";
   const attn::AttentionOptions o =
       options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
@@ -216,6 +221,8 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
     cache.max_pages = static_cast<std::int64_t>(bt.shape(1));
     cache.block_table_stride = bt.shape(0) > 1 ? bt.stride(0) : cache.max_pages;
   }
+  if (batch_idx) cache.batch_idx = int32_data(who, "cache_batch_idx", *batch_idx, qv.shape[0]);
+  if (leftpad) cache.leftpad = int32_data(who, "cache_leftpad", *leftpad, qv.shape[0]);
   attn::DecodeOptions dec;
   dec.num_splits = num_splits;
   TensorView kn, vn, lv;
@@ -310,7 +317,8 @@ NB_MODULE(_C, m) {
         ATTN_OPTION_ARGS, "attention_varlen_backward into dq, dk, dv.");
   m.def("kvcache", &kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
-        nb::arg("v_new").none(), nb::arg("num_splits") = 0, ATTN_OPTION_ARGS,
+        nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
+        nb::arg("num_splits") = 0, ATTN_OPTION_ARGS,
         "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place.");
   m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),
         "attn::merge_states: parts [rows, states, heads, d], parts_lse [rows, states, heads] into out "

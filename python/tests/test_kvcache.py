@@ -81,3 +81,23 @@ def test_kvcache_bad_input():
         attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([1, 99], dtype=torch.int32))
     with pytest.raises(ValueError, match="rotary_cos: not supported yet"):
         attn.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(9, 8))
+
+
+def test_cache_batch_idx_and_leftpad():
+    q, k_cache, v_cache, _, _, _ = make_case(3, 1, 2, 2, 16, 30, 0, torch.float64, seed=7)
+    k_cache, v_cache = torch.cat((k_cache, k_cache.flip(0))), torch.cat((v_cache, v_cache.flip(0)))  # 6 rows
+    batch_idx = torch.tensor([4, 0, 2], dtype=torch.int32)
+    leftpad = torch.tensor([3, 0, 9], dtype=torch.int32)
+    seqlens = torch.tensor([12, 7, 30], dtype=torch.int32)
+    k_new, v_new = torch.randn(3, 1, 2, 16, dtype=torch.float64), torch.randn(3, 1, 2, 16, dtype=torch.float64)
+    seqlens[2] = 29  # room for the append
+    out = attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                       cache_batch_idx=batch_idx, cache_leftpad=leftpad, causal=True)
+    for b in range(3):
+        r, first, end = int(batch_idx[b]), int(leftpad[b]), int(seqlens[b]) + 1
+        assert torch.equal(k_cache[r, end - 1], k_new[b, 0])
+        ref = attention_ref(q[b:b + 1], k_cache[r:r + 1, first:end], v_cache[r:r + 1, first:end], causal=True)
+        assert (out[b] - ref[0]).abs().max().item() <= 1e-12
+    with pytest.raises(attn.AttnError, match="cache.batch_idx: sequences 0 and 1 append into cache row 4"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                     cache_batch_idx=torch.tensor([4, 4, 2], dtype=torch.int32))

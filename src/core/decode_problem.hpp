@@ -27,20 +27,24 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   const std::int32_t* seqlens;
   const std::int32_t* block_table;
   std::int64_t bt_stride;
+  const std::int32_t* batch_idx;  // contiguous caches: sequence b's cache row; nullptr = b
+  const std::int32_t* leftpad;    // contiguous caches: sequence b's first key position; nullptr = 0
 
   std::int64_t group() const { return heads / kv_heads; }
-  std::int64_t seqlen_k(std::int64_t b) const { return std::int64_t{seqlens[b]} + seqlen_new; }
+  std::int64_t first_position(std::int64_t b) const { return leftpad ? std::int64_t{leftpad[b]} : 0; }
+  // Keys sequence b attends over: positions first_position(b) .. seqlens[b] + seqlen_new - 1.
+  std::int64_t seqlen_k(std::int64_t b) const { return std::int64_t{seqlens[b]} + seqlen_new - first_position(b); }
   Mask mask(std::int64_t b) const { return rule.for_sequence(b).mask(seqlen_q, seqlen_k(b)); }
-  // Element offset of key `pos` of sequence b, kv head 0, in a cache view with t's strides.
+  // Element offset of cache position `pos` of sequence b, kv head 0, in a cache view with t's strides.
   std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t pos) const {
-    return cache_row_offset(b, pos, t.strides[0], t.strides[1], paged ? block_table : nullptr, bt_stride, page_size);
+    const std::int64_t row = batch_idx ? std::int64_t{batch_idx[b]} : b;
+    return cache_row_offset(row, pos, t.strides[0], t.strides[1], paged ? block_table : nullptr, bt_stride, page_size);
+  }
+  // Element offset of the j-th key sequence b attends over.
+  std::int64_t key_offset(const TensorView& t, std::int64_t b, std::int64_t j) const {
+    return row_offset(t, b, first_position(b) + j);
   }
 };
-
-// Checks every argument (see include/attn/decode.hpp) and throws std::invalid_argument on the first
-// bad one; writes nothing.
-DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
-                              const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse);
 
 // Checks every argument (see include/attn/decode.hpp) and throws std::invalid_argument on the first
 // bad one; writes nothing. Reads seqlens and block_table, so they must be host memory.

@@ -9,6 +9,8 @@
 //   k_new and v_new: both or neither
 //   cache.seqlens: not null; each >= 0 and seqlens[b] + seqlen_new <= capacity (max_seqlen, or
 //       max_pages x page_size)
+//   cache.batch_idx / cache.leftpad: contiguous caches only; batch_idx entries in [0, cache rows), distinct
+//       when appending (the cache's batch may then differ from q's); 0 <= leftpad[b] <= seqlens[b]
 //   cache.block_table: max_pages >= 1, block_table_stride >= max_pages; the entries of the pages that
 //       hold keys [0, seqlens[b] + seqlen_new) in [0, num_pages); appended slots written once
 //   out, lse: no self-aliasing, no overlap with any input or each other; when appending, the cache must
@@ -44,6 +46,42 @@ void require_dtype(std::string_view who, std::string_view arg, DType got, DType 
     fail(who, arg,
          "dtype must match " + std::string(whose) + "'s (" + std::string(dtype_name(want)) + "), got " +
              std::string(dtype_name(got)));
+}
+
+// cache.batch_idx and cache.leftpad (contiguous caches): batch_idx[b] in [0, rows of the cache), distinct
+// when appending; 0 <= leftpad[b] <= seqlens[b] (seqlens checked before). Returns the arrays' span (one
+// of them: they are inputs that out and lse must not overlap; both are checked against the cache).
+Span check_row_maps(std::string_view who, const KVCache& cache, std::int64_t batch, bool paged, bool appending) {
+  if (paged && (cache.batch_idx || cache.leftpad))
+    fail(who, cache.batch_idx ? "cache.batch_idx" : "cache.leftpad",
+         "only for contiguous caches (a paged cache maps sequences through block_table)");
+  Span span{};
+  if (cache.batch_idx) {
+    std::vector<std::pair<std::int32_t, std::int64_t>> rows;
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const std::int64_t r = cache.batch_idx[b];
+      if (r < 0 || r >= cache.k.shape[0])
+        fail(who, "cache.batch_idx",
+             "entry [" + str(b) + "] = " + str(r) + " must be in [0, cache rows = " + str(cache.k.shape[0]) + ")");
+      rows.emplace_back(cache.batch_idx[b], b);
+    }
+    std::sort(rows.begin(), rows.end());
+    for (std::size_t i = 1; appending && i < rows.size(); ++i)
+      if (rows[i].first == rows[i - 1].first)
+        fail(who, "cache.batch_idx",
+             "sequences " + str(rows[i - 1].second) + " and " + str(rows[i].second) + " append into cache row " +
+                 str(rows[i].first));
+    span = int32_span(cache.batch_idx, batch);
+  }
+  if (cache.leftpad) {
+    for (std::int64_t b = 0; b < batch; ++b)
+      if (cache.leftpad[b] < 0 || cache.leftpad[b] > cache.seqlens[b])
+        fail(who, "cache.leftpad",
+             "entry [" + str(b) + "] = " + str(cache.leftpad[b]) +
+                 " must be in [0, seqlens[b] = " + str(cache.seqlens[b]) + "]");
+    if (span.empty()) span = int32_span(cache.leftpad, batch);
+  }
+  return span;
 }
 
 }  // namespace
@@ -90,7 +128,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   require_equal(who, "cache.k", "head_dim", cache.k.shape[3], "q", d);
   if (heads % kv_heads != 0)
     fail(who, "q", "heads (" + str(heads) + ") must be a multiple of cache.k's kv_heads (" + str(kv_heads) + ")");
-  if (!paged) require_equal(who, "cache.k", "batch", cache.k.shape[0], "q", batch);
+  if (!paged && !cache.batch_idx) require_equal(who, "cache.k", "batch", cache.k.shape[0], "q", batch);
   for (auto [name, t] : {std::pair<const char*, const TensorView*>{"cache.k", &cache.k}, {"cache.v", &cache.v}})
     if (d > 1 && t->strides[3] != 1)
       fail(who, name, "last dimension must be contiguous (stride[3] = 1), got stride " + str(t->strides[3]));
@@ -149,12 +187,19 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     }
   }
 
+  const Span sidx = check_row_maps(who, cache, batch, paged, append && seqlen_new > 0);
+
   // Aliasing and overlaps.
   check_no_self_alias(who, "out", out);
   if (lse) check_no_self_alias(who, "lse", *lse);
-  const std::pair<const char*, Span> inputs[] = {
-      {"q", sq},      {"cache.k", sk},         {"cache.v", sv},           {"k_new", skn},
-      {"v_new", svn}, {"cache.seqlens", sseq}, {"cache.block_table", sbt}};
+  const std::pair<const char*, Span> inputs[] = {{"q", sq},
+                                                 {"cache.k", sk},
+                                                 {"cache.v", sv},
+                                                 {"k_new", skn},
+                                                 {"v_new", svn},
+                                                 {"cache.seqlens", sseq},
+                                                 {"cache.block_table", sbt},
+                                                 {"cache.batch_idx / leftpad", sidx}};
   for (auto [name, s] : inputs) {
     if (overlaps(so, s)) fail(who, "out", std::string("overlaps input ") + name);
     if (overlaps(sl, s)) fail(who, "lse", std::string("overlaps input ") + name);
@@ -215,6 +260,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   p.seqlens = cache.seqlens;
   p.block_table = cache.block_table;
   p.bt_stride = bt_stride;
+  p.batch_idx = cache.batch_idx;
+  p.leftpad = cache.leftpad;
   return p;
 }
 

@@ -225,8 +225,8 @@ class ItemWorker {
     const auto* kbase = static_cast<const unsigned char*>(p_.k.data);
     const auto* vbase = static_cast<const unsigned char*>(p_.v.data);
     for (std::int64_t c = 0; c < n; ++c) {
-      rows_[c] = kbase + p_.row_offset(p_.k, b, j + c) * es;
-      rows_[kChunk + c] = vbase + p_.row_offset(p_.v, b, j + c) * es;
+      rows_[c] = kbase + p_.key_offset(p_.k, b, j + c) * es;
+      rows_[kChunk + c] = vbase + p_.key_offset(p_.v, b, j + c) * es;
     }
   }
 
