@@ -57,6 +57,22 @@ struct KVCache {
   const std::int32_t* leftpad = nullptr;    // [batch]: sequence b's keys start at position leftpad[b]
 };
 
+// Rotary position embedding tables (flash-attn's rotary_cos, rotary_sin, rotary_interleaved): cos and
+// sin are dense row-major [positions, rotary_dim / 2] arrays of `dtype` (f32, or f64 for an f64
+// cache). Applied only with k_new/v_new: each appended key at cache position p = seqlens[b] + t has
+// its first rotary_dim features rotated by row p before it is written, and q row i is rotated by row
+// seqlens[b] + i when the mask is causal or windowed, else by row seqlens[b] (every query at that
+// position), as flash-attn does; v is not rotated. Pairs are (c, c + rotary_dim / 2), or (2c, 2c + 1)
+// when interleaved. rotary_dim is even, 2..head_dim; every position used must be < positions.
+struct RotaryTables {
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t positions = 0;
+  std::int64_t rotary_dim = 0;
+  bool interleaved = false;
+};
+
 struct DecodeOptions {
   // Key slices per sequence; 0 = automatic (decode_num_splits). Any value >= 1 is valid and gives the
   // same result up to rounding; more slices than keys leaves some empty.
@@ -64,6 +80,8 @@ struct DecodeOptions {
   // New keys and values appended to the cache before attending (both or neither).
   const TensorView* k_new = nullptr;
   const TensorView* v_new = nullptr;
+  // Rotary embedding of k_new and q before attending (see RotaryTables); nullptr = none.
+  const RotaryTables* rotary = nullptr;
 };
 
 void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out,

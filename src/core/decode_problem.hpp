@@ -29,6 +29,8 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   std::int64_t bt_stride;
   const std::int32_t* batch_idx;  // contiguous caches: sequence b's cache row; nullptr = b
   const std::int32_t* leftpad;    // contiguous caches: sequence b's first key position; nullptr = 0
+  const RotaryTables* rotary;     // nullptr = no rotary embedding
+  bool rotary_q_per_row;          // causal or windowed: q row i at seqlens[b] + i, else all at seqlens[b]
 
   std::int64_t group() const { return heads / kv_heads; }
   std::int64_t first_position(std::int64_t b) const { return leftpad ? std::int64_t{leftpad[b]} : 0; }
@@ -39,6 +41,10 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t pos) const {
     const std::int64_t row = batch_idx ? std::int64_t{batch_idx[b]} : b;
     return cache_row_offset(row, pos, t.strides[0], t.strides[1], paged ? block_table : nullptr, bt_stride, page_size);
+  }
+  // The rotary table row of query row i of sequence b.
+  std::int64_t query_position(std::int64_t b, std::int64_t i) const {
+    return std::int64_t{seqlens[b]} + (rotary_q_per_row ? i : 0);
   }
   // Element offset of the j-th key sequence b attends over.
   std::int64_t key_offset(const TensorView& t, std::int64_t b, std::int64_t j) const {

@@ -17,6 +17,8 @@
 //       not alias itself or overlap k_new, v_new, q, seqlens, block_table, and cache.k and cache.v must
 //       not overlap
 //   options: as validate.cpp (scale, threads, window, softcap, ALiBi); num_splits >= 0
+//   rotary: only with k_new/v_new; cos, sin not null; dtype f32 or f64; rotary_dim even in [2, head_dim];
+//       positions cover every position used
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -82,6 +84,31 @@ Span check_row_maps(std::string_view who, const KVCache& cache, std::int64_t bat
     if (span.empty()) span = int32_span(cache.leftpad, batch);
   }
   return span;
+}
+
+// dec.rotary: tables present, f32 or f64, rotary_dim even in
+// [2, head_dim], only with k_new/v_new, and every position used (keys up to seqlens[b] + seqlen_new - 1,
+// queries up to seqlens[b] + seqlen_q - 1 or seqlens[b]) < positions.
+void check_rotary(std::string_view who, const DecodeOptions& dec, const KVCache& cache, std::int64_t batch,
+                  std::int64_t d, std::int64_t seqlen_q, std::int64_t seqlen_new, bool q_per_row) {
+  const RotaryTables* r = dec.rotary;
+  if (!r) return;
+  if (!dec.k_new) fail(who, "rotary", "needs k_new and v_new (it rotates the appended keys and q)");
+  if (!r->cos || !r->sin) fail(who, r->cos ? "rotary.sin" : "rotary.cos", "data pointer is null");
+  if (r->dtype != DType::f32 && r->dtype != DType::f64)
+    fail(who, "rotary.dtype", "must be f32 or f64, got " + std::string(dtype_name(r->dtype)));
+  if (r->rotary_dim < 2 || r->rotary_dim % 2 != 0 || r->rotary_dim > d)
+    fail(who, "rotary.rotary_dim", "must be even and in [2, head_dim = " + str(d) + "], got " + str(r->rotary_dim));
+  std::int64_t need = 0;
+  for (std::int64_t b = 0; b < batch; ++b)
+    need = std::max(need, std::int64_t{cache.seqlens[b]} + std::max(seqlen_new, q_per_row ? seqlen_q : 1));
+  if (r->positions < need)
+    fail(who, "rotary.positions",
+         "must cover every position used (" + str(need) + " = max seqlens[b] + max(seqlen_new, " +
+             (q_per_row ? "seqlen_q" : "1") + ")), got " + str(r->positions));
+  std::int64_t extent = 0;
+  if (!checked_mul(r->positions, r->rotary_dim / 2, extent) || extent > (std::int64_t{1} << 60))
+    fail(who, "rotary.positions", "sizes overflow");
 }
 
 }  // namespace
@@ -235,6 +262,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
 
   // Options.
   const ResolvedOptions resolved = resolve_options(who, opts, d);
+  const bool q_per_row = resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0;
+  check_rotary(who, dec, cache, batch, d, sqn, seqlen_new, q_per_row);
   if (dec.num_splits < 0) fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + str(dec.num_splits));
 
   DecodeProblem p{};
@@ -262,6 +291,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   p.bt_stride = bt_stride;
   p.batch_idx = cache.batch_idx;
   p.leftpad = cache.leftpad;
+  p.rotary = dec.rotary;
+  p.rotary_q_per_row = q_per_row;
   return p;
 }
 

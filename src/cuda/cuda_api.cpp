@@ -191,6 +191,7 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   const bool paged = cache.block_table != nullptr;
   if (cache.batch_idx) fail(who, "cache.batch_idx", "not supported by the CUDA backend yet; must be null");
   if (cache.leftpad) fail(who, "cache.leftpad", "not supported by the CUDA backend yet; must be null");
+  if (dec.rotary) fail(who, "rotary", "not supported by the CUDA backend yet; must be null");
   if (!cache.seqlens) fail(who, "cache.seqlens", "data pointer is null");
   const std::int64_t batch = q.rank == 4 ? q.shape[0] : 0;
   if (batch < 1) detail::check_view(who, "q", q, 4, false);  // throws with the view rule

@@ -31,6 +31,7 @@
 #include "core/slice_groups.hpp"
 #include "core/split.hpp"
 #include "core/tile_ops.hpp"
+#include "core/rotary.hpp"
 #include "decode/decode_internal.hpp"
 
 namespace attn {
@@ -140,14 +141,15 @@ PackedQueries<A> pack_queries(const DecodeProblem& p) {
           const std::int64_t at = ((b * p.heads + h) * p.seqlen_q + i) * d;
           for (std::int64_t c = 0; c < d; ++c)
             pq.q[static_cast<std::size_t>(at + c)] = load<A>(src[c * p.q.strides[3]]);
+          if (p.rotary) rotate_row(pq.q.data() + at, *p.rotary, p.query_position(b, i));
           if constexpr (std::is_same_v<Q, bf16_t>)
-            if (split_q)
+            if (split_q && !p.rotary)  // a rotated q is no longer its own bf16 value
               for (std::int64_t c = 0; c < d; ++c)
                 pq.q_hi[static_cast<std::size_t>(at + c)] = src[c * p.q.strides[3]].bits;
         }
   });
   if constexpr (std::is_same_v<A, float>) {
-    if (split_q && p.q_dtype != DType::bf16) {
+    if (split_q && (p.q_dtype != DType::bf16 || p.rotary)) {
       pq.q_lo.resize(q_size);
       std::uint32_t inexact = 0;  // any q_lo other than +-0 (a NaN q gives a NaN q_lo)
       for (std::size_t e = 0; e < q_size; ++e) {
