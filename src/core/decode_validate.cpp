@@ -14,7 +14,7 @@
 //   out, lse: no self-aliasing, no overlap with any input or each other; when appending, the cache must
 //       not alias itself or overlap k_new, v_new, q, seqlens, block_table, and cache.k and cache.v must
 //       not overlap
-//   options: as validate.cpp (scale, threads, window, softcap, ALiBi); num_splits >= 0
+//   options: as validate.cpp (scale, threads, window, softcap, ALiBi); dropout_p must be 0; num_splits >= 0
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -190,6 +190,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
 
   // Options.
   const ResolvedOptions resolved = resolve_options(who, opts, d);
+  reject_dropout(who, resolved.dropout, "decode is an inference path");
   if (dec.num_splits < 0) fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + str(dec.num_splits));
 
   DecodeProblem p{};
