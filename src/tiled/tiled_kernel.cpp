@@ -17,6 +17,8 @@
 //     per row: m_new = max(m, tile max); alpha = rescale_factor(m, m_new); P^T = exp(S^T - m_new) in
 //              place (NaN where S^T - m_new is NaN: a NaN score, or +inf - +inf, as in attn::fold),
 //              l = l alpha + sum P (vectorised along queries: all of these are lane-wise)
+//     with dropout: P^T *= Z / (1 - p) in place (DropTile), after l and before P V, so l and lse stay
+//              those of the undropped softmax
 //     O [R][dp] = O alpha + P V   register block: 4 query rows (broadcast P) x CV vectors of d
 //   finalize each row (attn::finalize: l = 0 gives out 0, lse -inf) and store it converted to T.
 // Lanes run along queries in S^T, so the softmax needs no horizontal reductions, and K and V are used
@@ -170,6 +172,19 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTas
   }
 }
 
+// Dropout (core/dropout.hpp) on this key tile's P^T [n][R], in place, over the keys each real row
+// sees: the one place the forward drops weights. It runs after l has summed the undropped P and before
+// P V, and not at all without dropout. Scalar: one Philox call per row and group of four keys.
+template <class A, class HeadOf, class QueryOf>
+HWY_NOINLINE void DropTile(const Problem& p, std::int64_t b, std::int64_t j0, A* s, std::size_t R, std::size_t real,
+                           const Rows<A>& rows, HeadOf head_of, QueryOf query_of) {
+  for (std::size_t r = 0; r < real; ++r) {
+    const auto lo = static_cast<std::int64_t>(rows.lo[r]), hi = static_cast<std::int64_t>(rows.hi[r]);
+    p.dropout.scale_row(b, head_of(r), query_of(r), j0 + lo, j0 + hi, s + static_cast<std::size_t>(lo) * R + r,
+                        static_cast<std::int64_t>(R));
+  }
+}
+
 // One thread's scratch, carved from a single aligned block (sizes in accumulator elements).
 template <class A>
 struct Scratch {
@@ -287,6 +302,7 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
       }
       hn::Store(hn::MulAdd(hn::Load(d, rw.l + r), hn::Load(d, rw.alpha + r), sum), d, rw.l + r);
     }
+    if (p.dropout.enabled()) DropTile(p, b, j0, w.s, R, real, rw, head_of, query_of);
 
     // O = O alpha + P V, d split into near-equal chunks of at most kMaxCv vectors.
     const int dv = static_cast<int>(dp / N);

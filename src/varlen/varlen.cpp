@@ -38,6 +38,8 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   const detail::Problem all = detail::validate(kWho, q4, k4, v4, &o4, opts, lse);
   detail::check_cu_seqlens(kWho, "cu_seqlens_q", cu_seqlens_q, batch, all.seqlen_q);
   detail::check_cu_seqlens(kWho, "cu_seqlens_k", cu_seqlens_k, batch, all.seqlen_k);
+  // The problem's batch is 1; dropout's counter word b * heads + h needs the sequence count.
+  detail::check_dropout_extent(kWho, all.dropout, batch, all.heads, all.seqlen_q, all.seqlen_k);
   const detail::ScoreRule rule = all.rule;  // slopes of sequence b: alibi_slopes + b * alibi_batch_stride
 
   std::vector<TensorView> lse_views(static_cast<std::size_t>(batch));
@@ -59,6 +61,7 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
       p.lse = &lse_views[static_cast<std::size_t>(b)];
     }
     p.rule = rule.for_sequence(b);
+    p.dropout = all.dropout.for_sequence(b);  // sequence b draws batch index b's mask
     problems.push_back(p);
   }
   detail::run_tiled(problems, tiles, detail::resolve_threads(opts.num_threads));
