@@ -33,11 +33,18 @@ struct DropoutRule {
 
   ATTN_HOST_DEVICE bool enabled() const { return p > 0; }
 
+  // The counter's third word, that of (batch b, head h). A kernel that runs Philox itself (the tiled
+  // forward's SIMD lanes) builds the counter {g, i, head_word(b, h), offset} and the key {key0(), key1()}.
+  ATTN_HOST_DEVICE std::uint32_t head_word(std::int64_t b, std::int64_t h) const {
+    return static_cast<std::uint32_t>((batch_base + b) * heads + h);
+  }
+  ATTN_HOST_DEVICE std::uint32_t key0() const { return static_cast<std::uint32_t>(seed); }
+  ATTN_HOST_DEVICE std::uint32_t key1() const { return static_cast<std::uint32_t>(seed >> 32); }
+
   // Bit t of the result: whether key 4g + t of row (b, h, i) is kept. One Philox call.
   ATTN_HOST_DEVICE unsigned keep4(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t g) const {
-    const auto bh = static_cast<std::uint32_t>((batch_base + b) * heads + h);
-    const PhiloxWords r = philox4x32_10(static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(i), bh, offset,
-                                        static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+    const PhiloxWords r = philox4x32_10(static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(i), head_word(b, h),
+                                        offset, key0(), key1());
     return unsigned{r.w[0] < threshold} | unsigned{r.w[1] < threshold} << 1 | unsigned{r.w[2] < threshold} << 2 |
            unsigned{r.w[3] < threshold} << 3;
   }

@@ -12,14 +12,19 @@
 
 namespace attn::detail {
 
+// The round multipliers and the key's Weyl increments (golden ratio, sqrt(3) - 1). Also used by the
+// tiled forward's SIMD rounds (DropTile), which the tests hold to philox4x32_10.
+constexpr std::uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
+constexpr std::uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+constexpr int kPhiloxRounds = 10;
+
 struct PhiloxWords {
   std::uint32_t w[4];
 };
 
 // One round: two 32x32 -> 64-bit products, their halves crossed with the other counter words and the key.
 ATTN_HOST_DEVICE inline void philox_round(std::uint32_t (&c)[4], std::uint32_t k0, std::uint32_t k1) {
-  constexpr std::uint64_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-  const std::uint64_t p0 = kM0 * c[0], p1 = kM1 * c[2];
+  const std::uint64_t p0 = std::uint64_t{kPhiloxM0} * c[0], p1 = std::uint64_t{kPhiloxM1} * c[2];
   const std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
   const std::uint32_t hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
   const std::uint32_t c1 = c[1], c3 = c[3];
@@ -29,15 +34,14 @@ ATTN_HOST_DEVICE inline void philox_round(std::uint32_t (&c)[4], std::uint32_t k
   c[3] = lo0;
 }
 
-// Ten rounds, the key bumped by the Weyl constants (golden ratio, sqrt(3) - 1) before each but the first.
+// Ten rounds, the key bumped by the Weyl constants before each but the first.
 ATTN_HOST_DEVICE inline PhiloxWords philox4x32_10(std::uint32_t c0, std::uint32_t c1, std::uint32_t c2,
                                                   std::uint32_t c3, std::uint32_t k0, std::uint32_t k1) {
-  constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   std::uint32_t c[4] = {c0, c1, c2, c3};
-  for (int r = 0; r < 10; ++r) {
+  for (int r = 0; r < kPhiloxRounds; ++r) {
     philox_round(c, k0, k1);
-    k0 += kW0;
-    k1 += kW1;
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
   }
   return {{c[0], c[1], c[2], c[3]}};
 }
