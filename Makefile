@@ -10,7 +10,8 @@ JOBS  ?= $(shell nproc)
 # configure with ATTN_CUDA (default AUTO: on when nvcc is found), so after `make demo` they recompile
 # the library once with the backend.
 #
-# `make test` = the format check (scripts/check-format), the release suite, then the same suite under
+# `make test` = the format check (scripts/check-format), the release suite, the Python package's tests
+# (scripts/python-tests), then the same suite under
 # AddressSanitizer + UBSan, the threaded tests under ThreadSanitizer, and a few seconds of each
 # libFuzzer target (docs/robustness.md). scripts/run-stages runs the stages in that order, stops at the
 # first that fails and names it, and prints the seconds of each at the end (also in $(BUILD)/stage-times).
@@ -21,7 +22,7 @@ FUZZ_SECONDS     ?= 60
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
 ATTN_CUDA        ?= AUTO
-FUZZERS          := reference tiled splitk splitk_partials varlen decode
+FUZZERS          := reference tiled splitk splitk_partials varlen decode backward
 LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
 TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
 
@@ -29,7 +30,7 @@ TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildca
 # the prerequisites those stages made, so that each stage's time is its own work.
 after = $(if $(NODEPS),,$(1))
 
-.PHONY: demo test build deps check-format test-release asan-build test-asan test-tsan test-fuzz
+.PHONY: demo test build deps check-format test-release test-python asan-build test-asan test-tsan test-fuzz
 demo: $(call after,deps)
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DATTN_CUDA=OFF)
 	cmake --build $(BUILD) -j$(JOBS) --target attn_cli
@@ -41,6 +42,7 @@ test:
 	  "format check"     "$(MAKE) --no-print-directory NODEPS=1 check-format" \
 	  "release build"    "$(MAKE) --no-print-directory NODEPS=1 build" \
 	  "release tests"    "$(MAKE) --no-print-directory NODEPS=1 test-release" \
+	  "Python package"   "$(MAKE) --no-print-directory NODEPS=1 test-python" \
 	  "ASan build"       "$(MAKE) --no-print-directory NODEPS=1 asan-build" \
 	  "ASan tests"       "$(MAKE) --no-print-directory NODEPS=1 test-asan" \
 	  "TSan build+tests" "$(MAKE) --no-print-directory NODEPS=1 test-tsan" \
@@ -51,6 +53,10 @@ check-format: $(call after,deps)
 
 test-release: $(call after,build)
 	cd $(BUILD) && ATTN_FUZZ_SECONDS=$(FUZZ_SECONDS) ctest --output-on-failure -j$(JOBS) --timeout 600
+
+# The Python package (pip install . into .venv, then pytest; scripts/python-tests, docs/python.md).
+test-python: $(call after,deps)
+	scripts/python-tests
 
 # ASan + UBSan: every test binary and the fuzzers (clang-16, -O0; scripts/configure-sanitized).
 build-asan/CMakeCache.txt: | $(call after,deps)

@@ -2,13 +2,14 @@
 """Writes the seed corpus fuzz/corpus/<target>/: for each target, valid problems of every dtype with
 each option flag, and one input per corruption kind (byte 1 = 150 + kind), the rest deterministic
 pseudo-random bytes. Re-run after changing the byte layout of a harness (fuzz_attention.cpp,
-fuzz_varlen.cpp, fuzz_decode.cpp); `make_corpus.py varlen decode` rewrites only those targets."""
+fuzz_varlen.cpp, fuzz_decode.cpp, fuzz_backward.cpp); `make_corpus.py varlen decode` rewrites only those targets."""
 import os, random, sys
 
 # target -> number of corruption kinds (kCount in its harness)
 CORRUPTIONS = {"reference": 19, "tiled": 19, "splitk": 19, "splitk_partials": 19,  # fuzz_attention.cpp
                "varlen": 25,  # fuzz_varlen.cpp
-               "decode": 27}  # fuzz_decode.cpp
+               "decode": 27,  # fuzz_decode.cpp
+               "backward": 16}  # fuzz_backward.cpp
 
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")

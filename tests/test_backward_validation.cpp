@@ -188,3 +188,32 @@ TEST(BackwardValidation, TileSizes) {
 
 }  // namespace
 }  // namespace attn
+
+namespace attn {
+namespace {
+
+// A dense view without keys ([2, 0, 2, 8]: stride[0] = 0) has no elements, so nothing in it aliases:
+// every entry point takes it as dk and dv (and as out/lse's inputs), and dq comes out 0.
+TEST(BackwardValidation, EmptyKeyGradientsAreNotAliases) {
+  std::vector<float> q(2 * 3 * 2 * 8, 0.25f), dout(q.size(), 1.0f), out(q.size(), 0.0f), dq(q.size(), 7.0f);
+  std::vector<float> lse(2 * 2 * 3, -INFINITY);
+  float nothing[1] = {0};
+  const TensorView empty = TensorView::contiguous(nothing, 2, 0, 2, 8);
+  ASSERT_EQ(empty.strides[0], 0);
+  const TensorView qv = TensorView::contiguous(q.data(), 2, 3, 2, 8), lv = TensorView::contiguous(lse.data(), 2, 2, 3);
+  attention_reference(qv, empty, empty, TensorView::contiguous(out.data(), 2, 3, 2, 8), {}, &lv);
+  for (int which = 0; which < 2; ++which) {
+    std::fill(dq.begin(), dq.end(), 7.0f);
+    const TensorView dqv = TensorView::contiguous(dq.data(), 2, 3, 2, 8);
+    const TensorView ov = TensorView::contiguous(out.data(), 2, 3, 2, 8),
+                     dov = TensorView::contiguous(dout.data(), 2, 3, 2, 8);
+    if (which == 0)
+      attention_backward(qv, empty, empty, ov, dov, lv, dqv, empty, empty);
+    else
+      attention_backward_reference(qv, empty, empty, ov, dov, lv, dqv, empty, empty);
+    for (float x : dq) ASSERT_EQ(x, 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace attn

@@ -16,6 +16,8 @@
 // dq, dk and dv must give every element its own address and overlap no input and no other gradient.
 #pragma once
 
+#include <cstdint>
+
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
 
@@ -27,6 +29,18 @@ namespace attn {
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const AttentionOptions& opts = {}, const TileOptions& tiles = {});
+
+// The backward of attention_varlen (varlen.hpp): q, out, dout, dq [total_q, heads, head_dim]; k, v, dk,
+// dv [total_k, kv_heads, head_dim]; lse [1, heads, total_q] (required: the forward's). cu_seqlens_q and
+// cu_seqlens_k as in attention_varlen, and every sequence's gradients as attention_backward would give
+// them for that sequence alone (opts as in the forward: masks aligned to each sequence's own corner,
+// ALiBi slopes of sequence b at alibi_slopes[b * alibi_batch_stride + h]). The keys of a sequence
+// without queries get dk = dv = 0. All sequences share the threads.
+void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                               const TensorView& dout, const TensorView& lse, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const std::int32_t* cu_seqlens_q,
+                               const std::int32_t* cu_seqlens_k, std::int64_t batch, const AttentionOptions& opts = {},
+                               const TileOptions& tiles = {});
 
 // The textbook backward, the oracle: per (batch, head) it materialises P = exp(S - lse), dP = dO V^T and
 // dS = P * (dP - rowsum(dO * O)) (seqlen_q x seqlen_k each), then dV = P^T dO, dQ = dS K, dK = dS^T Q

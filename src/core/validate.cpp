@@ -82,6 +82,8 @@ Span check_view(std::string_view who, std::string_view arg, const TensorView& t,
 // step over the whole extent of the smaller ones (a sufficient rule that accepts every dense or
 // padded layout).
 void check_no_self_alias(std::string_view who, std::string_view arg, const TensorView& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return;  // no elements, nothing to alias (a dense [b, 0, h, d] view has stride[0] 0)
   int order[TensorView::kMaxRank];
   int n = 0;
   for (int i = 0; i < t.rank; ++i)

@@ -38,4 +38,41 @@ void check_varlen_lse(std::string_view who, const TensorView* lse) {
   if (lse && (lse->rank != 3 || lse->shape[0] != 1)) fail(who, "lse", "must be a rank-3 view [1, heads, total_q]");
 }
 
+Problem validate_packed(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, std::int64_t batch, const AttentionOptions& opts,
+                        const TensorView* lse) {
+  check_varlen_batch(who, batch);
+  const TensorView q4 = packed_as_batch_of_one(who, "q", q), k4 = packed_as_batch_of_one(who, "k", k),
+                   v4 = packed_as_batch_of_one(who, "v", v), o4 = packed_as_batch_of_one(who, "out", out);
+  check_varlen_lse(who, lse);
+  Problem p = validate(who, q4, k4, v4, &o4, opts, lse);
+  // The packed problem's batch is 1; dropout's counter word b * heads + h needs the sequence count.
+  check_dropout_extent(who, p.dropout, batch, p.heads, p.seqlen_q, p.seqlen_k);
+  return p;
+}
+
+TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::int64_t count) {
+  t.data =
+      static_cast<unsigned char*>(t.data) + first * t.strides[dim] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  t.shape[dim] = count;
+  return t;
+}
+
+Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
+                         std::int64_t b) {
+  const std::int64_t q0 = cu_seqlens_q[b], nq = cu_seqlens_q[b + 1] - q0;
+  const std::int64_t k0 = cu_seqlens_k[b], nk = cu_seqlens_k[b + 1] - k0;
+  Problem p = packed;
+  p.seqlen_q = nq;
+  p.seqlen_k = nk;
+  p.q = offset_rows(packed.q, 1, q0, nq);
+  p.out = offset_rows(packed.out, 1, q0, nq);
+  p.k = offset_rows(packed.k, 1, k0, nk);
+  p.v = offset_rows(packed.v, 1, k0, nk);
+  p.lse = nullptr;
+  p.rule = packed.rule.for_sequence(b);
+  p.dropout = packed.dropout.for_sequence(b);  // sequence b draws batch index b's mask
+  return p;
+}
+
 }  // namespace attn::detail

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "attn/tensor.hpp"
+#include "core/problem.hpp"
 
 namespace attn::detail {
 
@@ -20,5 +21,20 @@ void check_cu_seqlens(std::string_view who, std::string_view arg, const std::int
                       std::int64_t total);
 // lse, when given, is a rank-3 view [1, heads, total_q] (flash-attn's [heads, total_q] with a leading 1).
 void check_varlen_lse(std::string_view who, const TensorView* lse);
+
+// The checks every varlen forward starts with: batch, the rank-3 views of q, k, v and out (as one
+// [1, total, heads, head_dim] problem, validated by `validate`) and lse. cu_seqlens are checked after,
+// where they are readable (on the CUDA backend, once copied to the host).
+Problem validate_packed(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, std::int64_t batch, const AttentionOptions& opts, const TensorView* lse);
+
+// t with dimension `dim` cut to the rows [first, first + count): a view into the same memory.
+TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::int64_t count);
+
+// Sequence b of a validated packed problem (cu_seqlens checked): its own lengths, q, k, v and out as
+// views into the packed tensors, lse unset, the score rule with sequence b's ALiBi slopes, and the
+// dropout rule of batch index b.
+Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
+                         std::int64_t b);
 
 }  // namespace attn::detail

@@ -145,15 +145,10 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const VarlenBatch& vb, const AttentionOptions& opts, const TensorView* lse, Stream stream) {
   const char* who = "attn::cuda::attention_varlen";
-  detail::check_varlen_batch(who, vb.batch);
-  const TensorView q4 = detail::packed_as_batch_of_one(who, "q", q), k4 = detail::packed_as_batch_of_one(who, "k", k),
-                   v4 = detail::packed_as_batch_of_one(who, "v", v),
-                   o4 = detail::packed_as_batch_of_one(who, "out", out);
-  detail::check_varlen_lse(who, lse);
-  const detail::Problem p = detail::validate(who, q4, k4, v4, &o4, opts, lse);
+  const detail::Problem p = detail::validate_packed(who, q, k, v, out, vb.batch, opts, lse);
   if (!vb.cu_seqlens_q) fail(who, "cu_seqlens_q", "pointer is null");
   if (!vb.cu_seqlens_k) fail(who, "cu_seqlens_k", "pointer is null");
-  validate_forward(who, p, q4, k4, v4, o4, opts, lse);
+  validate_forward(who, p, p.q, p.k, p.v, p.out, opts, lse);
   require_device(who, "cu_seqlens_q", vb.cu_seqlens_q);
   require_device(who, "cu_seqlens_k", vb.cu_seqlens_k);
   const auto cq = vb.host_cu_seqlens_q

@@ -21,93 +21,14 @@
 #include <string>
 #include <vector>
 
+#include "backward_target.hpp"
+#include "buffers.hpp"
 #include "case.hpp"
 #include "decode_target.hpp"
 #include "varlen_target.hpp"
 
 namespace attn::fuzz {
 namespace {
-
-// A strided buffer for one view, every byte first set to a sentinel so stray writes are visible.
-constexpr unsigned char kSentinel = 0xA5;
-
-struct Buffer {
-  std::vector<unsigned char> bytes;
-  TensorView view;
-  std::vector<std::int64_t> offsets;  // element offset of each logical element, row-major over shape
-};
-
-Buffer make_buffer(DType t, std::array<std::int64_t, 4> shape, int rank, const Layout& l) {
-  Buffer b;
-  std::int64_t extent = 0;
-  const auto st = strides_for(shape, rank, l, &extent);
-  const std::size_t es = dtype_size(t);
-  b.bytes.assign(static_cast<std::size_t>(extent + 8) * es, kSentinel);
-  // Offset the data by a few elements so that a read or write before the view is also caught.
-  b.view.data = b.bytes.data() + 4 * es;
-  b.view.dtype = t;
-  b.view.rank = rank;
-  b.view.shape = shape;
-  b.view.strides = st;
-  if (rank == 3) {
-    b.view.shape[3] = 1;
-  }
-  for (std::int64_t i0 = 0; i0 < shape[0]; ++i0)
-    for (std::int64_t i1 = 0; i1 < shape[1]; ++i1)
-      for (std::int64_t i2 = 0; i2 < shape[2]; ++i2)
-        for (std::int64_t i3 = 0; i3 < (rank == 4 ? shape[3] : 1); ++i3)
-          b.offsets.push_back(i0 * st[0] + i1 * st[1] + i2 * st[2] + (rank == 4 ? i3 * st[3] : 0));
-  return b;
-}
-
-template <class T>
-T* base(const Buffer& b) {
-  return static_cast<T*>(b.view.data);
-}
-
-template <class T>
-void fill_random(Buffer& b, Rng& r, double amp) {
-  for (auto off : b.offsets) base<T>(b)[off] = detail::store<T>(r.real(-amp, amp));
-}
-
-template <class T>
-std::vector<double> read(const Buffer& b) {
-  std::vector<double> v;
-  v.reserve(b.offsets.size());
-  for (auto off : b.offsets) v.push_back(detail::load<double>(base<T>(b)[off]));
-  return v;
-}
-
-// Bytes of `b` outside its view's elements that no longer hold the sentinel.
-std::int64_t stray_writes(const Buffer& b) {
-  std::vector<char> mine(b.bytes.size(), 0);
-  const std::size_t es = dtype_size(b.view.dtype);
-  const auto start = static_cast<std::size_t>(static_cast<unsigned char*>(b.view.data) - b.bytes.data());
-  for (auto off : b.offsets) std::memset(&mine[start + static_cast<std::size_t>(off) * es], 1, es);
-  std::int64_t n = 0;
-  for (std::size_t i = 0; i < b.bytes.size(); ++i) n += !mine[i] && b.bytes[i] != kSentinel;
-  return n;
-}
-
-// Max |a - b|; NaN or a mismatched infinity counts as infinite error, equal infinities as none.
-double max_err(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return INFINITY;
-      continue;
-    }
-    m = std::max(m, std::abs(a[i] - b[i]));
-  }
-  return m;
-}
-double max_abs(const std::vector<double>& a) {
-  double m = 0;
-  for (double x : a)
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  return m;
-}
 
 // How an entry point is called on the config's strided views; `threads` overrides opts.num_threads.
 using Runner = std::function<void(const Config&, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -258,6 +179,8 @@ std::vector<Target> targets() {
   // Decode over contiguous and paged KV caches, with k_new/v_new appends (tests/differential/decode_target.hpp).
   t.push_back({"decode", [](const Config& c) { return check_decode_any(c, false); }});
   t.push_back({"decode_paged", [](const Config& c) { return check_decode_any(c, true); }});
+  // The backward pass: dq, dk, dv against the f64 textbook backward (tests/differential/backward_target.hpp).
+  t.push_back({"backward", [](const Config& c) { return check_backward_any(c); }});
   return t;
 }
 
@@ -313,6 +236,7 @@ TEST(Differential, Splitk) { fuzz_target("splitk"); }
 TEST(Differential, Varlen) { fuzz_target("varlen"); }
 TEST(Differential, Decode) { fuzz_target("decode"); }
 TEST(Differential, DecodePaged) { fuzz_target("decode_paged"); }
+TEST(Differential, Backward) { fuzz_target("backward"); }
 
 // The test can fail: a kernel whose scale is off by 0.1 % is caught on most configurations.
 TEST(Differential, CatchesABrokenKernel) {

@@ -1,0 +1,201 @@
+// libFuzzer harness for attention_backward (include/attn/backward.hpp), built with
+// -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt).
+//
+// The bytes decide the dtype, shapes, the layouts of all nine tensors, options, tile sizes, the data,
+// and whether one argument is deliberately made invalid: the view corruptions of fuzz_attention.cpp
+// applied to dout and the gradients, gradients that alias themselves, overlap an input or each other,
+// an lse of the wrong dtype or length, bad options and tiles. out and lse come from the reference
+// forward of the same problem. Properties (abort on violation):
+//   * a corrupted call is rejected; every rejection is std::invalid_argument with an "attn::" message,
+//     and after it every buffer (inputs and gradients) holds its old bytes;
+//   * an accepted call writes nothing but dq's, dk's and dv's elements, and leaves the inputs unchanged;
+//   * with finite inputs the gradients are finite, and in f64 they agree with the textbook backward
+//     (attention_backward_reference) to 1e-9 of the largest gradient element.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "attn/backward.hpp"
+#include "fuzz_common.hpp"
+
+using namespace attn;
+using namespace attn::fuzzing;
+
+namespace {
+
+enum Corrupt {
+  kNone = -1,
+  kNegDim,
+  kNegStride,
+  kRank,
+  kDtypeMismatch,
+  kNullData,
+  kShapeMismatch,
+  kGradAliases,
+  kGradOverlapsInput,
+  kGradOverlapsGrad,
+  kLseDtype,
+  kLseShape,
+  kScale,
+  kSoftcap,
+  kWindow,
+  kThreads,
+  kTile,
+  kCount
+};
+
+double load_at(const View& v, std::int64_t off) {
+  double x = 0;
+  with_type(v.t.dtype, [&]<class T>() { x = detail::load<double>(reinterpret_cast<const T*>(v.buf.data())[off]); });
+  return x;
+}
+
+void check_finite(const View& v, const char* what) {
+  for (auto off : v.offsets)
+    if (!std::isfinite(load_at(v, off))) die(std::string(what) + " not finite with finite inputs");
+}
+
+// The f64 gradients against the textbook backward on the same views (written into copies).
+void check_against_textbook(const View& q, const View& k, const View& v, const View& out, const View& dout,
+                            const View& lse, const View* grads[3], const AttentionOptions& o) {
+  View copies[3] = {*grads[0], *grads[1], *grads[2]};
+  for (View& c : copies) c.t.data = c.buf.data();
+  attention_backward_reference(q.t, k.t, v.t, out.t, dout.t, lse.t, copies[0].t, copies[1].t, copies[2].t, o);
+  for (int g = 0; g < 3; ++g) {
+    double scale = 0, err = 0;
+    for (auto off : copies[g].offsets) {
+      const double want = load_at(copies[g], off);
+      scale = std::max(scale, std::abs(want));
+      err = std::max(err, std::abs(load_at(*grads[g], off) - want));
+    }
+    if (!(err <= 1e-9 * scale + 1e-300))
+      die("gradient " + std::to_string(g) + " differs from the textbook by " + std::to_string(err) + " (scale " +
+          std::to_string(scale) + ")");
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Bytes in(data, size);
+  const std::uint8_t flags = in.u8();
+  const DType dt = static_cast<DType>(flags & 3);
+  const bool causal = flags & 4, use_alibi = flags & 16, use_scale = flags & 32, use_softcap = flags & 64,
+             specials = flags & 128;
+  const std::uint8_t mode = in.u8();
+  const int corrupt = mode < 150 ? kNone : (mode - 150) % kCount;
+
+  const std::int64_t B = 1 + in.u8() % 2, SQ = 1 + in.u8() % 20, SK = in.u8() % 21, HK = 1 + in.u8() % 3,
+                     H = HK * (1 + in.u8() % 3), D = 1 + in.u8() % 24;
+  const Shape4 sq{B, SQ, H, D}, sk{B, SK, HK, D};
+  View q = make_view(dt, sq, in, true), k = make_view(dt, sk, in, true), v = make_view(dt, sk, in, true);
+  View out = make_view(dt, sq, in, false), dout = make_view(dt, sq, in, true);
+  View dq = make_view(dt, sq, in, false), dk = make_view(dt, sk, in, false), dv = make_view(dt, sk, in, false);
+  const DType lt = dt == DType::f64 ? DType::f64 : DType::f32;
+  View lse = make_view(lt, {B, H, SQ, 1}, in, false, 3);
+
+  std::vector<float> slopes;
+  AttentionOptions o = draw_options(in, causal, use_softcap, use_scale, use_alibi, B, H, 24, slopes);
+  TileOptions tiles;
+  if (in.u8() & 1) tiles.q_tile = 1 + in.u8() % 24;
+  if (in.u8() & 1) tiles.k_tile = 1 + in.u8() % 24;
+  fill(q, in, 1.0, specials);
+  fill(k, in, 1.0, specials);
+  fill(v, in, 1.0, specials);
+  fill(dout, in, 1.0, specials);
+  attention_reference(q.t, k.t, v.t, out.t, o, &lse.t);  // the forward's out and lse, before any corruption
+
+  const std::uint8_t which = in.u8(), amount = in.u8();
+  View* grads[] = {&dq, &dk, &dv};
+  View* targets[] = {&dout, &dq, &dk, &dv};
+  View& victim = *targets[which % 4];
+  View& grad = *grads[which % 3];
+  switch (corrupt) {
+    case kNone:
+      break;
+    case kNegDim:
+      victim.t.shape[amount % 4] = -1 - amount / 4 % 3;
+      break;
+    case kNegStride:
+      victim.t.strides[amount % 4] = -1 - amount / 4;
+      break;
+    case kRank:
+      victim.t.rank = amount % 2 ? 3 : 5 + amount % 3;
+      break;
+    case kDtypeMismatch:
+      victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
+      break;
+    case kNullData:
+      if (victim.offsets.empty()) return 0;  // an empty view may have no data
+      victim.t.data = nullptr;
+      break;
+    case kShapeMismatch:
+      victim.t.shape[amount % 4] += 1 + amount % 3;
+      break;
+    case kGradAliases: {
+      const int dim = amount % 4;
+      if (grad.t.shape[dim] < 2) return 0;
+      grad.t.strides[dim] = 0;
+      break;
+    }
+    case kGradOverlapsInput: {
+      View* inputs[] = {&q, &k, &v, &out, &dout, &lse};
+      View& in_view = *inputs[amount % 6];
+      if (in_view.offsets.empty() || grad.offsets.empty()) return 0;
+      grad.t.data = in_view.t.data;
+      break;
+    }
+    case kGradOverlapsGrad: {
+      View& other = *grads[(which + 1 + amount % 2) % 3];
+      if (other.offsets.empty() || grad.offsets.empty()) return 0;
+      grad.t.data = other.t.data;
+      break;
+    }
+    case kLseDtype:
+      lse.t.dtype = lt == DType::f64 ? DType::f32 : DType::f64;
+      break;
+    case kLseShape:
+      lse.t.shape[amount % 3] += 1 + amount % 2;
+      break;
+    case kScale:
+      o.softmax_scale = bad_scale(amount);
+      break;
+    case kSoftcap:
+      o.softcap = bad_softcap(amount);
+      break;
+    case kWindow:
+      (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
+      break;
+    case kThreads:
+      o.num_threads = -1 - amount;
+      break;
+    case kTile:
+      (amount & 1 ? tiles.q_tile : tiles.k_tile) = -(amount / 2 % 3);
+      break;
+  }
+  std::vector<View*> views = {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv};
+  snapshot(views);
+  bool threw = false;
+  std::string what;
+  try {
+    attention_backward(q.t, k.t, v.t, out.t, dout.t, lse.t, dq.t, dk.t, dv.t, o, tiles);
+  } catch (const std::invalid_argument& e) {
+    threw = true;
+    what = e.what();
+  }
+  if (judge_call(threw, what, corrupt, which, amount, views)) return 0;
+  check_inputs_untouched({&q, &k, &v, &out, &dout, &lse});
+  for (View* g : grads) check_padding_untouched(*g);
+  if (!specials && !scale_may_overflow(o) && std::fabs(o.softmax_scale.value_or(1)) < 64) {
+    check_finite(dq, "dq");
+    check_finite(dk, "dk");
+    check_finite(dv, "dv");
+    const View* g[3] = {&dq, &dk, &dv};
+    if (dt == DType::f64) check_against_textbook(q, k, v, out, dout, lse, g, o);
+  }
+  return 0;
+}

@@ -1,0 +1,126 @@
+"""attn's kernels as torch.library custom ops (attn::fwd, attn::bwd, attn::varlen_fwd, attn::varlen_bwd)
+with fake (meta) implementations, and the autograd formula that joins each forward to its backward.
+
+Registered as custom ops, the kernels are opaque to torch.compile (fullgraph=True traces through them
+using the fake implementations) and checked by torch.library.opcheck. The ops never see tensors that
+require grad: autograd wraps them (register_autograd), so the DLPack hand-over to attn._C is zero-copy.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+
+def _lse_dtype(t: Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
+    return dict(softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
+                softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=0,
+                num_threads=num_threads)
+
+
+@torch.library.custom_op("attn::fwd", mutates_args=(), device_types="cpu")
+def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
+        window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
+        num_threads: int) -> Tuple[Tensor, Tensor]:
+    b, sq, h, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, sq), dtype=_lse_dtype(q), device=q.device)
+    _C.forward(q, k, v, out, lse, **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                                        dropout_p, seed, num_threads))
+    return out, lse
+
+
+@fwd.register_fake
+def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
+    b, sq, h, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b, h, sq), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("attn::bwd", mutates_args=(), device_types="cpu")
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: Optional[float],
+        causal: bool, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+        dropout_p: float, seed: int, num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    _C.backward(q, k, v, out, dout, lse, dq, dk, dv, **_kw(softmax_scale, causal, window_left, window_right, softcap,
+                                                           alibi_slopes, dropout_p, seed, num_threads))
+    return dq, dk, dv
+
+
+@bwd.register_fake
+def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+      seed, num_threads):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@torch.library.custom_op("attn::varlen_fwd", mutates_args=(), device_types="cpu")
+def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+               alibi_slopes: Optional[Tensor], dropout_p: float, seed: int, num_threads: int) -> Tuple[Tensor, Tensor]:
+    total_q, h, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((h, total_q), dtype=_lse_dtype(q), device=q.device)
+    _C.varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                      **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
+                            num_threads))
+    return out, lse
+
+
+@varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+      dropout_p, seed, num_threads):
+    total_q, h, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((h, total_q), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("attn::varlen_bwd", mutates_args=(), device_types="cpu")
+def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+               cu_seqlens_k: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
+               window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
+               num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    _C.varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                       **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
+                             num_threads))
+    return dq, dk, dv
+
+
+@varlen_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
+      alibi_slopes, dropout_p, seed, num_threads):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# ---- autograd: d(out) flows back through attn::bwd; the lse output and the options get no gradient.
+
+
+def _setup_fwd(ctx, inputs, output):
+    q, k, v, *options = inputs
+    ctx.options = options
+    ctx.save_for_backward(q, k, v, *output)
+
+
+def _backward_fwd(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = bwd(dout.contiguous(), q, k, v, out, lse, *ctx.options)
+    return (dq, dk, dv) + (None,) * len(ctx.options)
+
+
+def _setup_varlen(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *options = inputs
+    ctx.options = options
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
+
+
+def _backward_varlen(ctx, dout, dlse):
+    q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
+    dq, dk, dv = varlen_bwd(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
+    return (dq, dk, dv, None, None) + (None,) * len(ctx.options)
+
+
+fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
+varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_varlen)

@@ -1,0 +1,106 @@
+"""flash-attn 2.8's functions (flash_attn_interface.py), same signatures, defaults and return values,
+on attn's CPU kernels. Inputs are torch tensors on the CPU (f64, f32, bf16, f16, any strides: packed
+qkv and kv are passed as views, without a copy); every function but the kvcache one is differentiable.
+NumPy arrays are accepted by flash_attn_func (forward only). docs/python.md lists what differs."""
+from typing import Optional, Tuple
+
+from . import _C
+from ._threads import get_num_threads
+
+
+def _window(window_size) -> Tuple[int, int]:
+    left, right = window_size
+    return int(left), int(right)
+
+
+def _seed(dropout_p: float) -> int:
+    if dropout_p == 0:
+        return 0
+    import torch
+    return int(torch.randint(0, 2**62, (1,)).item())  # the default generator: torch.manual_seed replays it
+
+
+def _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes):
+    left, right = _window(window_size)
+    scale = None if softmax_scale is None else float(softmax_scale)
+    return (scale, bool(causal), left, right, float(softcap), alibi_slopes, float(dropout_p), _seed(dropout_p),
+            get_num_threads())
+
+
+def _result(out, lse, return_attn_probs):
+    if not return_attn_probs:
+        return out
+    return out, lse, out.new_empty((0,))  # S_dmask: empty, as flash-attn without dropout
+
+
+def _numpy_forward(q, k, v, opts):
+    import numpy as np
+    scale, causal, left, right, softcap, alibi, dropout_p, seed, threads = opts
+    b, sq, h, _ = q.shape
+    out = np.empty(q.shape, dtype=q.dtype)
+    lse = np.empty((b, h, sq), dtype=np.float64 if q.dtype == np.float64 else np.float32)
+    _C.forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, window_left=left, window_right=right,
+               softcap=softcap, alibi_slopes=alibi, dropout_p=dropout_p, seed=seed, num_threads=threads)
+    return out, lse
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k, headdim) -> out like q;
+    with return_attn_probs, (out, softmax_lse (batch, nheads, seqlen_q), S_dmask). attn's backward is
+    deterministic whatever `deterministic` says."""
+    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    if type(q).__module__ == "numpy":
+        out, lse = _numpy_forward(q, k, v, opts)
+    else:
+        from . import _ops
+        out, lse = _ops.fwd(q, k, v, *opts)
+    return _result(out, lse, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """qkv (batch, seqlen, 3, nheads, headdim)."""
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
+                           softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """kv (batch, seqlen_k, 2, nheads_k, headdim)."""
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """q (total_q, nheads, headdim), k and v (total_k, nheads_k, headdim), cu_seqlens int32 (batch + 1)
+    -> out like q; with return_attn_probs, (out, softmax_lse (nheads, total_q), S_dmask). max_seqlen_q
+    and max_seqlen_k are not needed on the CPU (the kernel reads cu_seqlens); block_table (a paged KV
+    cache for varlen prefill) is not supported yet and raises."""
+    if block_table is not None:
+        raise _C.AttnError("attn.flash_attn_varlen_func: block_table: paged KV for varlen is not supported; "
+                           "use flash_attn_with_kvcache")
+    from . import _ops
+    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    out, lse = _ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *opts)
+    return _result(out, lse, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """qkv (total, 3, nheads, headdim)."""
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """kv (total_k, 2, nheads_k, headdim)."""
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)

@@ -1,0 +1,216 @@
+"""attn's flash-attn functions against a PyTorch reference, in the manner of flash-attn's
+tests/test_flash_attn.py: the reference in f64 is the oracle; the same reference at the input dtype is
+"the textbook method at that precision". Outputs may err at most 2x the textbook's (3x for gradients),
+plus a rounding slack of a few units in the last place for f32."""
+import itertools
+import math
+import os
+
+import pytest
+import torch
+
+import attn
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SLACK = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 1e-3, torch.float16: 1e-4}
+
+
+def attention_ref(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, softmax_scale=None,
+                  upcast=True):
+    """Textbook attention with flash-attn's masks: bottom-right aligned causal and windows, soft-capping
+    of the scaled scores, ALiBi -slope * |i + sk - sq - j| added after the cap. Rows that see no key give 0."""
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.double(), k.double(), v.double()
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    k, v = k.repeat_interleave(h // hk, dim=2), v.repeat_interleave(h // hk, dim=2)
+    scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(d)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * scale
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    row = torch.arange(sq).view(-1, 1) + sk - sq
+    col = torch.arange(sk).view(1, -1)
+    left, right = window_size
+    if causal:
+        right = 0
+    hidden = torch.zeros(sq, sk, dtype=torch.bool)
+    if right >= 0:
+        hidden |= col > row + right
+    if left >= 0:
+        hidden |= col < row - left
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.view(-1 if alibi_slopes.dim() == 2 else 1, h, 1, 1).to(scores.dtype)
+        scores = scores - slopes * (row - col).abs().to(scores.dtype)
+    scores = scores.masked_fill(hidden, float("-inf"))
+    p = torch.softmax(scores, dim=-1).masked_fill(hidden.all(dim=-1, keepdim=True), 0.0)
+    return torch.einsum("bhts,bshd->bthd", p.to(v.dtype), v).to(dtype)
+
+
+def random_qkv(b, sq, sk, h, hk, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *s: torch.randn(*s, generator=g, dtype=torch.float32).to(dtype).requires_grad_()
+    return make(b, sq, h, d), make(b, sk, hk, d), make(b, sk, hk, d)
+
+
+def grads(out, inputs, dout):
+    return torch.autograd.grad(out, inputs, dout)
+
+
+def check_rule(got, ref, textbook, factor, dtype, what):
+    err = (got.double() - ref.double()).abs().max().item()
+    base = (textbook.double() - ref.double()).abs().max().item()
+    scale = max(ref.double().abs().max().item(), 1.0)
+    assert err <= factor * base + SLACK[dtype] * scale, f"{what}: error {err} > {factor} x textbook {base}"
+
+
+CASES = [  # (sq, sk, d): flash-attn's odd pairs and head dims, kept small for a CPU run
+    (113, 203, 59), (128, 217, 64), (1, 239, 111), (127, 127, 32), (108, 256, 128), (97, 33, 96)]
+
+
+MASKS = ["none", "causal", "local", "softcap", "alibi"]
+HEADS = [(4, 4), (4, 2), (3, 1)]  # MHA, GQA, MQA
+# The whole grid with ATTN_PYTEST_FULL=1; else every fourth combination (each dtype, mask, length pair
+# and head layout still appears), which keeps `make test` short.
+GRID = list(itertools.product(DTYPES, CASES, HEADS, MASKS))
+if not os.environ.get("ATTN_PYTEST_FULL"):
+    GRID = GRID[::4]
+
+
+@pytest.mark.parametrize("dtype,case,heads,mask", GRID)
+def test_flash_attn_output_and_grads(dtype, case, heads, mask):
+    (sq, sk, d), (h, hk) = case, heads
+    q, k, v = random_qkv(2, sq, sk, h, hk, d, dtype, seed=sq * 7 + d)
+    kw = {}
+    if mask == "causal":
+        kw["causal"] = True
+    elif mask == "local":
+        kw["window_size"] = (17, 5)
+    elif mask == "softcap":
+        kw["softcap"] = 2.5
+    elif mask == "alibi":
+        kw["alibi_slopes"] = torch.rand(2, h, dtype=torch.float32) * 0.3
+        kw["causal"] = True
+    out = attn.flash_attn_func(q, k, v, **kw)
+    ref = attention_ref(q, k, v, **kw)
+    textbook = attention_ref(q, k, v, upcast=False, **kw)
+    check_rule(out, ref, textbook, 2, dtype, "out")
+    dout = torch.randn_like(out)
+    for name, g, gr, gt in zip("qkv", grads(out, (q, k, v), dout), grads(ref, (q, k, v), dout),
+                               grads(textbook, (q, k, v), dout)):
+        check_rule(g, gr, gt, 3, dtype, "d" + name)
+
+
+def test_f64_is_exact():
+    q, k, v = random_qkv(1, 37, 53, 4, 2, 24, torch.float64, seed=3)
+    for kw in ({}, {"causal": True}, {"window_size": (5, 3), "softcap": 1.5}):
+        out = attn.flash_attn_func(q, k, v, **kw)
+        ref = attention_ref(q, k, v, **kw)
+        assert (out - ref).abs().max().item() <= 1e-12
+        dout = torch.randn_like(out)
+        for g, gr in zip(grads(out, (q, k, v), dout), grads(ref, (q, k, v), dout)):
+            assert (g - gr).abs().max().item() <= 1e-12 * max(1.0, gr.abs().max().item())
+
+
+def test_lse_and_return_values():
+    q, k, v = random_qkv(2, 19, 31, 2, 2, 16, torch.float32, seed=5)
+    out, lse, s_dmask = attn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert lse.shape == (2, 2, 19) and lse.dtype == torch.float32 and s_dmask.numel() == 0
+    scores = torch.einsum("bthd,bshd->bhts", q.double(), k.double()) / math.sqrt(16)
+    hidden = torch.arange(31).view(1, -1) > torch.arange(19).view(-1, 1) + 12
+    want = torch.logsumexp(scores.masked_fill(hidden, float("-inf")), dim=-1)
+    assert (lse.double() - want).abs().max().item() < 1e-5
+
+
+def test_packed_forms_match_the_separate_call():
+    qkv = torch.randn(2, 45, 3, 4, 32, requires_grad=True)
+    out = attn.flash_attn_qkvpacked_func(qkv, causal=True)
+    ref = attn.flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+    assert torch.equal(out, ref)
+    out.sum().backward()
+    assert qkv.grad is not None and qkv.grad.shape == qkv.shape
+    q = torch.randn(2, 45, 4, 32)
+    kv = torch.randn(2, 60, 2, 2, 32)
+    assert torch.equal(attn.flash_attn_kvpacked_func(q, kv), attn.flash_attn_func(q, kv[:, :, 0], kv[:, :, 1]))
+
+
+def test_varlen_matches_each_sequence_alone():
+    lens_q, lens_k = [5, 0, 33, 17], [9, 4, 33, 0]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), 4, 40, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(sum(lens_k), 2, 40, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(sum(lens_k), 2, 40, dtype=torch.float64, requires_grad=True)
+    out, lse, _ = attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                              return_attn_probs=True)
+    assert lse.shape == (4, sum(lens_q))
+    dout = torch.randn_like(out)
+    dq, dk, dv = grads(out, (q, k, v), dout)
+    for b in range(len(lens_q)):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        qb, kb, vb = (t[s].detach().unsqueeze(0).requires_grad_() for t, s in ((q, qs), (k, ks), (v, ks)))
+        ref = attention_ref(qb, kb, vb, causal=True)
+        assert (out[qs] - ref[0]).abs().max().item() <= 1e-12 if lens_q[b] else True
+        rq, rk, rv = grads(ref, (qb, kb, vb), dout[qs].unsqueeze(0))
+        for got, want in ((dq[qs], rq[0]), (dk[ks], rk[0]), (dv[ks], rv[0])):
+            assert (got - want).abs().max().item() <= 1e-12 * max(1.0, want.abs().max().item()) if got.numel() else True
+
+
+def test_gradients_are_deterministic():
+    q, k, v = random_qkv(1, 150, 170, 4, 1, 64, torch.float32, seed=9)
+    dout = torch.randn(1, 150, 4, 64)
+    first = grads(attn.flash_attn_func(q, k, v, causal=True, deterministic=True), (q, k, v), dout)
+    for threads in (1, 2, 0):
+        attn.set_num_threads(threads)
+        again = grads(attn.flash_attn_func(q, k, v, causal=True, deterministic=True), (q, k, v), dout)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    attn.set_num_threads(0)
+
+
+def test_bad_input_raises_the_cpp_message():
+    q, k, v = (torch.randn(1, 8, 4, 16) for _ in range(3))
+    with pytest.raises(attn.AttnError, match="k: dtype must match q's"):
+        attn.flash_attn_func(q, k.double(), v)
+    with pytest.raises(RuntimeError, match="heads"):
+        attn.flash_attn_func(q, torch.randn(1, 8, 3, 16), torch.randn(1, 8, 3, 16))
+    with pytest.raises(ValueError, match="softcap"):
+        attn.flash_attn_func(q, k, v, softcap=-1.0)
+    with pytest.raises(ValueError, match="dtype must be"):
+        attn.flash_attn_func(q.int(), k, v)
+    with pytest.raises(ValueError, match="set_num_threads"):
+        attn.set_num_threads(-1)
+
+
+def test_numpy_inputs():
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 21, 2, 8)) for _ in range(3))
+    out = attn.flash_attn_func(q, k, v, causal=True)
+    ref = attention_ref(*(torch.from_numpy(x) for x in (q, k, v)), causal=True)
+    assert isinstance(out, np.ndarray) and abs(out - ref.numpy()).max() <= 1e-12
+
+
+def test_custom_ops_pass_opcheck():
+    q, k, v = random_qkv(1, 12, 20, 2, 1, 8, torch.float32, seed=1)
+    args = (q, k, v, None, True, -1, -1, 0.0, None, 0.0, 0, 0)
+    torch.library.opcheck(torch.ops.attn.fwd.default, args)
+    out, lse = torch.ops.attn.fwd(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+    torch.library.opcheck(torch.ops.attn.bwd.default,
+                          (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, None, True, -1, -1,
+                           0.0, None, 0.0, 0, 0))
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    q, k, v = random_qkv(2, 33, 33, 2, 2, 16, torch.float32, seed=4)
+
+    def layer(q, k, v):
+        return attn.flash_attn_func(q * 2, k, v, causal=True).sum(dim=-1)
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    eager = layer(q, k, v)
+    got = compiled(q, k, v)
+    assert torch.equal(got, eager)
+    g_eager = torch.autograd.grad(eager.sum(), (q, k, v))
+    g_compiled = torch.autograd.grad(compiled(q, k, v).sum(), (q, k, v))
+    assert all(torch.equal(a, b) for a, b in zip(g_eager, g_compiled))

@@ -1,0 +1,75 @@
+// The backward of a variable-length batch: validate the packed tensors as one [1, total, heads, d]
+// backward problem and the cu_seqlens arrays, then give the backward kernel one problem per sequence
+// (views into the packed tensors and gradients, no copies), scheduled together. A sequence without
+// queries has no loss terms: its keys' dk and dv are written 0 here (after the kernel, which may still
+// fail to allocate), since the kernel never visits it.
+#include <algorithm>
+#include <vector>
+
+#include "attn/backward.hpp"
+#include "backward/backward_kernel.hpp"
+#include "core/backward_problem.hpp"
+#include "core/element.hpp"
+#include "core/tile_ops.hpp"
+#include "core/varlen_rules.hpp"
+
+namespace attn {
+namespace {
+
+template <class T>
+void zero_rows(const TensorView& t) {
+  for (std::int64_t s = 0; s < t.shape[1]; ++s)
+    for (std::int64_t h = 0; h < t.shape[2]; ++h) {
+      T* row = detail::row_ptr<T>(t, 0, s, h);
+      for (std::int64_t c = 0; c < t.shape[3]; ++c) row[c * t.strides[3]] = detail::store<T>(0.0f);
+    }
+}
+
+}  // namespace
+
+void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                               const TensorView& dout, const TensorView& lse, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const std::int32_t* cu_seqlens_q,
+                               const std::int32_t* cu_seqlens_k, std::int64_t batch, const AttentionOptions& opts,
+                               const TileOptions& tiles) {
+  const char* who = "attn::attention_varlen_backward";
+  detail::check_varlen_batch(who, batch);
+  TensorView packed[8];
+  const char* const names[8] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
+  const TensorView* views[8] = {&q, &k, &v, &out, &dout, &dq, &dk, &dv};
+  for (int i = 0; i < 8; ++i) packed[i] = detail::packed_as_batch_of_one(who, names[i], *views[i]);
+  detail::check_varlen_lse(who, &lse);
+  const detail::BackwardProblem all = detail::validate_backward(who, packed[0], packed[1], packed[2], packed[3],
+                                                                packed[4], lse, packed[5], packed[6], packed[7], opts);
+  detail::validate_tiles(who, tiles);
+  detail::check_cu_seqlens(who, "cu_seqlens_q", cu_seqlens_q, batch, all.seqlen_q);
+  detail::check_cu_seqlens(who, "cu_seqlens_k", cu_seqlens_k, batch, all.seqlen_k);
+
+  std::vector<TensorView> lse_views(static_cast<std::size_t>(batch));
+  std::vector<detail::BackwardProblem> problems, without_queries;
+  problems.reserve(static_cast<std::size_t>(batch));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    detail::BackwardProblem p = all;
+    static_cast<detail::Problem&>(p) = detail::sequence_problem(all, cu_seqlens_q, cu_seqlens_k, b);
+    const std::int64_t q0 = cu_seqlens_q[b], k0 = cu_seqlens_k[b];
+    p.dout = detail::offset_rows(all.dout, 1, q0, p.seqlen_q);
+    p.dq = detail::offset_rows(all.dq, 1, q0, p.seqlen_q);
+    p.dk = detail::offset_rows(all.dk, 1, k0, p.seqlen_k);
+    p.dv = detail::offset_rows(all.dv, 1, k0, p.seqlen_k);
+    if (p.seqlen_q == 0) {
+      without_queries.push_back(p);
+      continue;
+    }
+    lse_views[static_cast<std::size_t>(b)] = detail::offset_rows(lse, 2, q0, p.seqlen_q);
+    p.lse = &lse_views[static_cast<std::size_t>(b)];
+    problems.push_back(p);
+  }
+  detail::run_backward(problems, tiles, detail::resolve_threads(opts.num_threads));
+  for (const detail::BackwardProblem& p : without_queries)
+    detail::dispatch_dtype(p.dtype, [&]<class T>() {
+      zero_rows<T>(p.dk);
+      zero_rows<T>(p.dv);
+    });
+}
+
+}  // namespace attn

@@ -1,0 +1,121 @@
+// The differential test's backward target: attention_backward on a Config's strided views, with dout,
+// dq, dk and dv in layouts of their own, each gradient against the f64 oracle (the textbook backward
+// in f64 on dense copies, from the f64 forward's out and lse) with the gradient rule of STANDARDS.md:
+//   f64: within 1e-12 of the oracle relative to the gradient's largest element;
+//   f32/bf16/f16: error <= 3 x the textbook backward's at the same precision (from the same out and
+//   lse the kernel gets), plus a slack of about one unit in the last place.
+// Also: nothing written outside the gradients' elements, no input written, and a second thread count
+// gives identical bits.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "attn/backward.hpp"
+#include "buffers.hpp"
+#include "case.hpp"
+
+namespace attn::fuzz {
+
+template <class T>
+std::string check_backward(Config c) {
+  const DType t = dtype_of<T>(), lt = t == DType::f64 ? DType::f64 : DType::f32;
+  if (!c.alibi.empty()) c.opts.alibi_slopes = c.alibi.data();
+  Rng r(mix(c.seed) ^ 0xbac4);
+  const std::int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, H = c.heads, HK = c.kv_heads, D = c.head_dim;
+  const std::array<std::int64_t, 4> qs{B, SQ, H, D}, ks{B, SK, HK, D};
+  Buffer q = make_buffer(t, qs, 4, c.lq), k = make_buffer(t, ks, 4, c.lk), v = make_buffer(t, ks, 4, c.lv);
+  Buffer dout = make_buffer(t, qs, 4, pick_layout(r, 4, true));
+  fill_random<T>(q, r, c.amplitude);
+  fill_random<T>(k, r, c.amplitude);
+  fill_random<T>(v, r, 1.0);
+  fill_random<T>(dout, r, 1.0);
+  Buffer out = make_buffer(t, qs, 4, c.lout), lse = make_buffer(lt, {B, H, SQ, 1}, 3, c.llse);
+  attention_reference(q.view, k.view, v.view, out.view, c.opts, &lse.view);  // the forward at precision T
+
+  // Dense copies: f64 (the oracle, with its own f64 forward) and T (the textbook at T, from T's forward).
+  const auto q64 = read<T>(q), k64 = read<T>(k), v64 = read<T>(v), do64 = read<T>(dout);
+  auto dense = [](const std::array<std::int64_t, 4>& s, auto* p) {
+    return TensorView::contiguous(p, s[0], s[1], s[2], s[3]);
+  };
+  std::vector<double> o64(q64.size()), l64(static_cast<std::size_t>(B * H * SQ));
+  const TensorView l64v = TensorView::contiguous(l64.data(), B, H, SQ);
+  attention_reference(dense(qs, q64.data()), dense(ks, k64.data()), dense(ks, v64.data()), dense(qs, o64.data()),
+                      c.opts, &l64v);
+  std::vector<double> oracle[3] = {std::vector<double>(q64.size()), std::vector<double>(k64.size()),
+                                   std::vector<double>(k64.size())};
+  attention_backward_reference(dense(qs, q64.data()), dense(ks, k64.data()), dense(ks, v64.data()),
+                               dense(qs, o64.data()), dense(qs, do64.data()), l64v, dense(qs, oracle[0].data()),
+                               dense(ks, oracle[1].data()), dense(ks, oracle[2].data()), c.opts);
+  std::vector<double> textbook[3];
+  {
+    auto to_t = [](const std::vector<double>& x) {
+      std::vector<T> y(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) y[i] = detail::store<T>(x[i]);
+      return y;
+    };
+    auto qT = to_t(q64), kT = to_t(k64), vT = to_t(v64), dT = to_t(do64), oT = to_t(read<T>(out));
+    const auto lse_vals = lt == DType::f64 ? read<double>(lse) : read<float>(lse);
+    std::vector<detail::Acc<T>> lT(lse_vals.begin(), lse_vals.end());
+    std::vector<T> g[3] = {std::vector<T>(qT.size()), std::vector<T>(kT.size()), std::vector<T>(kT.size())};
+    attention_backward_reference(dense(qs, qT.data()), dense(ks, kT.data()), dense(ks, vT.data()), dense(qs, oT.data()),
+                                 dense(qs, dT.data()), TensorView::contiguous(lT.data(), B, H, SQ),
+                                 dense(qs, g[0].data()), dense(ks, g[1].data()), dense(ks, g[2].data()), c.opts);
+    for (int i = 0; i < 3; ++i)
+      for (const T& x : g[i]) textbook[i].push_back(detail::load<double>(x));
+  }
+
+  const Layout lg[3] = {pick_layout(r, 4, false), pick_layout(r, 4, false), pick_layout(r, 4, false)};
+  auto run = [&](int threads, Buffer* g) {
+    AttentionOptions o = c.opts;
+    o.num_threads = threads;
+    attention_backward(q.view, k.view, v.view, out.view, dout.view, lse.view, g[0].view, g[1].view, g[2].view, o,
+                       c.tiles);
+  };
+  const auto inputs_before = std::vector{q.bytes, k.bytes, v.bytes, out.bytes, dout.bytes, lse.bytes};
+  Buffer grads[3] = {make_buffer(t, qs, 4, lg[0]), make_buffer(t, ks, 4, lg[1]), make_buffer(t, ks, 4, lg[2])};
+  Buffer again[3] = {make_buffer(t, qs, 4, lg[0]), make_buffer(t, ks, 4, lg[1]), make_buffer(t, ks, 4, lg[2])};
+  run(c.opts.num_threads, grads);
+  run(c.alt_threads, again);
+
+  std::string fail;
+  auto note = [&](const std::string& s) { fail += (fail.empty() ? "" : "; ") + s; };
+  if (std::vector{q.bytes, k.bytes, v.bytes, out.bytes, dout.bytes, lse.bytes} != inputs_before)
+    note("an input was written");
+  const char* names[3] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; ++i) {
+    if (auto n = stray_writes(grads[i])) note("wrote " + std::to_string(n) + " bytes outside " + names[i] + "'s view");
+    if (again[i].bytes != grads[i].bytes)
+      note(std::string(names[i]) + ": num_threads " + std::to_string(c.alt_threads) + " gives different bits than " +
+           std::to_string(c.opts.num_threads));
+    const double err = max_err(read<T>(grads[i]), oracle[i]), base = max_err(textbook[i], oracle[i]);
+    const double mag = max_abs(oracle[i]);
+    double tol = 0;
+    switch (t) {
+      case DType::f64:
+        tol = 1e-12 * mag;
+        break;
+      case DType::f32:
+        tol = 3 * base + (std::ldexp(1.0, -23) + logit_slack(c)) * mag;
+        break;
+      case DType::bf16:
+        tol = 3 * base + (std::ldexp(1.0, -8) + logit_slack(c)) * mag;
+        break;
+      case DType::f16:
+        tol = 3 * base + (std::ldexp(1.0, -11) + logit_slack(c)) * mag;
+        break;
+    }
+    if (!(err <= tol))
+      note(std::string(names[i]) + " error " + std::to_string(err) + " > tolerance " + std::to_string(tol) +
+           " (textbook error " + std::to_string(base) + ", largest element " + std::to_string(mag) + ")");
+  }
+  return fail;
+}
+
+inline std::string check_backward_any(const Config& c) {
+  return detail::dispatch_dtype(c.dtype, [&]<class T>() { return check_backward<T>(c); });
+}
+
+}  // namespace attn::fuzz
