@@ -46,6 +46,7 @@
 #include "attn/online_softmax.hpp"
 #include "core/dpbf16.hpp"
 #include "core/dropout.hpp"
+#include "core/philox-inl.h"
 #include "core/element.hpp"
 #include "core/tile_ops.hpp"
 #include "tiled/tiled_kernel.hpp"
@@ -176,71 +177,32 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTas
 // Dropout (core/dropout.hpp) on this key tile's P^T [n][R], in place: the one place the forward drops
 // weights. It runs after l has summed the undropped P and before P V, and not at all without dropout.
 // Lanes run along the stacked rows, as in S^T: lane r's counter is {g, i, head word, offset} (ctr_i and
-// ctr_h hold row r's i and head word), so one SIMD Philox call gives four keys of N rows. Every column
-// is scaled, masked keys included: their P is exactly 0, and 0 x factor is 0. The rounds are
-// philox4x32_10's (core/philox.hpp), re-expressed on lanes: MulEven gives the 32x32 -> 64-bit products
-// of the even lanes, the odd lanes' after a 32-bit shift, and OddEven regroups the halves.
+// ctr_h hold row r's i and head word), so one SIMD Philox call (core/philox-inl.h) gives four keys of N
+// rows. Every column is scaled, masked keys included: their P is exactly 0, and 0 x factor is 0.
 #if HWY_TARGET != HWY_SCALAR
-template <class DU, class V = hn::Vec<DU>>
-HWY_INLINE void PhiloxRound(DU du, V (&c)[4], std::uint32_t k0, std::uint32_t k1) {
-  const hn::RepartitionToWide<DU> dw;
-  V hi[2], lo[2];
-  const std::uint32_t mul[2] = {kPhiloxM0, kPhiloxM1};
-  const V in[2] = {c[0], c[2]};
-  ATTN_UNROLL
-  for (int t = 0; t < 2; ++t) {
-    const V m = hn::Set(du, mul[t]);
-    const auto even = hn::MulEven(in[t], m);
-    const auto odd = hn::MulEven(hn::BitCast(du, hn::ShiftRight<32>(hn::BitCast(dw, in[t]))), m);
-    lo[t] = hn::OddEven(hn::BitCast(du, hn::ShiftLeft<32>(odd)), hn::BitCast(du, even));
-    hi[t] = hn::OddEven(hn::BitCast(du, odd), hn::BitCast(du, hn::ShiftRight<32>(even)));
-  }
-  const V c1 = c[1], c3 = c[3];
-  c[0] = hn::Xor(hn::Xor(hi[1], c1), hn::Set(du, k0));
-  c[1] = lo[1];
-  c[2] = hn::Xor(hn::Xor(hi[0], c3), hn::Set(du, k1));
-  c[3] = lo[0];
-}
-
-// All-ones lanes of `keep` as the accumulator's factor bits: f32 lanes as they are, f64 lanes
-// sign-extended from 32 to 64 bits.
-template <class D, class VU>
-HWY_INLINE hn::Vec<D> KeepBits(D d, VU keep) {
-  if constexpr (sizeof(hn::TFromD<D>) == 4) {
-    return hn::BitCast(d, keep);
-  } else {
-    const hn::Rebind<std::int32_t, D> di32;
-    const hn::Rebind<std::int64_t, D> di64;
-    return hn::BitCast(d, hn::PromoteTo(di64, hn::BitCast(di32, keep)));
-  }
-}
-
 template <class D, class A = hn::TFromD<D>>
 HWY_NOINLINE void DropTile(D d, const DropoutRule& rule, const std::uint32_t* ctr_i, const std::uint32_t* ctr_h,
                            std::int64_t j0, std::int64_t n, A* s, std::size_t R) {
+  namespace ps = philox_simd::HWY_NAMESPACE;
   const hn::Rebind<std::uint32_t, D> du;
   const std::size_t N = hn::Lanes(d);
-  const auto threshold = hn::Set(du, rule.threshold);
-  const auto scale = hn::Set(d, static_cast<A>(rule.scale));
   for (std::size_t r = 0; r < R; r += N) {
     const auto ci = hn::LoadU(du, ctr_i + r), ch = hn::LoadU(du, ctr_h + r);
     for (std::int64_t g = j0 >> 2; g <= (j0 + n - 1) >> 2; ++g) {
-      hn::Vec<decltype(du)> c[4] = {hn::Set(du, static_cast<std::uint32_t>(g)), ci, ch, hn::Set(du, rule.offset)};
-      std::uint32_t k0 = rule.key0(), k1 = rule.key1();
-      for (int round = 0; round < kPhiloxRounds; ++round, k0 += kPhiloxW0, k1 += kPhiloxW1) PhiloxRound(du, c, k0, k1);
+      hn::Vec<decltype(du)> c[4];
+      ps::Keep4Words(du, rule, g, ci, ch, c);
       ATTN_UNROLL
       for (int t = 0; t < 4; ++t) {
         const std::int64_t col = g * 4 + t - j0;
         if (col < 0 || col >= n) continue;
         A* x = s + static_cast<std::size_t>(col) * R + r;
-        const auto factor = hn::And(KeepBits(d, hn::VecFromMask(du, hn::Lt(c[t], threshold))), scale);
-        hn::Store(hn::Mul(hn::Load(d, x), factor), d, x);
+        hn::Store(hn::Mul(hn::Load(d, x), ps::DropFactor(d, du, c[t], rule)), d, x);
       }
     }
   }
 }
 #else
-// One lane: the rule's own scalar loop, over each row's visible keys.
+// One lane (HWY_SCALAR): philox4x32_10 itself, four keys of one row per call.
 template <class D, class A = hn::TFromD<D>>
 HWY_NOINLINE void DropTile(D, const DropoutRule& rule, const std::uint32_t* ctr_i, const std::uint32_t* ctr_h,
                            std::int64_t j0, std::int64_t n, A* s, std::size_t R) {
