@@ -236,6 +236,16 @@ TEST_F(Gpu, RejectsHostPointersAndUnsupportedShapesWithoutWriting) {
   EXPECT_THROW(cuda::attention(dview(dq, 1, 4, 2, 128), dview(dk, 1, 4, 4, 64), dview(dv, 1, 4, 4, 64),
                                dview(dout, 1, 4, 2, 128)),
                std::invalid_argument);
+  // Dropout is for training: the CUDA entry points are inference paths and reject it.
+  AttentionOptions dropout;
+  dropout.dropout_p = 0.1;
+  try {
+    cuda::attention(dview(dq, 1, 4, 2, 128), dview(dk, 1, 8, 2, 128), dview(dv, 1, 8, 2, 128),
+                    dview(dout, 1, 4, 2, 128), dropout);
+    ADD_FAILURE() << "dropout_p > 0 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("dropout_p: must be 0"), std::string::npos) << e.what();
+  }
   for (auto x : dout.get()) ASSERT_EQ(x.bits, 0xFFFF) << "out was written by a rejected call";
 }
 

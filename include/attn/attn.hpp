@@ -4,6 +4,7 @@
 #include "attn/attention.hpp"
 #include "attn/backward.hpp"
 #include "attn/decode.hpp"
+#include "attn/dropout.hpp"
 #include "attn/io_model.hpp"
 #include "attn/merge.hpp"
 #include "attn/online_softmax.hpp"

@@ -26,6 +26,19 @@ struct AttentionOptions {
   std::int64_t alibi_batch_stride = 0;
   // Threads for this call; 0 = all available (OpenMP's default). Results do not depend on it.
   int num_threads = 0;
+  // Dropout on the attention weights (flash-attn's dropout_p), for training: each softmax weight P_ij
+  // is kept with probability 1 - dropout_p and then scaled by 1 / (1 - dropout_p), or set to 0; the
+  // output is sum_j (keep_ij / (1 - p)) P_ij v_j while lse stays the log-sum-exp of the undropped
+  // scores. dropout_p must be in [0, 1); 0 = off. The keep mask is a pure function of (dropout_seed,
+  // dropout_offset, b, h, i, j) (Philox 4x32-10, docs/dropout.md): the backward regenerates it from the
+  // same options, and no result depends on tile sizes or threads. Use a new offset (or seed) per call
+  // for a new mask; dropout_offset must be < 2^32. Accepted by attention_reference, attention_tiled,
+  // attention_varlen and attention_backward_reference (attn::dropout_mask writes the mask); the
+  // inference paths (split-K, decode, the CUDA entry points) and the tiled backward (attention_backward,
+  // attention_varlen_backward) reject dropout_p > 0.
+  double dropout_p = 0;
+  std::uint64_t dropout_seed = 0;
+  std::uint64_t dropout_offset = 0;
 };
 
 // Tile sizes for the tiled algorithm; unset = chosen from the cache sizes (plan_tiles, src/heuristics/cpu.cpp).

@@ -6,6 +6,8 @@
 //   dS = P * (dP - D)             (materialised; the gradient of the loss with respect to the logits)
 //   dX = dS * d logit / d dot     (ScoreRule::logit_grad: the scale and the soft-cap's derivative)
 //   dV += P^T dO,  dK += dX^T Q,  dQ = dX K
+// With dropout (keep mask Z, core/dropout.hpp, regenerated from the options; O the dropped forward
+// output): dS = P * (Z dP / (1 - p) - D) and dV += (P o Z / (1 - p))^T dO.
 // Masked entries are skipped, never weighted by 0, so nothing a row cannot see reaches its gradients.
 #include <algorithm>
 #include <cmath>
@@ -56,8 +58,15 @@ void head_matrices(const BackwardProblem& p, Buffers<A>& m, std::int64_t b, std:
       const std::int64_t e = i * sk + j;
       m.P[e] = std::exp(mask.score(x, i, j, slope) - lse);
       m.dP[e] = detail::dot(m.dO + i * d, m.V + j * d, d);
-      m.dS[e] = m.P[e] * (m.dP[e] - D) * p.rule.logit_grad(x);
+      m.dS[e] = x;  // the dot product, until dS replaces it below
     }
+    // Dropout scales dP (the gradient reaching P) and, below, the P of dV by the same factors.
+    if (p.dropout.enabled()) p.dropout.scale_row(b, h, i, lo, hi, m.dP + i * sk + lo, 1);
+    for (std::int64_t j = lo; j < hi; ++j) {
+      const std::int64_t e = i * sk + j;
+      m.dS[e] = m.P[e] * (m.dP[e] - D) * p.rule.logit_grad(m.dS[e]);
+    }
+    if (p.dropout.enabled()) p.dropout.scale_row(b, h, i, lo, hi, m.P + i * sk + lo, 1);
   }
 }
 
@@ -125,7 +134,7 @@ void attention_backward_reference(const TensorView& q, const TensorView& k, cons
                                   const TensorView& dout, const TensorView& lse, const TensorView& dq,
                                   const TensorView& dk, const TensorView& dv, const AttentionOptions& opts) {
   const BackwardProblem p =
-      detail::validate_backward("attn::attention_backward_reference", q, k, v, out, dout, lse, dq, dk, dv, opts);
+      detail::validate_backward("attn::attention_backward_reference", q, k, v, out, dout, lse, dq, dk, dv, opts, true);
   detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p); });
 }
 

@@ -16,7 +16,7 @@
 //   out, lse: no self-aliasing, no overlap with any input or each other; when appending, the cache must
 //       not alias itself or overlap k_new, v_new, q, seqlens, block_table, and cache.k and cache.v must
 //       not overlap
-//   options: as validate.cpp (scale, threads, window, softcap, ALiBi); num_splits >= 0
+//   options: as validate.cpp (scale, threads, window, softcap, ALiBi); dropout_p must be 0; num_splits >= 0
 //   rotary: only with k_new/v_new; cos, sin not null; dtype f32 or f64; rotary_dim even in [2, head_dim];
 //       positions cover every position used
 #include <algorithm>
@@ -264,6 +264,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   const ResolvedOptions resolved = resolve_options(who, opts, d);
   const bool q_per_row = resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0;
   check_rotary(who, dec, cache, batch, d, sqn, seqlen_new, q_per_row);
+  reject_dropout(who, resolved.dropout, "decode is an inference path");
   if (dec.num_splits < 0) fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + str(dec.num_splits));
 
   DecodeProblem p{};

@@ -11,6 +11,8 @@
 //   <arg>: strides make elements alias                (outputs only)
 //   <arg>: overlaps <input>                           (outputs must not overlap any input or each other)
 //   softmax_scale must be finite; num_threads must be >= 0
+//   dropout_p must be in [0, 1); dropout_offset must be < 2^32; with dropout, the sizes of
+//   check_dropout_extent; entry points without dropout: dropout_p must be 0 (reject_dropout)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -126,6 +128,12 @@ ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& op
          "must be finite and >= 0 (0 = off), at most 3.4e38 (the f32 maximum), got " + number(opts.softcap));
   if (opts.alibi_slopes && opts.alibi_batch_stride < 0)
     fail(who, "alibi_batch_stride", "must be >= 0, got " + std::to_string(opts.alibi_batch_stride));
+  // NaN fails both comparisons. p = 1 would scale by 1/0 and drop everything: not a valid rate.
+  if (!(opts.dropout_p >= 0) || !(opts.dropout_p < 1))
+    fail(who, "dropout_p", "must be in [0, 1) (0 = off), got " + number(opts.dropout_p));
+  if (opts.dropout_offset > 0xffffffffu)
+    fail(who, "dropout_offset",
+         "must be < 2^32 (the Philox counter's last word), got " + std::to_string(opts.dropout_offset));
   ScoreRule rule;
   rule.scale = scale;
   rule.softcap = opts.softcap;
@@ -133,7 +141,34 @@ ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& op
   rule.window_right = opts.causal ? 0 : opts.window_right;
   rule.alibi_slopes = opts.alibi_slopes;
   rule.alibi_batch_stride = opts.alibi_batch_stride;
-  return {rule, opts.num_threads};
+  DropoutRule dropout;
+  if (opts.dropout_p > 0) {
+    dropout.p = opts.dropout_p;
+    dropout.scale = 1 / (1 - opts.dropout_p);
+    // (1 - p) 2^32 is below 2^32 for p > 0 except where 1 - p rounds to 1 (p < 2^-53): keep all but 1 in 2^32.
+    const double t = std::floor((1 - opts.dropout_p) * 4294967296.0);
+    dropout.threshold = t >= 4294967295.0 ? 0xffffffffu : static_cast<std::uint32_t>(t);
+    dropout.seed = opts.dropout_seed;
+    dropout.offset = static_cast<std::uint32_t>(opts.dropout_offset);
+  }
+  return {rule, dropout, opts.num_threads};
+}
+
+void check_dropout_extent(std::string_view who, const DropoutRule& dropout, std::int64_t batch, std::int64_t heads,
+                          std::int64_t seqlen_q, std::int64_t seqlen_k) {
+  if (!dropout.enabled()) return;
+  constexpr std::int64_t k32 = std::int64_t{1} << 32, k34 = std::int64_t{1} << 34;
+  std::int64_t bh = 0;
+  if (seqlen_q > k32) fail(who, "q", "seqlen must be <= 2^32 with dropout, got " + std::to_string(seqlen_q));
+  if (seqlen_k > k34) fail(who, "k", "seqlen must be <= 2^34 with dropout, got " + std::to_string(seqlen_k));
+  if (!checked_mul(batch, heads, bh) || bh > k32)
+    fail(who, "q",
+         "batch x heads must be <= 2^32 with dropout, got " + std::to_string(batch) + " x " + std::to_string(heads));
+}
+
+void reject_dropout(std::string_view who, const DropoutRule& dropout, std::string_view what) {
+  if (dropout.enabled())
+    fail(who, "dropout_p", "must be 0 (" + std::string(what) + " without dropout), got " + number(dropout.p));
 }
 
 void validate_tiles(std::string_view who, const TileOptions& tiles) {
@@ -202,6 +237,8 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   p.v = v;
   p.out = out;
   p.lse = lse;
+  p.dropout.heads = p.heads;
+  check_dropout_extent(who, p.dropout, p.batch, p.heads, p.seqlen_q, p.seqlen_k);
   return p;
 }
 

@@ -8,6 +8,7 @@
 
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
+#include "core/dropout.hpp"
 #include "core/score_rule.hpp"
 
 namespace attn::detail {
@@ -29,15 +30,25 @@ void require_equal(std::string_view who, std::string_view arg, const char* dim, 
                    std::string_view other, std::int64_t want);
 
 // The AttentionOptions every entry point shares, checked and resolved: the score rule (the scale is
-// the option or 1/sqrt(head_dim); causal is folded into window_right = 0) and the thread count.
-// Problem and DecodeProblem carry it.
+// the option or 1/sqrt(head_dim); causal is folded into window_right = 0), the dropout rule (its
+// `heads` set by `validate`, core/dropout.hpp) and the thread count. Problem and DecodeProblem carry it.
 struct ResolvedOptions {
   ScoreRule rule;
+  DropoutRule dropout;
   int num_threads;  // 0 = all cores
 };
 
-// Checks the shared options (scale, threads, window, softcap, ALiBi) and resolves them.
+// Checks the shared options (scale, threads, window, softcap, ALiBi, dropout) and resolves them.
 ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& opts, std::int64_t head_dim);
+
+// With dropout on, the sizes must keep the Philox counter of every element distinct (core/dropout.hpp):
+// seqlen_q <= 2^32, seqlen_k <= 2^34, batch * heads <= 2^32. Nothing to check with dropout off.
+void check_dropout_extent(std::string_view who, const DropoutRule& dropout, std::int64_t batch, std::int64_t heads,
+                          std::int64_t seqlen_q, std::int64_t seqlen_k);
+
+// For the entry points without dropout (the inference paths): dropout_p must be 0. `what` names the
+// path in the message ("split-K is an inference path").
+void reject_dropout(std::string_view who, const DropoutRule& dropout, std::string_view what);
 
 // tiles.q_tile and tiles.k_tile, when set, must be >= 1.
 void validate_tiles(std::string_view who, const TileOptions& tiles);

@@ -45,7 +45,10 @@ Problem validate_packed(std::string_view who, const TensorView& q, const TensorV
   const TensorView q4 = packed_as_batch_of_one(who, "q", q), k4 = packed_as_batch_of_one(who, "k", k),
                    v4 = packed_as_batch_of_one(who, "v", v), o4 = packed_as_batch_of_one(who, "out", out);
   check_varlen_lse(who, lse);
-  return validate(who, q4, k4, v4, &o4, opts, lse);
+  Problem p = validate(who, q4, k4, v4, &o4, opts, lse);
+  // The packed problem's batch is 1; dropout's counter word b * heads + h needs the sequence count.
+  check_dropout_extent(who, p.dropout, batch, p.heads, p.seqlen_q, p.seqlen_k);
+  return p;
 }
 
 TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::int64_t count) {
@@ -68,6 +71,7 @@ Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q
   p.v = offset_rows(packed.v, 1, k0, nk);
   p.lse = nullptr;
   p.rule = packed.rule.for_sequence(b);
+  p.dropout = packed.dropout.for_sequence(b);  // sequence b draws batch index b's mask
   return p;
 }
 

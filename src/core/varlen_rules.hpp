@@ -32,7 +32,8 @@ Problem validate_packed(std::string_view who, const TensorView& q, const TensorV
 TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::int64_t count);
 
 // Sequence b of a validated packed problem (cu_seqlens checked): its own lengths, q, k, v and out as
-// views into the packed tensors, lse unset, and the score rule with sequence b's ALiBi slopes.
+// views into the packed tensors, lse unset, the score rule with sequence b's ALiBi slopes, and the
+// dropout rule of batch index b.
 Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
                          std::int64_t b);
 

@@ -113,8 +113,9 @@ cuda_detail::FwdParams forward_params(const detail::Problem& p, const TensorView
   return f;
 }
 
-void validate_forward(const char* who, const TensorView& q, const TensorView& k, const TensorView& v,
-                      const TensorView& out, const AttentionOptions& opts, const TensorView* lse) {
+void validate_forward(const char* who, const detail::Problem& p, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& out, const AttentionOptions& opts, const TensorView* lse) {
+  detail::reject_dropout(who, p.dropout, "the CUDA forward is an inference path");
   for (auto [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
     require_kernel_layout(who, name, *t);
   require_lse(who, lse);
@@ -136,7 +137,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
                const AttentionOptions& opts, const TensorView* lse, Stream stream) {
   const char* who = "attn::cuda::attention";
   const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
-  validate_forward(who, q, k, v, out, opts, lse);
+  validate_forward(who, p, q, k, v, out, opts, lse);
   const cuda_detail::FwdParams f = forward_params(p, lse);
   check_cuda(who, cuda_detail::launchers().forward(f, p.dtype, p.seqlen_q, stream), "kernel launch");
 }
@@ -147,7 +148,7 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   const detail::Problem p = detail::validate_packed(who, q, k, v, out, vb.batch, opts, lse);
   if (!vb.cu_seqlens_q) fail(who, "cu_seqlens_q", "pointer is null");
   if (!vb.cu_seqlens_k) fail(who, "cu_seqlens_k", "pointer is null");
-  validate_forward(who, p.q, p.k, p.v, p.out, opts, lse);
+  validate_forward(who, p, p.q, p.k, p.v, p.out, opts, lse);
   require_device(who, "cu_seqlens_q", vb.cu_seqlens_q);
   require_device(who, "cu_seqlens_k", vb.cu_seqlens_k);
   const auto cq = vb.host_cu_seqlens_q

@@ -1,8 +1,9 @@
 // Algorithm 0, the textbook method, kept deliberately plain: it is the oracle.
 //   S = q k^T * scale        (seqlen_q x seqlen_k, materialised)
 //   P = softmax(S) row-wise  (each row: subtract its max, exponentiate, divide by the sum)
-//   out = P v
-// Masked entries of S are -inf; a row with no visible key gets out = 0 and lse = -inf.
+//   out = (P o Z / (1 - p)) v  Z the dropout keep mask (core/dropout.hpp); with dropout off, out = P v
+// Masked entries of S are -inf; a row with no visible key gets out = 0 and lse = -inf. lse is the
+// undropped softmax's.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -49,8 +50,10 @@ void run(const detail::Problem& p) {
       if (!empty) {
         for (std::int64_t j = lo; j < hi; ++j) sum += (s[j] = std::exp(s[j] - m));
         for (std::int64_t j = lo; j < hi; ++j) s[j] /= sum;
+        // Dropped weights become 0, kept ones P / (1 - p); the sum (and so lse) stays undropped.
+        if (p.dropout.enabled()) p.dropout.scale_row(b, h, i, lo, hi, s + lo, 1);
       }
-      // out = P v
+      // out = P v (P dropped)
       for (std::int64_t c = 0; c < d; ++c) row[c] = 0;
       if (!empty)
         for (std::int64_t j = lo; j < hi; ++j)

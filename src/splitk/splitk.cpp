@@ -122,6 +122,7 @@ void attention_splitk(const TensorView& q, const TensorView& k, const TensorView
   const char* who = "attn::attention_splitk";
   const detail::Problem p = detail::validate(who, q, k, v, &out, opts, lse);
   check_splits(who, split);
+  detail::reject_dropout(who, p.dropout, "split-K is an inference path");
   detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p, split.num_splits); });
 }
 
@@ -131,6 +132,7 @@ std::vector<PartialState<double>> splitk_partials(const TensorView& q, const Ten
   const char* who = "attn::splitk_partials";
   const detail::Problem p = detail::validate(who, q, k, v, nullptr, opts, nullptr);
   check_splits(who, split);
+  detail::reject_dropout(who, p.dropout, "split-K is an inference path");
   constexpr std::int64_t kMaxReturned = 1 << 20;
   if (split.num_splits > kMaxReturned)
     detail::fail(who, "split.num_splits",

@@ -17,6 +17,8 @@
 //     per row: m_new = max(m, tile max); alpha = rescale_factor(m, m_new); P^T = exp(S^T - m_new) in
 //              place (NaN where S^T - m_new is NaN: a NaN score, or +inf - +inf, as in attn::fold),
 //              l = l alpha + sum P (vectorised along queries: all of these are lane-wise)
+//     with dropout: P^T *= Z / (1 - p) in place (DropTile: Philox on SIMD lanes, one row per lane),
+//              after l and before P V, so l and lse stay those of the undropped softmax
 //     O [R][dp] = O alpha + P V   register block: 4 query rows (broadcast P) x CV vectors of d
 //   finalize each row (attn::finalize: l = 0 gives out 0, lse -inf) and store it converted to T.
 // Lanes run along queries in S^T, so the softmax needs no horizontal reductions, and K and V are used
@@ -43,6 +45,8 @@
 
 #include "attn/online_softmax.hpp"
 #include "core/dpbf16.hpp"
+#include "core/dropout.hpp"
+#include "core/philox-inl.h"
 #include "core/element.hpp"
 #include "core/tile_ops.hpp"
 #include "tiled/tiled_kernel.hpp"
@@ -170,13 +174,59 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTas
   }
 }
 
+// Dropout (core/dropout.hpp) on this key tile's P^T [n][R], in place: the one place the forward drops
+// weights. It runs after l has summed the undropped P and before P V, and not at all without dropout.
+// Lanes run along the stacked rows, as in S^T: lane r's counter is {g, i, head word, offset} (ctr_i and
+// ctr_h hold row r's i and head word), so one SIMD Philox call (core/philox-inl.h) gives four keys of N
+// rows. Every column is scaled, masked keys included: their P is exactly 0, and 0 x factor is 0.
+#if HWY_TARGET != HWY_SCALAR
+template <class D, class A = hn::TFromD<D>>
+HWY_NOINLINE void DropTile(D d, const DropoutRule& rule, const std::uint32_t* ctr_i, const std::uint32_t* ctr_h,
+                           std::int64_t j0, std::int64_t n, A* s, std::size_t R) {
+  namespace ps = philox_simd::HWY_NAMESPACE;
+  const hn::Rebind<std::uint32_t, D> du;
+  const std::size_t N = hn::Lanes(d);
+  for (std::size_t r = 0; r < R; r += N) {
+    const auto ci = hn::LoadU(du, ctr_i + r), ch = hn::LoadU(du, ctr_h + r);
+    for (std::int64_t g = j0 >> 2; g <= (j0 + n - 1) >> 2; ++g) {
+      hn::Vec<decltype(du)> c[4];
+      ps::Keep4Words(du, rule, g, ci, ch, c);
+      ATTN_UNROLL
+      for (int t = 0; t < 4; ++t) {
+        const std::int64_t col = g * 4 + t - j0;
+        if (col < 0 || col >= n) continue;
+        A* x = s + static_cast<std::size_t>(col) * R + r;
+        hn::Store(hn::Mul(hn::Load(d, x), ps::DropFactor(d, du, c[t], rule)), d, x);
+      }
+    }
+  }
+}
+#else
+// One lane (HWY_SCALAR): philox4x32_10 itself, four keys of one row per call.
+template <class D, class A = hn::TFromD<D>>
+HWY_NOINLINE void DropTile(D, const DropoutRule& rule, const std::uint32_t* ctr_i, const std::uint32_t* ctr_h,
+                           std::int64_t j0, std::int64_t n, A* s, std::size_t R) {
+  for (std::size_t r = 0; r < R; ++r)
+    for (std::int64_t g = j0 >> 2; g <= (j0 + n - 1) >> 2; ++g) {
+      const PhiloxWords w =
+          philox4x32_10(static_cast<std::uint32_t>(g), ctr_i[r], ctr_h[r], rule.offset, rule.key0(), rule.key1());
+      for (int t = 0; t < 4; ++t) {
+        const std::int64_t col = g * 4 + t - j0;
+        if (col >= 0 && col < n)
+          s[static_cast<std::size_t>(col) * R + r] *= w.w[t] < rule.threshold ? A(rule.scale) : A(0);
+      }
+    }
+}
+#endif
+
 // One thread's scratch, carved from a single aligned block (sizes in accumulator elements).
 template <class A>
 struct Scratch {
   A *qt, *o, *s, *k, *v, *tmp;
   Rows<A> rows;
+  std::uint32_t *ctr_i, *ctr_h;  // dropout's per-row counter words (DropTile), R each
   static std::size_t elements(std::size_t R, std::size_t bc, std::size_t dim, std::size_t dp) {
-    return dim * R + R * dp + bc * R + bc * dp + 8 * R + dp + bc * dim;
+    return dim * R + R * dp + bc * R + bc * dp + 8 * R + dp + 2 * R + bc * dim;
   }
   // Every block that is loaded as whole vectors starts at a multiple of the vector size (R and dp
   // are multiples of the lane count); K, read only by broadcasts, goes last.
@@ -188,7 +238,9 @@ struct Scratch {
     A* x = v + bc * dp;
     rows = {x, x + R, x + 2 * R, x + 3 * R, x + 4 * R, x + 5 * R, x + 6 * R, x + 7 * R};
     tmp = x + 8 * R;
-    k = tmp + dp;
+    ctr_i = reinterpret_cast<std::uint32_t*>(tmp + dp);  // 2R elements hold 2R 32-bit words
+    ctr_h = ctr_i + R;
+    k = tmp + dp + 2 * R;
   }
 };
 
@@ -229,6 +281,11 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
     rw.dist[r] = A(0);
   }
   const Epilogue base{&p.rule, false};
+  if (p.dropout.enabled())
+    for (std::size_t r = 0; r < R; ++r) {  // padding rows: any counter (their P is never stored)
+      w.ctr_i[r] = r < real ? static_cast<std::uint32_t>(query_of(r)) : 0u;
+      w.ctr_h[r] = r < real ? p.dropout.head_word(b, head_of(r)) : 0u;
+    }
 
   // Keys any row of the tile sees: first_key and end_key are non-decreasing in i.
   const std::int64_t k_begin = p.first_key(i0), k_end = p.end_key(i0 + rows_h - 1);
@@ -287,6 +344,7 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
       }
       hn::Store(hn::MulAdd(hn::Load(d, rw.l + r), hn::Load(d, rw.alpha + r), sum), d, rw.l + r);
     }
+    if (p.dropout.enabled()) DropTile(d, p.dropout, w.ctr_i, w.ctr_h, j0, n, w.s, R);
 
     // O = O alpha + P V, d split into near-equal chunks of at most kMaxCv vectors.
     const int dv = static_cast<int>(dp / N);

@@ -4,6 +4,7 @@
 //
 // GFLOP/s counts 4 seq_q seq_k head_dim heads (two matrix products), halved for causal: the useful work,
 // the same count for attn and the textbook method (which computes the masked half and throws it away).
+// --dropout 0,0.1 times the forward without and with dropout (seed 1) in the same run: its cost.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -14,6 +15,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -90,7 +92,7 @@ struct Buffer {
 
 struct Args {
   std::string seq = "512,1024,2048,4096,8192", seq_q, head_dim = "64,128", causal = "0,1", dtype = "f32,bf16", threads,
-              heads = "16", kv_heads, batch = "1";
+              heads = "16", kv_heads, batch = "1", dropout = "0";
   std::string q_tile, k_tile;  // empty: attn's own tile plan
   bool json = false, quick = false, no_textbook = false;
 };
@@ -119,6 +121,16 @@ void run(const Args& a) {
   }
   std::vector<DType> dtypes;
   for (const auto& s : split_list(args.dtype)) dtypes.push_back(parse_dtype(s));
+  std::vector<double> dropouts;  // checked by attn itself (dropout_p in [0, 1))
+  for (const auto& s : split_list(args.dropout)) {
+    try {
+      std::size_t used = 0;
+      dropouts.push_back(std::stod(s, &used));
+      if (used != s.size()) throw std::invalid_argument(s);
+    } catch (const std::exception&) {
+      throw UsageError("--dropout: list of numbers in [0, 1), got " + s);
+    }
+  }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::int64_t> threads =
       args.threads.empty() ? std::vector<std::int64_t>{cores} : parse_counts(args.threads, "--threads", 1);
@@ -137,8 +149,8 @@ void run(const Args& a) {
           "  peak = GFLOP/s / f32 FMA peak; on AVX512-BF16 CPUs bf16 scores run on VDPBF16PS, two products\n"
           "  per lane per instruction, so bf16 rows can pass 100%%\n");
     std::printf("\n");
-    std::printf("%7s %7s %4s %6s %5s %3s %11s %9s %6s %11s %7s\n", "seq_q", "seq_k", "d", "causal", "dtype", "thr",
-                "seconds", "GFLOP/s", "peak", "textbook s", "x");
+    std::printf("%7s %7s %4s %6s %5s %4s %3s %11s %9s %6s %11s %7s\n", "seq_q", "seq_k", "d", "causal", "dtype", "drop",
+                "thr", "seconds", "GFLOP/s", "peak", "textbook s", "x");
   }
   const int min_reps = args.quick ? 2 : 3;
   for (auto d : dims)
@@ -164,58 +176,62 @@ void run(const Args& a) {
             };
             textbook = time_it(f, big ? 1 : min_reps, big ? 0.0 : 0.3).median_s;
           }
-          for (DType dt : dtypes) {
-            Buffer q(batch * sq * heads * d, dt, 1), k(batch * sk * kv_heads * d, dt, 2),
-                v(batch * sk * kv_heads * d, dt, 3), out(batch * sq * heads * d, dt, 4);
-            AttentionOptions o;
-            o.causal = causal;
-            o.num_threads = static_cast<int>(t);
-            TileOptions tiles;
-            if (!args.q_tile.empty()) tiles.q_tile = parse_count(args.q_tile, "--q-tile");
-            if (!args.k_tile.empty()) tiles.k_tile = parse_count(args.k_tile, "--k-tile");
-            auto f = [&] {
-              attention_tiled(q.view(batch, sq, heads, d), k.view(batch, sk, kv_heads, d),
-                              v.view(batch, sk, kv_heads, d), out.view(batch, sq, heads, d), o, tiles);
-            };
-            const Timing tm = time_it(f, big ? 1 : min_reps, big ? 0.0 : 0.3);
-            const double gf = flops / tm.median_s / 1e9, pk = peak[static_cast<int>(t)];
-            if (args.json) {
-              nlohmann::json j{{"kind", "prefill"},
-                               {"batch", batch},
-                               {"seq_q", sq},
-                               {"seq_k", sk},
-                               {"heads", heads},
-                               {"kv_heads", kv_heads},
-                               {"head_dim", d},
-                               {"dtype", std::string(dtype_name(dt))},
-                               {"causal", causal},
-                               {"threads", t},
-                               {"seconds", tm.median_s},
-                               {"reps", tm.reps},
-                               {"gflops", gf},
-                               {"peak_gflops", pk},
-                               {"peak_fraction", gf / pk},
-                               {"machine", machine_name()},
-                               {"kernels", kernel_paths()}};
-              if (textbook > 0) {
-                j["textbook_seconds"] = textbook;
-                j["textbook_gflops"] = flops / textbook / 1e9;
-                j["speedup_vs_textbook"] = textbook / tm.median_s;
+          for (DType dt : dtypes)
+            for (double dropout : dropouts) {
+              Buffer q(batch * sq * heads * d, dt, 1), k(batch * sk * kv_heads * d, dt, 2),
+                  v(batch * sk * kv_heads * d, dt, 3), out(batch * sq * heads * d, dt, 4);
+              AttentionOptions o;
+              o.causal = causal;
+              o.num_threads = static_cast<int>(t);
+              o.dropout_p = dropout;
+              o.dropout_seed = 1;
+              TileOptions tiles;
+              if (!args.q_tile.empty()) tiles.q_tile = parse_count(args.q_tile, "--q-tile");
+              if (!args.k_tile.empty()) tiles.k_tile = parse_count(args.k_tile, "--k-tile");
+              auto f = [&] {
+                attention_tiled(q.view(batch, sq, heads, d), k.view(batch, sk, kv_heads, d),
+                                v.view(batch, sk, kv_heads, d), out.view(batch, sq, heads, d), o, tiles);
+              };
+              const Timing tm = time_it(f, big ? 1 : min_reps, big ? 0.0 : 0.3);
+              const double gf = flops / tm.median_s / 1e9, pk = peak[static_cast<int>(t)];
+              if (args.json) {
+                nlohmann::json j{{"kind", "prefill"},
+                                 {"batch", batch},
+                                 {"seq_q", sq},
+                                 {"seq_k", sk},
+                                 {"heads", heads},
+                                 {"kv_heads", kv_heads},
+                                 {"head_dim", d},
+                                 {"dtype", std::string(dtype_name(dt))},
+                                 {"causal", causal},
+                                 {"dropout_p", dropout},
+                                 {"threads", t},
+                                 {"seconds", tm.median_s},
+                                 {"reps", tm.reps},
+                                 {"gflops", gf},
+                                 {"peak_gflops", pk},
+                                 {"peak_fraction", gf / pk},
+                                 {"machine", machine_name()},
+                                 {"kernels", kernel_paths()}};
+                if (textbook > 0) {
+                  j["textbook_seconds"] = textbook;
+                  j["textbook_gflops"] = flops / textbook / 1e9;
+                  j["speedup_vs_textbook"] = textbook / tm.median_s;
+                }
+                std::printf("%s\n", j.dump().c_str());
+              } else {
+                char tb[32] = "-", x[32] = "-";
+                if (textbook > 0) {
+                  std::snprintf(tb, sizeof tb, "%.4g", textbook);
+                  std::snprintf(x, sizeof x, "%.2f", textbook / tm.median_s);
+                }
+                std::printf("%7lld %7lld %4lld %6s %5s %4.2g %3lld %11.4g %9.1f %5.0f%% %11s %7s\n",
+                            static_cast<long long>(sq), static_cast<long long>(sk), static_cast<long long>(d),
+                            causal ? "yes" : "no", std::string(dtype_name(dt)).c_str(), dropout,
+                            static_cast<long long>(t), tm.median_s, gf, 100 * gf / pk, tb, x);
               }
-              std::printf("%s\n", j.dump().c_str());
-            } else {
-              char tb[32] = "-", x[32] = "-";
-              if (textbook > 0) {
-                std::snprintf(tb, sizeof tb, "%.4g", textbook);
-                std::snprintf(x, sizeof x, "%.2f", textbook / tm.median_s);
-              }
-              std::printf("%7lld %7lld %4lld %6s %5s %3lld %11.4g %9.1f %5.0f%% %11s %7s\n", static_cast<long long>(sq),
-                          static_cast<long long>(sk), static_cast<long long>(d), causal ? "yes" : "no",
-                          std::string(dtype_name(dt)).c_str(), static_cast<long long>(t), tm.median_s, gf,
-                          100 * gf / pk, tb, x);
+              std::fflush(stdout);
             }
-            std::fflush(stdout);
-          }
         }
 }
 
@@ -234,6 +250,7 @@ void add_bench_prefill(CLI::App& bench) {
   c->add_option("--heads", a->heads, "query heads")->capture_default_str();
   c->add_option("--kv-heads", a->kv_heads, "kv heads (default = heads)");
   c->add_option("--batch", a->batch, "batch size")->capture_default_str();
+  c->add_option("--dropout", a->dropout, "dropout_p values (comma list; 0 = off; e.g. 0,0.1)")->capture_default_str();
   c->add_flag("--quick", a->quick, "seq 512,1024, f32 only, fewer repetitions (seconds)");
   c->add_flag("--no-textbook", a->no_textbook, "skip the OpenBLAS textbook baseline");
   c->add_option("--q-tile", a->q_tile, "query tile B_r (default: attn's plan from the cache sizes)");
