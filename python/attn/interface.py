@@ -116,13 +116,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache in place at cache_seqlens before attending (cache_seqlens is not advanced, as in flash-attn).
     cache_seqlens: int32 tensor (batch,), an int, or None (the whole cache). cache_batch_idx int32 (batch,):
     sequence b uses cache row cache_batch_idx[b]; cache_leftpad int32 (batch,): its keys start at that
-    position (both for contiguous caches, as in flash-attn). Returns out like q, or (out, softmax_lse
-    (batch, nheads, seqlen_q)). Not differentiable, as in flash-attn."""
+    position (both for contiguous caches, as in flash-attn). rotary_cos, rotary_sin (seqlen_ro,
+    rotary_dim / 2), with k and v: k rotated at positions cache_seqlens + t, q at cache_seqlens (+ i when
+    causal or windowed), pairs (c, c + rotary_dim / 2) or, rotary_interleaved, (2c, 2c + 1), as in
+    flash-attn. Returns out like q, or (out, softmax_lse (batch, nheads, seqlen_q)). Not differentiable,
+    as in flash-attn."""
     import torch
-    who = "attn.flash_attn_with_kvcache"
-    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-        if value is not None:
-            raise _C.AttnError(f"{who}: {name}: not supported yet; must be None")
+    table = torch.float64 if k_cache.dtype == torch.float64 else torch.float32
+    to_table = lambda t: None if t is None else t.detach().to(table).contiguous()
     batch, seqlen_q, heads, _ = q.shape
     if cache_seqlens is None:
         full = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
@@ -134,7 +135,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32)
     detach = lambda t: None if t is None else t.detach()
     _C.kvcache(detach(q), detach(k_cache), detach(v_cache), out, lse if return_softmax_lse else None, cache_seqlens,
-               block_table, detach(k), detach(v), cache_batch_idx, cache_leftpad, num_splits=int(num_splits),
+               block_table, detach(k), detach(v), cache_batch_idx, cache_leftpad, to_table(rotary_cos),
+               to_table(rotary_sin), bool(rotary_interleaved), num_splits=int(num_splits),
                softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
                window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
                num_threads=get_num_threads())

@@ -201,6 +201,7 @@ void varlen_backward(const Array& q, const Array& k, const Array& v, const Array
 void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const Array& out, std::optional<Array> lse,
              const Array& cache_seqlens, std::optional<Array> block_table, std::optional<Array> k_new,
              std::optional<Array> v_new, std::optional<Array> batch_idx, std::optional<Array> leftpad,
+             std::optional<Array> rotary_cos, std::optional<Array> rotary_sin, bool rotary_interleaved,
              std::int64_t num_splits, std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr,
              double softcap, std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset,
              int threads) {
@@ -225,6 +226,22 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
   if (leftpad) cache.leftpad = int32_data(who, "cache_leftpad", *leftpad, qv.shape[0]);
   attn::DecodeOptions dec;
   dec.num_splits = num_splits;
+  attn::RotaryTables rotary;
+  if (rotary_cos || rotary_sin) {
+    if (!rotary_cos || !rotary_sin) reject(who, rotary_cos ? "rotary_sin" : "rotary_cos", "both or neither");
+    const Array &c = *rotary_cos, &s = *rotary_sin;
+    for (auto [name, t] : {std::pair<const char*, const Array*>{"rotary_cos", &c}, {"rotary_sin", &s}})
+      if (t->ndim() != 2 || t->dtype() != c.dtype() || t->shape(0) != c.shape(0) || t->shape(1) != c.shape(1) ||
+          (t->shape(1) > 1 && t->stride(1) != 1) || (t->shape(0) > 1 && t->stride(0) != t->shape(1)))
+        reject(who, name, "must be dense [seqlen_ro, rotary_dim / 2] arrays of one dtype");
+    rotary.cos = c.data();
+    rotary.sin = s.data();
+    rotary.dtype = dtype_of(who, "rotary_cos", c);
+    rotary.positions = static_cast<std::int64_t>(c.shape(0));
+    rotary.rotary_dim = 2 * static_cast<std::int64_t>(c.shape(1));
+    rotary.interleaved = rotary_interleaved;
+    dec.rotary = &rotary;
+  }
   TensorView kn, vn, lv;
   if (k_new) kn = view_of(who, "k", *k_new, 4), dec.k_new = &kn;
   if (v_new) vn = view_of(who, "v", *v_new, 4), dec.v_new = &vn;
@@ -318,6 +335,7 @@ NB_MODULE(_C, m) {
   m.def("kvcache", &kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
+        nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved") = false,
         nb::arg("num_splits") = 0, ATTN_OPTION_ARGS,
         "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place.");
   m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),

@@ -79,8 +79,8 @@ def test_kvcache_bad_input():
                                      block_table=torch.zeros(2, 3, dtype=torch.int64))
     with pytest.raises(attn.AttnError, match="cache.seqlens.*exceeds the cache capacity"):
         attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([1, 99], dtype=torch.int32))
-    with pytest.raises(ValueError, match="rotary_cos: not supported yet"):
-        attn.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(9, 8))
+    with pytest.raises(ValueError, match="rotary: needs k_new and v_new"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(9, 4), rotary_sin=torch.ones(9, 4))
 
 
 def test_cache_batch_idx_and_leftpad():
@@ -101,3 +101,26 @@ def test_cache_batch_idx_and_leftpad():
     with pytest.raises(attn.AttnError, match="cache.batch_idx: sequences 0 and 1 append into cache row 4"):
         attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
                                      cache_batch_idx=torch.tensor([4, 4, 2], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("causal,sq", [(False, 1), (True, 3), (False, 2)])
+def test_rotary_matches_flash_attn_layers_rotary(interleaved, causal, sq):
+    from attn.flash_attn.layers.rotary import apply_rotary_emb
+    b, hk, group, d, max_len, new = 2, 2, 2, 32, 40, 3
+    q, k_cache, v_cache, seqlens, k_new, v_new = make_case(b, sq, hk, group, d, max_len, new, torch.float64, seed=11)
+    angle = torch.rand(64, 8, dtype=torch.float64) * 6
+    cos, sin = angle.cos(), angle.sin()
+    want_k = k_cache.clone()
+    out = attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                       cache_seqlens=seqlens, causal=causal, rotary_interleaved=interleaved)
+    for i in range(b):
+        n = int(seqlens[i])
+        k_rot = apply_rotary_emb(k_new[i:i + 1], cos, sin, interleaved=interleaved, seqlen_offsets=n)
+        want_k[i, n:n + new] = k_rot[0]
+        q_rot = (apply_rotary_emb(q[i:i + 1], cos, sin, interleaved=interleaved, seqlen_offsets=n) if causal else
+                 apply_rotary_emb(q[i:i + 1], cos[n:n + 1].expand(sq, -1), sin[n:n + 1].expand(sq, -1),
+                                  interleaved=interleaved))
+        assert (k_cache[i] - want_k[i]).abs().max().item() <= 1e-14
+        ref = attention_ref(q_rot, want_k[i:i + 1, :n + new], v_cache[i:i + 1, :n + new], causal=causal)
+        assert (out[i] - ref[0]).abs().max().item() <= 1e-12
