@@ -27,10 +27,24 @@ def _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slope
             get_num_threads())
 
 
-def _result(out, lse, return_attn_probs):
+def _result(out, lse, return_attn_probs, opts, mask_shape):
+    """out, or (out, lse, S_dmask). S_dmask is empty without dropout (as flash-attn); with dropout it is
+    the factor (0 or 1 / (1 - dropout_p)) each softmax weight was multiplied by, (batch, nheads,
+    seqlen_q, seqlen_k), f32 (f64 for f64)."""
     if not return_attn_probs:
         return out
-    return out, lse, out.new_empty((0,))  # S_dmask: empty, as flash-attn without dropout
+    dropout_p, seed = opts[6], opts[7]
+    if type(out).__module__ == "numpy":
+        import numpy as np
+        mask = np.empty(mask_shape if dropout_p else (0,), dtype=np.float64 if out.dtype == np.float64 else np.float32)
+    else:
+        import torch
+        mask = torch.empty(mask_shape if dropout_p else (0,),
+                           dtype=torch.float64 if out.dtype == torch.float64 else torch.float32)
+    if dropout_p == 0:
+        return out, lse, mask
+    _C.dropout_mask(mask, dropout_p, seed)
+    return out, lse, mask
 
 
 def _numpy_forward(q, k, v, opts):
@@ -55,7 +69,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     else:
         from . import _ops
         out, lse = _ops.attention(q, k, v, *opts)
-    return _result(out, lse, return_attn_probs)
+    return _result(out, lse, return_attn_probs, opts, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -85,7 +99,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     from . import _ops
     opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
     out, lse = _ops.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *opts)
-    return _result(out, lse, return_attn_probs)
+    batch = len(cu_seqlens_q) - 1
+    return _result(out, lse, return_attn_probs, opts, (batch, q.shape[1], int(max_seqlen_q), int(max_seqlen_k)))
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,

@@ -21,6 +21,7 @@
 #include "attn/attention.hpp"
 #include "attn/backward.hpp"
 #include "attn/decode.hpp"
+#include "attn/dropout.hpp"
 #include "attn/io_model.hpp"
 #include "attn/merge.hpp"
 #include "attn/varlen.hpp"
@@ -101,7 +102,9 @@ struct Options {
     o.window_right = window_right;
     o.softcap = softcap;
     o.num_threads = num_threads;
-    if (dropout_p != 0) reject(who, "dropout_p", "dropout is not available in this build; must be 0");
+    o.dropout_p = dropout_p;
+    o.dropout_seed = seed;
+    o.dropout_offset = offset;
     if (alibi_slopes) {
       const Array& a = *alibi_slopes;
       if (a.dtype() != nb::dtype<float>() || a.ndim() < 1 || a.ndim() > 2 ||
@@ -303,6 +306,19 @@ nb::dict io_count(const std::string& schedule, std::int64_t n, std::int64_t d, s
   return r;
 }
 
+// attn::dropout_mask into mask [batch, heads, seqlen_q, seqlen_k]: the factor (0 or 1 / (1 - p)) the
+// forward multiplies each softmax weight by.
+void dropout_mask(const Array& mask, double dropout_p, std::uint64_t seed, std::uint64_t offset) {
+  const char* who = "attn.dropout_mask";
+  attn::AttentionOptions o;
+  o.dropout_p = dropout_p;
+  o.dropout_seed = seed;
+  o.dropout_offset = offset;
+  const TensorView mv = view_of(who, "mask", mask, 4);
+  nb::gil_scoped_release unlocked;
+  attn::dropout_mask(mv, o);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -346,4 +362,6 @@ NB_MODULE(_C, m) {
         "attn::io::model: the traffic of the three schedules (dict).");
   m.def("io_count", &io_count, nb::arg("schedule"), nb::arg("n"), nb::arg("d"), nb::arg("m"), nb::arg("seed") = 1,
         "attn::io::count_algorithm1 / count_fa2: the counted simulation (dict).");
+  m.def("dropout_mask", &dropout_mask, nb::arg("mask"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset") = 0,
+        "attn::dropout_mask: the forward's dropout factors into mask [batch, heads, seqlen_q, seqlen_k].");
 }
