@@ -53,6 +53,12 @@ inline std::string layout_str(const Layout& l) {
   return s.str();
 }
 
+// The configuration for an entry point without dropout (split-K, decode: inference paths).
+inline Config without_dropout(Config c) {
+  c.opts.dropout_p = 0;
+  return c;
+}
+
 inline std::string describe(const Config& c) {
   std::ostringstream s;
   s << "seed=" << c.seed << " dtype=" << dtype_name(c.dtype) << " b=" << c.batch << " sq=" << c.seqlen_q
@@ -61,6 +67,7 @@ inline std::string describe(const Config& c) {
     << " softcap=" << c.opts.softcap << " alibi=" << (c.alibi.empty() ? "off" : "on")
     << " alibi_bstride=" << c.opts.alibi_batch_stride
     << " scale=" << (c.opts.softmax_scale ? std::to_string(*c.opts.softmax_scale) : "default") << " amp=" << c.amplitude
+    << " dropout=" << c.opts.dropout_p << "/" << c.opts.dropout_seed << "/" << c.opts.dropout_offset
     << " threads=" << c.opts.num_threads << "/" << c.alt_threads << " lse=" << c.want_lse
     << " q_tile=" << (c.tiles.q_tile ? std::to_string(*c.tiles.q_tile) : "auto")
     << " k_tile=" << (c.tiles.k_tile ? std::to_string(*c.tiles.k_tile) : "auto") << " splits=" << c.num_splits
@@ -160,6 +167,13 @@ inline Config generate(std::uint64_t seed) {
   if (r.chance(0.7)) c.tiles.q_tile = r.uniform(1, c.seqlen_q + 3);
   if (r.chance(0.7)) c.tiles.k_tile = r.uniform(1, c.seqlen_k + 3);
   c.num_splits = r.chance(0.1) ? r.uniform(1, 5000) : r.uniform(1, c.seqlen_k + 4);
+  // Dropout, drawn last so that the draws above stay those of earlier versions. Targets of inference
+  // paths (split-K, decode) and varlen, whose oracle runs sequences alone, clear it (without_dropout).
+  if (r.chance(0.15)) {
+    o.dropout_p = r.pick(std::vector<double>{0.1, 0.5, 0.9, r.real(0, 0.99)});
+    o.dropout_seed = static_cast<std::uint64_t>(r.engine()());
+    o.dropout_offset = static_cast<std::uint64_t>(r.uniform(0, std::numeric_limits<std::uint32_t>::max()));
+  }
   return c;
 }
 

@@ -163,7 +163,7 @@ std::vector<Target> targets() {
                }});
   t.push_back({"splitk", [](const Config& c) {
                  return check(
-                     c,
+                     without_dropout(c),
                      [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
                        AttentionOptions opts = c.opts;
                        opts.num_threads = th;
@@ -175,12 +175,14 @@ std::vector<Target> targets() {
                }});
   // Varlen: a packed batch with cu_seqlens (empty sequences included), each sequence against the oracle
   // on its own rows (tests/differential/varlen_target.hpp).
-  t.push_back({"varlen", [](const Config& c) { return check_varlen_any(c); }});
+  // (Without dropout: its oracle runs each sequence alone, as batch 0, while sequence b draws batch b's
+  // mask; test_dropout checks that mapping.)
+  t.push_back({"varlen", [](const Config& c) { return check_varlen_any(without_dropout(c)); }});
   // Decode over contiguous and paged KV caches, with k_new/v_new appends (tests/differential/decode_target.hpp).
-  t.push_back({"decode", [](const Config& c) { return check_decode_any(c, false); }});
-  t.push_back({"decode_paged", [](const Config& c) { return check_decode_any(c, true); }});
+  t.push_back({"decode", [](const Config& c) { return check_decode_any(without_dropout(c), false); }});
+  t.push_back({"decode_paged", [](const Config& c) { return check_decode_any(without_dropout(c), true); }});
   // The backward pass: dq, dk, dv against the f64 textbook backward (tests/differential/backward_target.hpp).
-  t.push_back({"backward", [](const Config& c) { return check_backward_any(c); }});
+  t.push_back({"backward", [](const Config& c) { return check_backward_any(without_dropout(c)); }});
   return t;
 }
 
