@@ -11,6 +11,7 @@
 #include "attn/decode.hpp"
 #include "core/checked.hpp"
 #include "core/problem.hpp"
+#include "backward/backward_kernel.hpp"
 
 namespace attn {
 namespace {
@@ -85,4 +86,22 @@ std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64
   return std::clamp<std::int64_t>(std::max(by_bytes, for_items), 1, keys);
 }
 
+namespace detail {
+
+// The backward's tiles and split (docs/backward.md, "Tile sizes"). Fixed tile sizes, clamped to the
+// lengths; the split into chunks depends on the shape only: at least kMinTasks tasks in all, so that
+// a problem with few (batch, kv head) pairs still spreads over the cores, and no more chunks than
+// query tiles. Each chunk costs one more set of dK/dV partials (2 seqlen_k dp accumulators).
+BackwardPlan plan_backward(const BackwardProblem& p, const TileOptions& tiles) {
+  constexpr std::int64_t kQTile = 128, kKTile = 64, kMinTasks = 8;
+  BackwardPlan plan{tiles.q_tile.value_or(kQTile), tiles.k_tile.value_or(kKTile), 1};
+  plan.q_tile = std::max<std::int64_t>(1, std::min(plan.q_tile, p.seqlen_q));
+  plan.k_tile = std::max<std::int64_t>(1, std::min(plan.k_tile, p.seqlen_k));
+  const std::int64_t q_tiles = (p.seqlen_q + plan.q_tile - 1) / plan.q_tile;
+  const std::int64_t heads = std::max<std::int64_t>(1, p.batch * p.kv_heads);
+  plan.chunks = std::clamp<std::int64_t>((kMinTasks + heads - 1) / heads, 1, std::max<std::int64_t>(1, q_tiles));
+  return plan;
+}
+
+}  // namespace detail
 }  // namespace attn
