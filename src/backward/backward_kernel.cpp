@@ -132,14 +132,36 @@ void PackQueries(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>&
   }
 }
 
-// One (query tile, key tile [j0, j0 + n)) pair: recompute, then the three gradient products.
+// Requests the next key tile's K and V rows and its dK, dV partial rows into L2 while this pair
+// computes: the tensor rows lie a head stride apart and the partials were last touched a whole key
+// walk ago, so neither is in L2, and the packing and the products' accumulator loads would wait on
+// every line.
+template <class T, class A>
+void PrefetchKeyTile(const BackwardProblem& p, const QueryTile& qt, std::int64_t j0, std::int64_t n, std::size_t dp,
+                     const A* dk_acc, const A* dv_acc) {
+  const std::size_t row_bytes = static_cast<std::size_t>((p.head_dim - 1) * p.k.strides[3] + 1) * sizeof(T);
+  for (std::int64_t j = j0; j < j0 + n; ++j)
+    for (const TensorView* t : {&p.k, &p.v}) {
+      const char* row = reinterpret_cast<const char*>(row_ptr<const T>(*t, qt.b, j, qt.hk));
+      for (std::size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + off, 0, 2);
+    }
+  for (const A* acc : {dk_acc, dv_acc}) {
+    const char* first = reinterpret_cast<const char*>(acc + j0 * dp);
+    for (std::size_t off = 0; off < static_cast<std::size_t>(n) * dp * sizeof(A); off += 64)
+      __builtin_prefetch(first + off, 1, 2);
+  }
+}
+
+// One (query tile, key tile [j0, j0 + n)) pair: recompute, then the three gradient products. The
+// next key tile [j0 + n, j0 + n + next_n) is prefetched.
 template <class T, class D, class A = hn::TFromD<D>>
-void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std::int64_t j0, std::int64_t n, A* dk_acc,
-          A* dv_acc) {
+void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std::int64_t j0, std::int64_t n,
+          std::int64_t next_n, A* dk_acc, A* dv_acc) {
   const std::size_t dim = static_cast<std::size_t>(p.head_dim), dp = RoundUp(dim, hn::Lanes(d)), R = qt.R;
   PackRows<T>(d, w.k, dim, p.k, qt.b, j0, n, qt.hk, dim);
   PackRows<T>(d, w.v, dim, p.v, qt.b, j0, n, qt.hk, dim);
   if (w.kdp != w.k) PackRows<T>(d, w.kdp, dp, p.k, qt.b, j0, n, qt.hk, dim);
+  PrefetchKeyTile<T>(p, qt, j0 + n, next_n, dp, dk_acc, dv_acc);
   const Mask mask = p.mask();
   bool masked = static_cast<std::size_t>(qt.rows) < R;  // padding rows are masked
   for (std::size_t r = 0; r < R; ++r) {
@@ -193,8 +215,10 @@ void RunTask(D d, const BackwardProblem& p, const BackwardPlan& plan, std::int64
       // Keys any row of the tile sees: first_key and end_key are non-decreasing in i.
       const std::int64_t k_begin = mask.first_key(qt.i0), k_end = mask.end_key(qt.i0 + qt.rows - 1);
       if (k_begin < k_end) PackQueries<T>(d, p, qt, w);
-      for (std::int64_t j0 = k_begin; j0 < k_end; j0 += plan.k_tile)
-        Pair<T>(d, p, qt, w, j0, std::min(plan.k_tile, k_end - j0), dk_acc, dv_acc);
+      for (std::int64_t j0 = k_begin; j0 < k_end; j0 += plan.k_tile) {
+        const std::int64_t n = std::min(plan.k_tile, k_end - j0);
+        Pair<T>(d, p, qt, w, j0, n, std::clamp<std::int64_t>(k_end - j0 - n, 0, plan.k_tile), dk_acc, dv_acc);
+      }
       StoreRows<T>(p.dq, w.dq, dp, b, qt.i0, qt.rows, h, dim);
     }
 }

@@ -93,7 +93,7 @@ namespace detail {
 // a problem with few (batch, kv head) pairs still spreads over the cores, and no more chunks than
 // query tiles. Each chunk costs one more set of dK/dV partials (2 seqlen_k dp accumulators).
 BackwardPlan plan_backward(const BackwardProblem& p, const TileOptions& tiles) {
-  constexpr std::int64_t kQTile = 128, kKTile = 64, kMinTasks = 8;
+  constexpr std::int64_t kQTile = 128, kKTile = 96, kMinTasks = 8;
   BackwardPlan plan{tiles.q_tile.value_or(kQTile), tiles.k_tile.value_or(kKTile), 1};
   plan.q_tile = std::max<std::int64_t>(1, std::min(plan.q_tile, p.seqlen_q));
   plan.k_tile = std::max<std::int64_t>(1, std::min(plan.k_tile, p.seqlen_k));
