@@ -98,8 +98,11 @@ namespace detail {
 // with few (batch, kv head) pairs still spreads over the cores, and no more chunks than query tiles.
 // Each chunk costs one more set of dK/dV partials (2 seqlen_k dp accumulators).
 BackwardPlan plan_backward(const BackwardProblem& p, const TileOptions& tiles) {
-  constexpr std::int64_t kQTile = 384, kKTile = 48, kMinTasks = 8;
-  BackwardPlan plan{tiles.q_tile.value_or(kQTile), tiles.k_tile.value_or(kKTile), 1};
+  constexpr std::int64_t kQTile = 384, kKTile = 48, kMinTasks = 8, kTunedDim = 128;
+  // Above d = 128 the query tile shrinks so that its query side (5 B_r d accumulators) stays as at 128.
+  const std::int64_t q_default =
+      p.head_dim <= kTunedDim ? kQTile : std::max<std::int64_t>(16, kQTile * kTunedDim / p.head_dim / 16 * 16);
+  BackwardPlan plan{tiles.q_tile.value_or(q_default), tiles.k_tile.value_or(kKTile), 1};
   plan.q_tile = std::max<std::int64_t>(1, std::min(plan.q_tile, p.seqlen_q));
   plan.k_tile = std::max<std::int64_t>(1, std::min(plan.k_tile, p.seqlen_k));
   const std::int64_t q_tiles = (p.seqlen_q + plan.q_tile - 1) / plan.q_tile;
