@@ -42,13 +42,14 @@ struct RowGrads {
 // product with 0, so a NaN in a hidden key or value does not reach them.
 template <class D, class A = hn::TFromD<D>>
 HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t R, std::size_t n, const RowGrads<A>& g,
-                         const Rows<A>& rows, const ScoreRule& rule, bool masked) {
+                         const Rows<A>& rows, const ScoreRule& rule, bool masked, std::size_t r_begin,
+                         std::size_t r_end) {
   const std::size_t N = hn::Lanes(d);
   const bool softcap = rule.softcap > 0, alibi = rule.alibi_slopes != nullptr;
   const auto scale = hn::Set(d, static_cast<A>(rule.scale));
   const auto inv_cap = hn::Set(d, softcap ? static_cast<A>(1 / rule.softcap) : A(0));
   const auto one = hn::Set(d, A(1));
-  for (std::size_t r = 0; r < R; r += N) {
+  for (std::size_t r = r_begin; r < r_end; r += N) {
     const auto lse = hn::Load(d, g.lse + r), dsum = hn::Load(d, g.D + r);
     const auto lo = hn::Load(d, rows.lo + r), hi = hn::Load(d, rows.hi + r);
     const auto dist = hn::Load(d, rows.dist + r), slope = hn::Load(d, rows.slope + r);
@@ -89,15 +90,15 @@ HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t
   }
 }
 
-// out[m0 + i][x0 + v N ..] += sum_k a(m0 + i, k) b[k][x0 + v N ..], i < RB_, v < CV_, over k < K, with
+// out[m0 + i][x0 + v N ..] += sum_k a(m0 + i, k) b[k][x0 + v N ..], i < RB_, v < CV_, k_begin <= k < K, with
 // a(., .) read from an [n][R] tile t (queries along the rows' lanes):
 //   KeyRows:  output rows are keys c, k runs over queries r:  a(c, r) = t[c R + r]   dV += P^T dO, dK += dX^T Q
 //   !KeyRows: output rows are queries r, k runs over keys c:  a(r, c) = t[c R + r]   dQ += dX K
 // Masked: the (query, key) pairs outside the query's [lo, hi) are skipped, not weighted by 0 (0 x NaN).
 template <int RB_, int CV_, bool KeyRows, bool Masked, class D, class A = hn::TFromD<D>>
-HWY_INLINE void GradBlock(D d, const A* HWY_RESTRICT t, std::size_t R, std::size_t K, const A* HWY_RESTRICT b,
-                          std::size_t ldb, A* HWY_RESTRICT out, std::size_t ldo, const Rows<A>& rows, std::size_t m0,
-                          std::size_t x0) {
+HWY_INLINE void GradBlock(D d, const A* HWY_RESTRICT t, std::size_t R, std::size_t k_begin, std::size_t K,
+                          const A* HWY_RESTRICT b, std::size_t ldb, A* HWY_RESTRICT out, std::size_t ldo,
+                          const Rows<A>& rows, std::size_t m0, std::size_t x0) {
   const std::size_t N = hn::Lanes(d);
   hn::Vec<D> acc[RB_][CV_];
   ATTN_UNROLL
@@ -113,7 +114,7 @@ HWY_INLINE void GradBlock(D d, const A* HWY_RESTRICT t, std::size_t R, std::size
     }
   }
   const A first = static_cast<A>(m0), last = static_cast<A>(m0 + RB_);
-  for (std::size_t k = 0; k < K; ++k) {
+  for (std::size_t k = k_begin; k < K; ++k) {
     bool check = false;
     if constexpr (Masked && KeyRows) {
       if (rows.hi[k] <= first || rows.lo[k] >= last) continue;  // query k sees none of these keys
@@ -144,42 +145,45 @@ HWY_INLINE void GradBlock(D d, const A* HWY_RESTRICT t, std::size_t R, std::size
 
 // GradBlock with compile-time sizes for the tails: rb <= kGradRows rows, cv <= kGradCv vectors.
 template <int RB_, int CV_, bool KeyRows, class D, class A>
-HWY_INLINE void GradDispatchCv(D d, int cv, bool masked, const A* t, std::size_t R, std::size_t K, const A* b,
-                               std::size_t ldb, A* out, std::size_t ldo, const Rows<A>& rows, std::size_t m0,
-                               std::size_t x0) {
+HWY_INLINE void GradDispatchCv(D d, int cv, bool masked, const A* t, std::size_t R, std::size_t k_begin, std::size_t K,
+                               const A* b, std::size_t ldb, A* out, std::size_t ldo, const Rows<A>& rows,
+                               std::size_t m0, std::size_t x0) {
   if constexpr (CV_ >= 1) {
     if (cv == CV_) {
-      if (masked) return GradBlock<RB_, CV_, KeyRows, true>(d, t, R, K, b, ldb, out, ldo, rows, m0, x0);
-      return GradBlock<RB_, CV_, KeyRows, false>(d, t, R, K, b, ldb, out, ldo, rows, m0, x0);
+      if (masked) return GradBlock<RB_, CV_, KeyRows, true>(d, t, R, k_begin, K, b, ldb, out, ldo, rows, m0, x0);
+      return GradBlock<RB_, CV_, KeyRows, false>(d, t, R, k_begin, K, b, ldb, out, ldo, rows, m0, x0);
     }
-    return GradDispatchCv<RB_, CV_ - 1, KeyRows>(d, cv, masked, t, R, K, b, ldb, out, ldo, rows, m0, x0);
+    return GradDispatchCv<RB_, CV_ - 1, KeyRows>(d, cv, masked, t, R, k_begin, K, b, ldb, out, ldo, rows, m0, x0);
   }
 }
 template <int RB_, bool KeyRows, class D, class A>
-HWY_INLINE void GradDispatch(D d, int rb, int cv, bool masked, const A* t, std::size_t R, std::size_t K, const A* b,
-                             std::size_t ldb, A* out, std::size_t ldo, const Rows<A>& rows, std::size_t m0,
-                             std::size_t x0) {
+HWY_INLINE void GradDispatch(D d, int rb, int cv, bool masked, const A* t, std::size_t R, std::size_t k_begin,
+                             std::size_t K, const A* b, std::size_t ldb, A* out, std::size_t ldo, const Rows<A>& rows,
+                             std::size_t m0, std::size_t x0) {
   if constexpr (RB_ >= 1) {
-    if (rb == RB_) return GradDispatchCv<RB_, kGradCv, KeyRows>(d, cv, masked, t, R, K, b, ldb, out, ldo, rows, m0, x0);
-    return GradDispatch<RB_ - 1, KeyRows>(d, rb, cv, masked, t, R, K, b, ldb, out, ldo, rows, m0, x0);
+    if (rb == RB_)
+      return GradDispatchCv<RB_, kGradCv, KeyRows>(d, cv, masked, t, R, k_begin, K, b, ldb, out, ldo, rows, m0, x0);
+    return GradDispatch<RB_ - 1, KeyRows>(d, rb, cv, masked, t, R, k_begin, K, b, ldb, out, ldo, rows, m0, x0);
   }
 }
 
-// out[m][0 .. dp) += the product over all M output rows (M keys if KeyRows, else M = R queries), d
+// out[m][0 .. dp) += the product over output rows [m_begin, M) (keys if KeyRows, else queries) and
+// k in [k_begin, K), d
 // split into near-equal chunks of at most kGradCv vectors. The chunk loop is outer: one chunk's slab of
 // b (K rows x kGradCv vectors, 12 KiB at K = 128 on AVX2) stays in L1 while every row block of the
 // output streams its few rows of t past it.
 template <bool KeyRows, class D, class A>
-HWY_INLINE void GradProduct(D d, bool masked, const A* t, std::size_t R, std::size_t M, std::size_t K, const A* b,
-                            std::size_t dp, A* out, const Rows<A>& rows) {
+HWY_INLINE void GradProduct(D d, bool masked, const A* t, std::size_t R, std::size_t m_begin, std::size_t M,
+                            std::size_t k_begin, std::size_t K, const A* b, std::size_t dp, A* out,
+                            const Rows<A>& rows) {
   const std::size_t N = hn::Lanes(d);
   const int dv = static_cast<int>(dp / N), chunks = (dv + kGradCv - 1) / kGradCv;
   std::size_t x0 = 0;
   for (int ch = 0; ch < chunks; ++ch) {
     const int cv = dv / chunks + (ch < dv % chunks ? 1 : 0);
-    for (std::size_t m0 = 0; m0 < M; m0 += kGradRows) {
+    for (std::size_t m0 = m_begin; m0 < M; m0 += kGradRows) {
       const int rb = static_cast<int>(std::min<std::size_t>(kGradRows, M - m0));
-      GradDispatch<kGradRows, KeyRows>(d, rb, cv, masked, t, R, K, b, dp, out, dp, rows, m0, x0);
+      GradDispatch<kGradRows, KeyRows>(d, rb, cv, masked, t, R, k_begin, K, b, dp, out, dp, rows, m0, x0);
     }
     x0 += static_cast<std::size_t>(cv) * N;
   }

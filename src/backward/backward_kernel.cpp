@@ -57,15 +57,17 @@ using tiled_simd::HWY_NAMESPACE::RoundUp;
 using tiled_simd::HWY_NAMESPACE::ScoreDispatch;
 using tiled_simd::HWY_NAMESPACE::ScoreOperands;
 
-// [n][R] = B A^T for B [n][dim] (broadcast) and A^T [dim][R] (lanes), with the forward's epilogue.
+// [n][r_begin, r_end) = B A^T for B [n][dim] (broadcast) and A^T [dim][R] (lanes), with the forward's
+// epilogue.
 // Not inlined: on AVX-512 targets the score block carries the avx512bf16 attribute (ATTN_SCORE_ATTR),
 // which the rest of the kernel must not (the f32 block uses no bf16 instruction).
 template <class D, class A = hn::TFromD<D>>
 ATTN_SCORE_ATTR HWY_NOINLINE void ProductTile(D d, const ScoreOperands<A>& op, std::size_t n, A* out,
-                                              const Rows<A>& rows, const Epilogue& ep) {
-  const std::size_t N = hn::Lanes(d), R = op.R;
-  for (std::size_t r0 = 0; r0 < R; r0 += kQV * N) {
-    const int qv = static_cast<int>(std::min<std::size_t>(kQV, (R - r0) / N));
+                                              const Rows<A>& rows, const Epilogue& ep, std::size_t r_begin,
+                                              std::size_t r_end) {
+  const std::size_t N = hn::Lanes(d);
+  for (std::size_t r0 = r_begin; r0 < r_end; r0 += kQV * N) {
+    const int qv = static_cast<int>(std::min<std::size_t>(kQV, (r_end - r0) / N));
     for (std::size_t c0 = 0; c0 < n; c0 += kRK) {
       const int rk = static_cast<int>(std::min<std::size_t>(kRK, n - c0));
       ScoreDispatch<kRK, false>(d, rk, qv, op, c0, r0, out, rows, ep);
@@ -164,6 +166,7 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
   PrefetchKeyTile<T>(p, qt, j0 + n, next_n, dp, dk_acc, dv_acc);
   const Mask mask = p.mask();
   bool masked = static_cast<std::size_t>(qt.rows) < R;  // padding rows are masked
+  std::size_t first_row = R, end_row = 0;               // the rows that see a key of this tile
   for (std::size_t r = 0; r < R; ++r) {
     A lo = 0, hi = 0, dist = 0;
     if (r < static_cast<std::size_t>(qt.rows)) {
@@ -172,19 +175,28 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
       hi = static_cast<A>(std::clamp<std::int64_t>(mask.end_key(i) - j0, 0, n));
       dist = static_cast<A>(mask.diagonal(i) - j0);
       masked |= lo > A(0) || hi < static_cast<A>(n);
+      if (lo < hi) {
+        first_row = std::min(first_row, r);
+        end_row = r + 1;
+      }
     }
     w.rows.lo[r] = lo;
     w.rows.hi[r] = hi;
     w.rows.dist[r] = dist;
   }
+  if (first_row >= end_row) return;  // no row sees these keys
+  // Only the rows [r0, r1) that see some key of the tile (contiguous: the mask bounds are monotone),
+  // widened to whole vectors and row blocks: a causal diagonal tile skips the rows above the band.
+  const std::size_t align = std::max<std::size_t>(hn::Lanes(d), kGradRows);
+  const std::size_t r0 = first_row / align * align, r1 = RoundUp(end_row, align);
   static const ScoreRule kIdentity{};  // scale 1, no transform: dP^T is the plain product
   const std::size_t nn = static_cast<std::size_t>(n);
-  ProductTile(d, ScoreOperands<A>{w.qt, w.k, R, dim}, nn, w.s, w.rows, Epilogue{&p.rule, masked});
-  ProductTile(d, ScoreOperands<A>{w.dot, w.v, R, dim}, nn, w.dpt, w.rows, Epilogue{&kIdentity, false});
-  GradStep(d, w.s, w.dpt, R, nn, RowGrads<A>{w.lse, w.dsum}, w.rows, p.rule, masked);
-  GradProduct<true>(d, masked, w.s, R, nn, R, w.dout, dp, dv_acc + j0 * dp, w.rows);
-  GradProduct<true>(d, masked, w.dpt, R, nn, R, w.q, dp, dk_acc + j0 * dp, w.rows);
-  GradProduct<false>(d, masked, w.dpt, R, R, nn, w.kdp, dp, w.dq, w.rows);
+  ProductTile(d, ScoreOperands<A>{w.qt, w.k, R, dim}, nn, w.s, w.rows, Epilogue{&p.rule, masked}, r0, r1);
+  ProductTile(d, ScoreOperands<A>{w.dot, w.v, R, dim}, nn, w.dpt, w.rows, Epilogue{&kIdentity, false}, r0, r1);
+  GradStep(d, w.s, w.dpt, R, nn, RowGrads<A>{w.lse, w.dsum}, w.rows, p.rule, masked, r0, r1);
+  GradProduct<true>(d, masked, w.s, R, 0, nn, r0, r1, w.dout, dp, dv_acc + j0 * dp, w.rows);
+  GradProduct<true>(d, masked, w.dpt, R, 0, nn, r0, r1, w.q, dp, dk_acc + j0 * dp, w.rows);
+  GradProduct<false>(d, masked, w.dpt, R, r0, r1, 0, nn, w.kdp, dp, w.dq, w.rows);
 }
 
 template <class T, class A>

@@ -86,6 +86,52 @@ void print_header(const Args& args, std::int64_t batch, std::int64_t heads, std:
   std::printf("\n");
 }
 
+// One measured case, printed as a table row or a JSON line.
+struct Row {
+  std::int64_t batch, seq, heads, kv_heads, d;
+  DType dt;
+  bool causal;
+  std::int64_t threads;
+  Timing bwd, step;
+  double gflops, step_gflops, peak;
+};
+
+void print_row(const Args& args, const Row& r) {
+  if (args.json) {
+    nlohmann::json j{{"kind", "backward"},
+                     {"batch", r.batch},
+                     {"seq_q", r.seq},
+                     {"seq_k", r.seq},
+                     {"heads", r.heads},
+                     {"kv_heads", r.kv_heads},
+                     {"head_dim", r.d},
+                     {"dtype", std::string(dtype_name(r.dt))},
+                     {"causal", r.causal},
+                     {"threads", r.threads},
+                     {"seconds", r.bwd.median_s},
+                     {"reps", r.bwd.reps},
+                     {"gflops", r.gflops},
+                     {"peak_gflops", r.peak},
+                     {"peak_fraction", r.gflops / r.peak},
+                     {"machine", machine_name()},
+                     {"kernels", kernel_paths()}};
+    if (args.step) {
+      j["step_seconds"] = r.step.median_s;
+      j["step_gflops"] = r.step_gflops;
+      j["step_peak_fraction"] = r.step_gflops / r.peak;
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%7lld %7lld %4lld %6s %5s %3lld %10.4g %9.1f %5.0f%%", static_cast<long long>(r.seq),
+                static_cast<long long>(r.seq), static_cast<long long>(r.d), r.causal ? "yes" : "no",
+                std::string(dtype_name(r.dt)).c_str(), static_cast<long long>(r.threads), r.bwd.median_s, r.gflops,
+                100 * r.gflops / r.peak);
+    if (args.step) std::printf(" %10.4g %9.1f %5.0f%%", r.step.median_s, r.step_gflops, 100 * r.step_gflops / r.peak);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
 void run(const Args& args) {
   const auto seqs = parse_counts(args.seq, "--seq", 1);
   const auto dims = parse_counts(args.head_dim, "--head-dim", 1);
@@ -134,39 +180,7 @@ void run(const Args& args) {
                   big ? 1 : 3, big ? 0.0 : 0.3);
             const double pk = peak[static_cast<int>(t)], gf = 10 * work / bwd.median_s / 1e9;
             const double step_gf = args.step ? 14 * work / step.median_s / 1e9 : 0;
-            if (args.json) {
-              nlohmann::json j{{"kind", "backward"},
-                               {"batch", batch},
-                               {"seq_q", s},
-                               {"seq_k", s},
-                               {"heads", heads},
-                               {"kv_heads", kv_heads},
-                               {"head_dim", d},
-                               {"dtype", std::string(dtype_name(dt))},
-                               {"causal", causal},
-                               {"threads", t},
-                               {"seconds", bwd.median_s},
-                               {"reps", bwd.reps},
-                               {"gflops", gf},
-                               {"peak_gflops", pk},
-                               {"peak_fraction", gf / pk},
-                               {"machine", machine_name()},
-                               {"kernels", kernel_paths()}};
-              if (args.step) {
-                j["step_seconds"] = step.median_s;
-                j["step_gflops"] = step_gf;
-                j["step_peak_fraction"] = step_gf / pk;
-              }
-              std::printf("%s\n", j.dump().c_str());
-            } else {
-              std::printf("%7lld %7lld %4lld %6s %5s %3lld %10.4g %9.1f %5.0f%%", static_cast<long long>(s),
-                          static_cast<long long>(s), static_cast<long long>(d), causal ? "yes" : "no",
-                          std::string(dtype_name(dt)).c_str(), static_cast<long long>(t), bwd.median_s, gf,
-                          100 * gf / pk);
-              if (args.step) std::printf(" %10.4g %9.1f %5.0f%%", step.median_s, step_gf, 100 * step_gf / pk);
-              std::printf("\n");
-            }
-            std::fflush(stdout);
+            print_row(args, Row{batch, s, heads, kv_heads, d, dt, causal, t, bwd, step, gf, step_gf, pk});
           }
 }
 
