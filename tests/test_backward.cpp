@@ -314,6 +314,27 @@ TEST(Determinism, ChunkedSplitIsBitwiseEqualAndExact) {
   }
 }
 
+// run_backward over several problems in one job (as the varlen backward calls it, one problem per
+// sequence) gives each problem the bits it gets alone.
+TEST(Determinism, ProblemsInOneJobGetTheirOwnBits) {
+  Problem<float> a(Shape{1, 37, 29, 4, 2, 16, true}, 31), b(Shape{2, 11, 50, 4, 1, 16, false, 8, 3}, 37);
+  Grads<float> ga(a.s), gb(b.s);
+  auto problem = [](const Problem<float>& p, Grads<float>& g) {
+    return detail::validate_backward("test", p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(),
+                                     p.lse_view(), g.dq.view(), g.dk.view(), g.dv.view(), p.opts);
+  };
+  const std::vector<detail::BackwardProblem> both{problem(a, ga), problem(b, gb)};
+  TileOptions t;
+  t.q_tile = 8;
+  t.k_tile = 12;
+  detail::run_backward(both, t, 2);
+  const Grads<float> alone_a = tiled_grads(a, 8, 12), alone_b = tiled_grads(b, 8, 12);
+  for (int g = 0; g < 3; ++g) {
+    EXPECT_TRUE(same_bytes(ga[g].data, alone_a[g].data)) << kGradName[g];
+    EXPECT_TRUE(same_bytes(gb[g].data, alone_b[g].data)) << kGradName[g];
+  }
+}
+
 // Head dims off and on the fast paths (multiples of the vector width and not), f32 against the f64
 // textbook, on every SIMD target.
 TEST(HeadDims, AnyHeadDimMatchesTheTextbook) {
