@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "attn/backward.hpp"
+#include "backward/backward_kernel.hpp"
 #include "support.hpp"
 
 namespace attn {
@@ -170,6 +171,22 @@ TEST(Backward, RowsThatSeeNoKeyGetZeroGradients) {
   }
 }
 
+TEST(Backward, ANanKeyRowOnlyReachesTheRowsThatSeeIt) {
+  // Square causal: key 7 is seen by row 7 only. A NaN in k[0, 7, 0, 1] makes row 7's scores, lse, out
+  // and gradients NaN; the dq of rows 0..6 of batch 0, and all of batch 1, keep the bits of the run
+  // without it (dQ skips the masked pairs rather than weighting K by dX = 0).
+  const Shape s{2, 8, 8, 2, 1, 4, true};
+  Problem<double> clean(s, 13), bad(s, 13);
+  bad.k.at(0, 7, 0, 1) = NAN;
+  bad.forward();
+  const Grads<double> want = tiled_grads(clean, 3, 3), got = tiled_grads(bad, 3, 3);
+  const std::size_t batch_q = static_cast<std::size_t>(s.sq * s.h * s.d), row = static_cast<std::size_t>(s.h * s.d);
+  for (std::size_t e = 0; e < 2 * batch_q; ++e)
+    if (e < 7 * row || e >= batch_q) EXPECT_EQ(got.dq.data[e], want.dq.data[e]) << "dq element " << e;
+  const std::size_t batch_k = static_cast<std::size_t>(s.sk * s.hk * s.d);
+  for (std::size_t e = batch_k; e < 2 * batch_k; ++e) EXPECT_EQ(got.dk.data[e], want.dk.data[e]) << "dk element " << e;
+}
+
 TEST(Backward, ANanValueRowOnlyReachesTheRowsThatSeeIt) {
   // Square causal: key 7 is seen by row 7 only. A NaN in v[0, 7, 0, 1] makes out[0, 7, h, 1] NaN, hence
   // D and dq of row 7 and the dk rows it reaches; every other row of batch 0 and all of batch 1 keep the
@@ -202,15 +219,17 @@ TEST_P(Exactness, F64TiledMatchesTheTextbookForEveryTiling) {
   Problem<double> p(s, 11, 2.0);
   const Grads<double> want = reference_grads(p);
   double worst = 0;
-  for (std::int64_t bq : {std::int64_t{1}, std::int64_t{3}, std::int64_t{7}, s.sq})
-    for (std::int64_t bk : {std::int64_t{1}, std::int64_t{3}, std::int64_t{7}, std::max<std::int64_t>(s.sk, 1)}) {
-      const Grads<double> got = tiled_grads(p, bq, bk);
-      for (int g = 0; g < 3; ++g) {
-        const double err = relative_error(got[g].data, want[g].data);
-        worst = std::max(worst, err);
-        EXPECT_LE(err, 1e-12) << kGradName[g] << " q_tile " << bq << " k_tile " << bk;
+  test::for_each_simd_target("backward", detail::backward_target, [&](std::int64_t) {
+    for (std::int64_t bq : {std::int64_t{1}, std::int64_t{3}, std::int64_t{7}, s.sq})
+      for (std::int64_t bk : {std::int64_t{1}, std::int64_t{3}, std::int64_t{7}, std::max<std::int64_t>(s.sk, 1)}) {
+        const Grads<double> got = tiled_grads(p, bq, bk);
+        for (int g = 0; g < 3; ++g) {
+          const double err = relative_error(got[g].data, want[g].data);
+          worst = std::max(worst, err);
+          EXPECT_LE(err, 1e-12) << kGradName[g] << " q_tile " << bq << " k_tile " << bk;
+        }
       }
-    }
+  });
   std::printf("[  EXACT  ] worst relative error %.2e\n", worst);
 }
 
@@ -247,14 +266,16 @@ void check_precision(double slack) {
     exact.forward();
     const Grads<double> oracle = reference_grads(exact);
     const Grads<T> base = reference_grads(low);
-    const Grads<T> got = tiled_grads(low, 13, 29);
-    for (int g = 0; g < 3; ++g) {
-      const double e_base = test::max_abs_diff(base[g].data, oracle[g].data);
-      const double e_got = test::max_abs_diff(got[g].data, oracle[g].data);
-      EXPECT_LE(e_got, 3 * e_base + slack) << kGradName[g] << " causal " << causal;
-      std::printf("[  PREC   ] %-4s causal %d %s: tiled %.3e, textbook %.3e\n", dtype_name(dtype_of<T>()).data(),
-                  causal, kGradName[g], e_got, e_base);
-    }
+    test::for_each_simd_target("backward", detail::backward_target, [&](std::int64_t) {
+      const Grads<T> got = tiled_grads(low, 13, 29);
+      for (int g = 0; g < 3; ++g) {
+        const double e_base = test::max_abs_diff(base[g].data, oracle[g].data);
+        const double e_got = test::max_abs_diff(got[g].data, oracle[g].data);
+        EXPECT_LE(e_got, 3 * e_base + slack) << kGradName[g] << " causal " << causal;
+        std::printf("[  PREC   ] %-4s causal %d %s: tiled %.3e, textbook %.3e\n", dtype_name(dtype_of<T>()).data(),
+                    causal, kGradName[g], e_got, e_base);
+      }
+    });
   }
 }
 
@@ -278,6 +299,54 @@ TEST(Determinism, AnyThreadCountGivesBitwiseEqualGradients) {
   check_threads<double>();
   check_threads<float>();
   check_threads<bf16_t>();
+}
+
+// One (batch, kv head) and 16 query tiles: the plan splits the query tiles into chunks whose dK/dV
+// partials are merged in chunk order; still bitwise equal for 1, 2 and 3 threads, and exact in f64.
+TEST(Determinism, ChunkedSplitIsBitwiseEqualAndExact) {
+  Problem<double> p(Shape{1, 64, 40, 2, 1, 8, true}, 17, 2.0);
+  const Grads<double> want = reference_grads(p);
+  const Grads<double> one = tiled_grads(p, 4, 8, 1);
+  for (int g = 0; g < 3; ++g) EXPECT_LE(relative_error(one[g].data, want[g].data), 1e-12) << kGradName[g];
+  for (int threads : {2, 3}) {
+    const Grads<double> many = tiled_grads(p, 4, 8, threads);
+    for (int g = 0; g < 3; ++g) EXPECT_TRUE(same_bytes(many[g].data, one[g].data)) << kGradName[g] << " " << threads;
+  }
+}
+
+// run_backward over several problems in one job (as the varlen backward calls it, one problem per
+// sequence) gives each problem the bits it gets alone.
+TEST(Determinism, ProblemsInOneJobGetTheirOwnBits) {
+  Problem<float> a(Shape{1, 37, 29, 4, 2, 16, true}, 31), b(Shape{2, 11, 50, 4, 1, 16, false, 8, 3}, 37);
+  Grads<float> ga(a.s), gb(b.s);
+  auto problem = [](const Problem<float>& p, Grads<float>& g) {
+    return detail::validate_backward("test", p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(),
+                                     p.lse_view(), g.dq.view(), g.dk.view(), g.dv.view(), p.opts);
+  };
+  const std::vector<detail::BackwardProblem> both{problem(a, ga), problem(b, gb)};
+  TileOptions t;
+  t.q_tile = 8;
+  t.k_tile = 12;
+  detail::run_backward(both, t, 2);
+  const Grads<float> alone_a = tiled_grads(a, 8, 12), alone_b = tiled_grads(b, 8, 12);
+  for (int g = 0; g < 3; ++g) {
+    EXPECT_TRUE(same_bytes(ga[g].data, alone_a[g].data)) << kGradName[g];
+    EXPECT_TRUE(same_bytes(gb[g].data, alone_b[g].data)) << kGradName[g];
+  }
+}
+
+// Head dims off and on the fast paths (multiples of the vector width and not), f32 against the f64
+// textbook, on every SIMD target.
+TEST(HeadDims, AnyHeadDimMatchesTheTextbook) {
+  test::for_each_simd_target("backward", detail::backward_target, [&](std::int64_t) {
+    for (std::int64_t d : {3, 8, 17, 64, 80, 128, 130}) {
+      Problem<double> p(Shape{1, 21, 26, 2, 1, d, true}, 23);
+      const Grads<double> want = reference_grads(p);
+      const Grads<double> got = tiled_grads(p, 8, 12);
+      for (int g = 0; g < 3; ++g)
+        EXPECT_LE(relative_error(got[g].data, want[g].data), 1e-12) << kGradName[g] << " d " << d;
+    }
+  });
 }
 
 TEST(Strides, StridedGradientsGetTheSameValuesAndGapsStayUntouched) {

@@ -410,23 +410,6 @@ TEST(DropoutValidation, PathsWithoutDropoutRejectAPositiveRate) {
   f.expect_rejected(
       "splitk_partials", [&] { splitk_partials(f.q.view(), f.k.view(), f.v.view(), o, {}, 0, 0, 0); },
       "dropout_p: must be 0 (split-K");
-  TensorView dq = TensorView::contiguous(f.grads.data(), 1, 4, 2, 8),
-             dk = TensorView::contiguous(f.grads.data() + 64, 1, 5, 2, 8),
-             dv = TensorView::contiguous(f.grads.data() + 144, 1, 5, 2, 8);
-  f.expect_rejected(
-      "attention_backward",
-      [&] { attention_backward(f.q.view(), f.k.view(), f.v.view(), f.ov, f.dout.view(), f.lv, dq, dk, dv, o); },
-      "dropout_p: must be 0 (the tiled backward");
-  auto packed = [](const Tensor<float>& t) { return TensorView::contiguous(t.data.data(), t.s, t.h, t.d); };
-  f.expect_rejected(
-      "attention_varlen_backward",
-      [&] {
-        attention_varlen_backward(
-            packed(f.q), packed(f.k), packed(f.v), TensorView::contiguous(f.out.data(), 4, 2, 8), packed(f.dout), f.lv,
-            TensorView::contiguous(f.grads.data(), 4, 2, 8), TensorView::contiguous(f.grads.data() + 64, 5, 2, 8),
-            TensorView::contiguous(f.grads.data() + 144, 5, 2, 8), f.cq.data(), f.ck.data(), 1, o);
-      },
-      "dropout_p: must be 0 (the tiled backward");
   // Decode over a contiguous cache of 5 keys (k as the cache; seqlens 5).
   std::vector<std::int32_t> seqlens{5};
   KVCache cache;

@@ -6,9 +6,11 @@ in one table with ratios (peer seconds / attn seconds: > 1 means attn is faster)
   bench/peers/setup.sh                       # once: creates bench/peers/.venv
   bench/peers/.venv/bin/python bench/peers/peers.py --seq 4096,8192 --head-dim 128 --threads 2
   ... --mode decode --seq 4096,16384         # seqlen_q = 1 over a KV cache of length L (32/8 heads, d=128)
+  ... --mode backward --seq 8192 --head-dim 128   # the backward only: out.backward(dout) vs attn bench backward
+  ... --mode train --seq 8192 --head-dim 128      # the training step: forward (with lse) + backward
 
-attn's numbers come from `attn bench prefill --json` (or --attn-cmd, e.g. the decode bench) run by this
-script in the same session. Not part of `make test`.
+attn's numbers come from `attn bench prefill --json` (`attn bench backward --json --step` for the
+backward and train modes; or --attn-cmd, e.g. the decode bench) run by this script in the same session. Not part of `make test`.
 """
 import argparse, json, os, subprocess, sys, time
 
@@ -39,12 +41,21 @@ def run_attn(args, sh):
            "--head-dim", str(sh["head_dim"]), "--causal", "1" if sh["causal"] else "0", "--dtype", args.dtype,
            "--threads", str(args.threads), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
            "--batch", str(args.batch)]
+    if args.mode in ("backward", "train"):
+        cmd = [args.attn, "bench", "backward", "--json", "--step", "--seq", str(sh["seq_k"]), "--head-dim",
+               str(sh["head_dim"]), "--causal", "1" if sh["causal"] else "0", "--dtype", args.dtype, "--threads",
+               str(args.threads), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--batch", str(args.batch)]
     if args.attn_cmd:
         cmd = args.attn_cmd.format(**sh, threads=args.threads, heads=args.heads, kv_heads=args.kv_heads,
                                    batch=args.batch, dtype=args.dtype).split()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-    return rows[0]["seconds"], rows[0].get("machine", "")
+    key = "step_seconds" if args.mode == "train" else "seconds"
+    if args.mode in ("backward", "train"):  # attn's share of the FMA peak measured in its run
+        frac = rows[0]["step_peak_fraction" if args.mode == "train" else "peak_fraction"]
+        print(f"  (attn: {rows[0][key]:.4g} s, {100 * frac:.0f}% of the {rows[0]['peak_gflops']:.1f} GFLOP/s "
+              f"FMA peak measured in its run)", flush=True)
+    return rows[0][key], rows[0].get("machine", "")
 
 
 def run_torch(args, sh):
@@ -58,8 +69,29 @@ def run_torch(args, sh):
     kw = dict(is_causal=sh["causal"])
     if hk != h:
         kw["enable_gqa"] = True
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if args.mode in ("backward", "train"):
+        for x in (q, k, v):
+            x.requires_grad_(True)
+        dout = torch.rand(b, h, sh["seq_q"], d, dtype=dt) * 2 - 1
+
+        def step():  # forward (saving what the backward needs) and backward
+            for x in (q, k, v):
+                x.grad = None
+            sdpa(q, k, v, **kw).backward(dout)
+
+        if args.mode == "train":
+            return median_time(step)
+        out = sdpa(q, k, v, **kw)
+
+        def backward_only():  # the same graph each time: only the backward is timed
+            for x in (q, k, v):
+                x.grad = None
+            out.backward(dout, retain_graph=True)
+
+        return median_time(backward_only)
     with torch.no_grad():
-        return median_time(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw))
+        return median_time(lambda: sdpa(q, k, v, **kw))
 
 
 def run_ort(args, sh):
@@ -67,6 +99,8 @@ def run_ort(args, sh):
     from onnx import helper, TensorProto
     if args.dtype != "f32":
         raise RuntimeError("ORT peer: f32 only here")
+    if args.mode in ("backward", "train"):
+        raise RuntimeError("ORT peer: inference only (no attention backward)")
     b, h, hk, d, sq, sk = args.batch, args.heads, args.kv_heads, sh["head_dim"], sh["seq_q"], sh["seq_k"]
     if sh["causal"] or sq == 1:
         # GroupQueryAttention is causal by construction (past/present KV-cache semantics); a single
@@ -99,7 +133,7 @@ def run_ort(args, sh):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     lst = lambda s: [int(x.replace("k", "")) * (1024 if "k" in x else 1) for x in s.split(",")]
-    p.add_argument("--mode", choices=["prefill", "decode"], default="prefill")
+    p.add_argument("--mode", choices=["prefill", "decode", "backward", "train"], default="prefill")
     p.add_argument("--seq", type=lst, default=None, help="key lengths (default prefill 1024,4096,8192; decode 4096,16384)")
     p.add_argument("--head-dim", type=lst, default=None)
     p.add_argument("--causal", type=lst, default=None, help="0,1 (prefill only)")
@@ -115,7 +149,7 @@ def main():
     args = p.parse_args()
     dec = args.mode == "decode"
     args.seq = args.seq or ([4096, 16384] if dec else [1024, 4096, 8192])
-    args.head_dim = args.head_dim or ([128] if dec else [64, 128])
+    args.head_dim = args.head_dim or ([128] if dec or args.mode != "prefill" else [64, 128])
     args.causal = args.causal or ([0] if dec else [0, 1])
     args.heads = args.heads or (32 if dec else 16)
     args.kv_heads = args.kv_heads or (8 if dec else args.heads)

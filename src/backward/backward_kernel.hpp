@@ -2,6 +2,7 @@
 // job. attention_backward passes one problem; attention_varlen_backward passes one per sequence.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "attn/attention.hpp"
@@ -9,10 +10,22 @@
 
 namespace attn::detail {
 
+// One problem's tile sizes and its split of the query tiles into `chunks` interleaved groups (chunk w
+// takes tiles w, w + chunks, ...), each a task with its own dK/dV partials. All from the problem's
+// shape and the cache sizes, never the thread count (src/heuristics/cpu.cpp).
+struct BackwardPlan {
+  std::int64_t q_tile, k_tile, chunks;
+};
+BackwardPlan plan_backward(const BackwardProblem& p, const TileOptions& tiles);
+
 // Runs the backward of every problem (all with the same dtype and head_dim; each writes its own dq,
-// dk and dv) with `threads` threads. The tile sizes come from `tiles`, clamped to each problem's
-// lengths. Problems have been validated; nothing here throws except std::bad_alloc, which is raised
-// before any gradient is written.
+// dk and dv) with `threads` threads, one parallel job over all problems' tasks. The tile sizes come
+// from `tiles`, clamped to each problem's lengths. Problems have been validated; nothing here throws
+// except std::bad_alloc, which is raised before any gradient is written.
 void run_backward(const std::vector<BackwardProblem>& problems, const TileOptions& tiles, int threads);
+
+// The SIMD target (a Highway target bit) that run_backward dispatches to now. For tests that pin each
+// target in turn.
+std::int64_t backward_target();
 
 }  // namespace attn::detail

@@ -134,7 +134,7 @@ void attention_backward_reference(const TensorView& q, const TensorView& k, cons
                                   const TensorView& dout, const TensorView& lse, const TensorView& dq,
                                   const TensorView& dk, const TensorView& dv, const AttentionOptions& opts) {
   const BackwardProblem p =
-      detail::validate_backward("attn::attention_backward_reference", q, k, v, out, dout, lse, dq, dk, dv, opts, true);
+      detail::validate_backward("attn::attention_backward_reference", q, k, v, out, dout, lse, dq, dk, dv, opts);
   detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p); });
 }
 

@@ -42,6 +42,8 @@ void attention_varlen_backward(const TensorView& q, const TensorView& k, const T
   const detail::BackwardProblem all = detail::validate_backward(who, packed[0], packed[1], packed[2], packed[3],
                                                                 packed[4], lse, packed[5], packed[6], packed[7], opts);
   detail::validate_tiles(who, tiles);
+  // The packed problem's batch is 1; dropout's counter word b * heads + h needs the sequence count.
+  detail::check_dropout_extent(who, all.dropout, batch, all.heads, all.seqlen_q, all.seqlen_k);
   detail::check_cu_seqlens(who, "cu_seqlens_q", cu_seqlens_q, batch, all.seqlen_q);
   detail::check_cu_seqlens(who, "cu_seqlens_k", cu_seqlens_k, batch, all.seqlen_k);
 

@@ -17,11 +17,10 @@ struct BackwardProblem : Problem {
 //   dq / dk / dv: dtype must match q's; <dim> must equal q's / k's / k's
 //   dq / dk / dv: strides make elements alias
 //   dq / dk / dv: overlaps input <q, k, v, out, dout, lse>;  dk: overlaps dq;  dv: overlaps dq / dk
-//   dropout_p: must be 0 where the implementation has no dropout (`with_dropout` false: the tiled backward)
 // Nothing is written; `lse` must outlive the result (the problem points at it).
 BackwardProblem validate_backward(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const TensorView& dout, const TensorView& lse,
                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                  const AttentionOptions& opts, bool with_dropout = false);
+                                  const AttentionOptions& opts);
 
 }  // namespace attn::detail

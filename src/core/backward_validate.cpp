@@ -27,10 +27,9 @@ void require_shape(std::string_view who, std::string_view arg, const TensorView&
 BackwardProblem validate_backward(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const TensorView& dout, const TensorView& lse,
                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                  const AttentionOptions& opts, bool with_dropout) {
+                                  const AttentionOptions& opts) {
   BackwardProblem p{};
   static_cast<Problem&>(p) = validate(who, q, k, v, &out, opts, &lse);
-  if (!with_dropout) reject_dropout(who, p.dropout, "the tiled backward runs");
   const Span s_dout = check_view(who, "dout", dout, 4, false);
   const Span s_dq = check_view(who, "dq", dq, 4, false);
   const Span s_dk = check_view(who, "dk", dk, 4, true);

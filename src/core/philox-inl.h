@@ -1,6 +1,6 @@
 // Philox 4x32-10 on SIMD lanes and the dropout factor it gives, a Highway per-target header for the
-// kernels that drop a tile of P with one counter per lane (the tiled forward's DropTile; the tiled
-// backward can include it the same way, inside foreach_target). The rounds re-express philox4x32_10
+// kernels that drop a tile of P with one counter per lane (DropTile, used by the tiled forward and the
+// tiled backward inside their foreach_target). The rounds re-express philox4x32_10
 // (core/philox.hpp), the rule's element mapping is DropoutRule's (core/dropout.hpp): lane r of a call
 // for key group g holds the counter {g, i_r, head word_r, offset}. tests/test_dropout.cpp holds every
 // kernel's mask to the rule's.
@@ -75,6 +75,51 @@ HWY_INLINE hn::Vec<D> DropFactor(D d, DU du, hn::Vec<DU> word, const DropoutRule
   }
 }
 #endif  // HWY_TARGET != HWY_SCALAR
+
+// A tile t [n][ld] with one row per lane (the kernels' S^T / P^T layout: column c of key j0 + c, lane r
+// of query row r), scaled in place by the dropout factors of keys [j0, j0 + n) for rows [0, rows): row
+// r's counter is {g, ctr_i[r], ctr_h[r], offset} (its query position and head word), so one SIMD Philox
+// call gives four keys of N rows. Every column is scaled, masked keys included: a masked P is exactly
+// 0, and 0 x factor is 0. rows is a multiple of the lane count. The forward drops P^T with it; the
+// backward drops dP^T and the P of dV.
+#if HWY_TARGET != HWY_SCALAR
+template <class D, class A = hn::TFromD<D>>
+HWY_NOINLINE void DropTile(D d, const DropoutRule& rule, const std::uint32_t* ctr_i, const std::uint32_t* ctr_h,
+                           std::int64_t j0, std::int64_t n, A* t, std::size_t ld, std::size_t rows) {
+  const hn::Rebind<std::uint32_t, D> du;
+  const std::size_t N = hn::Lanes(d);
+  for (std::size_t r = 0; r < rows; r += N) {
+    const auto ci = hn::LoadU(du, ctr_i + r), ch = hn::LoadU(du, ctr_h + r);
+    for (std::int64_t g = j0 >> 2; g <= (j0 + n - 1) >> 2; ++g) {
+      hn::Vec<decltype(du)> c[4];
+      Keep4Words(du, rule, g, ci, ch, c);
+#pragma GCC unroll 4
+      for (int w = 0; w < 4; ++w) {
+        const std::int64_t col = g * 4 + w - j0;
+        if (col < 0 || col >= n) continue;
+        A* x = t + static_cast<std::size_t>(col) * ld + r;
+        hn::Store(hn::Mul(hn::Load(d, x), DropFactor(d, du, c[w], rule)), d, x);
+      }
+    }
+  }
+}
+#else
+// One lane (HWY_SCALAR): philox4x32_10 itself, four keys of one row per call.
+template <class D, class A = hn::TFromD<D>>
+HWY_NOINLINE void DropTile(D, const DropoutRule& rule, const std::uint32_t* ctr_i, const std::uint32_t* ctr_h,
+                           std::int64_t j0, std::int64_t n, A* t, std::size_t ld, std::size_t rows) {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::int64_t g = j0 >> 2; g <= (j0 + n - 1) >> 2; ++g) {
+      const PhiloxWords w =
+          philox4x32_10(static_cast<std::uint32_t>(g), ctr_i[r], ctr_h[r], rule.offset, rule.key0(), rule.key1());
+      for (int k = 0; k < 4; ++k) {
+        const std::int64_t col = g * 4 + k - j0;
+        if (col >= 0 && col < n)
+          t[static_cast<std::size_t>(col) * ld + r] *= w.w[k] < rule.threshold ? A(rule.scale) : A(0);
+      }
+    }
+}
+#endif
 
 }  // namespace HWY_NAMESPACE
 }  // namespace attn::detail::philox_simd

@@ -11,6 +11,7 @@
 #include "attn/decode.hpp"
 #include "core/checked.hpp"
 #include "core/problem.hpp"
+#include "backward/backward_kernel.hpp"
 
 namespace attn {
 namespace {
@@ -85,4 +86,30 @@ std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64
   return std::clamp<std::int64_t>(std::max(by_bytes, for_items), 1, keys);
 }
 
+namespace detail {
+
+// The backward's tiles and split (docs/backward.md, "Tile sizes"). B_r = 384 queries, B_c = 48 keys,
+// clamped to the lengths. Every pair of tiles re-packs K_j and V_j (2 B_c d) and reloads the dK_j, dV_j
+// partial rows, so a large B_r amortises that per-pair cost; a small B_c keeps the recomputed tiles
+// (2 B_c B_r) small next to the query side (5 B_r d). B_c is a multiple of the 3-key score block and
+// the 4-row gradient block. Measured, d = 128 f32 seq 2048, one thread, CPU time on the loaded 2-core
+// Zen 3 (docs/journal/backward.md): 128 x 96 44 GFLOP/s, 256 x 96 54-57, 384 x 48 59-60, 512 x 48 56-58.
+// The split into chunks depends on the shape only: at least kMinTasks tasks in all, so that a problem
+// with few (batch, kv head) pairs still spreads over the cores, and no more chunks than query tiles.
+// Each chunk costs one more set of dK/dV partials (2 seqlen_k dp accumulators).
+BackwardPlan plan_backward(const BackwardProblem& p, const TileOptions& tiles) {
+  constexpr std::int64_t kQTile = 384, kKTile = 48, kMinTasks = 8, kTunedDim = 128;
+  // Above d = 128 the query tile shrinks so that its query side (5 B_r d accumulators) stays as at 128.
+  const std::int64_t q_default =
+      p.head_dim <= kTunedDim ? kQTile : std::max<std::int64_t>(16, kQTile * kTunedDim / p.head_dim / 16 * 16);
+  BackwardPlan plan{tiles.q_tile.value_or(q_default), tiles.k_tile.value_or(kKTile), 1};
+  plan.q_tile = std::max<std::int64_t>(1, std::min(plan.q_tile, p.seqlen_q));
+  plan.k_tile = std::max<std::int64_t>(1, std::min(plan.k_tile, p.seqlen_k));
+  const std::int64_t q_tiles = (p.seqlen_q + plan.q_tile - 1) / plan.q_tile;
+  const std::int64_t heads = std::max<std::int64_t>(1, p.batch * p.kv_heads);
+  plan.chunks = std::clamp<std::int64_t>((kMinTasks + heads - 1) / heads, 1, std::max<std::int64_t>(1, q_tiles));
+  return plan;
+}
+
+}  // namespace detail
 }  // namespace attn

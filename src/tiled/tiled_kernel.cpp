@@ -50,6 +50,7 @@
 #include "core/element.hpp"
 #include "core/tile_ops.hpp"
 #include "tiled/tiled_kernel.hpp"
+#include "tiled/tiled_pack-inl.h"
 #include "tiled/tiled_score-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -115,34 +116,6 @@ HWY_INLINE void PvDispatch(D d, int cv, bool masked, const A* p, std::size_t R, 
   }
 }
 
-// dst[r * ld + c] = t[b, s0 + r, h, c] as accumulator values, r < n, c < dim. Contiguous rows of
-// f32/f64 are copied, bf16/f16 rows widened with SIMD (F16C on x86); other strides go element-wise.
-template <class T, class D, class A = hn::TFromD<D>>
-HWY_INLINE void PackRows(D d, A* HWY_RESTRICT dst, std::size_t ld, const TensorView& t, std::int64_t b, std::int64_t s0,
-                         std::int64_t n, std::int64_t h, std::size_t dim) {
-  const std::size_t N = hn::Lanes(d);
-  for (std::int64_t r = 0; r < n; ++r) {
-    const T* src = row_ptr<const T>(t, b, s0 + r, h);
-    A* out = dst + static_cast<std::size_t>(r) * ld;
-    if (t.strides[3] != 1) {
-      for (std::size_t c = 0; c < dim; ++c) out[c] = load<A>(src[c * t.strides[3]]);
-    } else if constexpr (std::is_same_v<T, A>) {
-      std::size_t c = 0;
-      for (; c + N <= dim; c += N) hn::StoreU(hn::LoadU(d, src + c), d, out + c);
-      for (; c < dim; ++c) out[c] = src[c];
-    } else if constexpr (std::is_same_v<A, float> && (std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>)) {
-      using H = std::conditional_t<std::is_same_v<T, bf16_t>, hwy::bfloat16_t, hwy::float16_t>;
-      const hn::Rebind<H, D> dh;
-      std::size_t c = 0;
-      for (; c + N <= dim; c += N)
-        hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const H*>(src) + c)), d, out + c);
-      for (; c < dim; ++c) out[c] = load<A>(src[c]);
-    } else {
-      for (std::size_t c = 0; c < dim; ++c) out[c] = load<A>(src[c]);
-    }
-  }
-}
-
 template <class T>
 HWY_INLINE void PrefetchRow(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h, std::size_t dim) {
   const char* row = reinterpret_cast<const char*>(row_ptr<const T>(t, b, s, h));
@@ -173,51 +146,6 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTas
     }
   }
 }
-
-// Dropout (core/dropout.hpp) on this key tile's P^T [n][R], in place: the one place the forward drops
-// weights. It runs after l has summed the undropped P and before P V, and not at all without dropout.
-// Lanes run along the stacked rows, as in S^T: lane r's counter is {g, i, head word, offset} (ctr_i and
-// ctr_h hold row r's i and head word), so one SIMD Philox call (core/philox-inl.h) gives four keys of N
-// rows. Every column is scaled, masked keys included: their P is exactly 0, and 0 x factor is 0.
-#if HWY_TARGET != HWY_SCALAR
-template <class D, class A = hn::TFromD<D>>
-HWY_NOINLINE void DropTile(D d, const DropoutRule& rule, const std::uint32_t* ctr_i, const std::uint32_t* ctr_h,
-                           std::int64_t j0, std::int64_t n, A* s, std::size_t R) {
-  namespace ps = philox_simd::HWY_NAMESPACE;
-  const hn::Rebind<std::uint32_t, D> du;
-  const std::size_t N = hn::Lanes(d);
-  for (std::size_t r = 0; r < R; r += N) {
-    const auto ci = hn::LoadU(du, ctr_i + r), ch = hn::LoadU(du, ctr_h + r);
-    for (std::int64_t g = j0 >> 2; g <= (j0 + n - 1) >> 2; ++g) {
-      hn::Vec<decltype(du)> c[4];
-      ps::Keep4Words(du, rule, g, ci, ch, c);
-      ATTN_UNROLL
-      for (int t = 0; t < 4; ++t) {
-        const std::int64_t col = g * 4 + t - j0;
-        if (col < 0 || col >= n) continue;
-        A* x = s + static_cast<std::size_t>(col) * R + r;
-        hn::Store(hn::Mul(hn::Load(d, x), ps::DropFactor(d, du, c[t], rule)), d, x);
-      }
-    }
-  }
-}
-#else
-// One lane (HWY_SCALAR): philox4x32_10 itself, four keys of one row per call.
-template <class D, class A = hn::TFromD<D>>
-HWY_NOINLINE void DropTile(D, const DropoutRule& rule, const std::uint32_t* ctr_i, const std::uint32_t* ctr_h,
-                           std::int64_t j0, std::int64_t n, A* s, std::size_t R) {
-  for (std::size_t r = 0; r < R; ++r)
-    for (std::int64_t g = j0 >> 2; g <= (j0 + n - 1) >> 2; ++g) {
-      const PhiloxWords w =
-          philox4x32_10(static_cast<std::uint32_t>(g), ctr_i[r], ctr_h[r], rule.offset, rule.key0(), rule.key1());
-      for (int t = 0; t < 4; ++t) {
-        const std::int64_t col = g * 4 + t - j0;
-        if (col >= 0 && col < n)
-          s[static_cast<std::size_t>(col) * R + r] *= w.w[t] < rule.threshold ? A(rule.scale) : A(0);
-      }
-    }
-}
-#endif
 
 // One thread's scratch, carved from a single aligned block (sizes in accumulator elements).
 template <class A>
@@ -344,7 +272,9 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
       }
       hn::Store(hn::MulAdd(hn::Load(d, rw.l + r), hn::Load(d, rw.alpha + r), sum), d, rw.l + r);
     }
-    if (p.dropout.enabled()) DropTile(d, p.dropout, w.ctr_i, w.ctr_h, j0, n, w.s, R);
+    // Dropout: P^T *= Z / (1 - p), the one place the forward drops weights, after l summed the undropped
+    // P and before P V; not at all without dropout.
+    if (p.dropout.enabled()) philox_simd::HWY_NAMESPACE::DropTile(d, p.dropout, w.ctr_i, w.ctr_h, j0, n, w.s, R, R);
 
     // O = O alpha + P V, d split into near-equal chunks of at most kMaxCv vectors.
     const int dv = static_cast<int>(dp / N);

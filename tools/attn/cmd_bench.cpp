@@ -1,4 +1,4 @@
-// `attn bench prefill|decode`: the performance tables. Each subcommand lives in its own file.
+// `attn bench prefill|decode|backward`: the performance tables. Each subcommand lives in its own file.
 #include <CLI/CLI.hpp>
 
 #include "commands.hpp"
@@ -10,6 +10,7 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_prefill(*bench);
   add_bench_decode(*bench);
+  add_bench_backward(*bench);
 }
 
 }  // namespace attn::cli

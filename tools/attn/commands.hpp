@@ -12,6 +12,7 @@ void add_check_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 // Registered under `bench` by add_bench_command.
-void add_bench_prefill(CLI::App& bench);  // cmd_bench_prefill.cpp
-void add_bench_decode(CLI::App& bench);   // cmd_bench_decode.cpp
+void add_bench_prefill(CLI::App& bench);   // cmd_bench_prefill.cpp
+void add_bench_backward(CLI::App& bench);  // cmd_bench_backward.cpp
+void add_bench_decode(CLI::App& bench);    // cmd_bench_decode.cpp
 }  // namespace attn::cli

@@ -1,0 +1,343 @@
+// The tiled backward (FlashAttention-2's Algorithm 2) in Highway SIMD with runtime dispatch, one pass:
+// one kernel over the storage type T and the accumulator descriptor (double for f64, float otherwise),
+// compiled per target by foreach_target like the forward (tiled_kernel.cpp), whose score block
+// (tiled_score-inl.h: the rule's scale, soft-cap, ALiBi and mask in registers) and packing
+// (tiled_pack-inl.h) it uses. docs/backward.md has the design and the measured numbers.
+//
+// Per task (batch b, kv head, chunk w of the query tiles: tiles w, w + W, w + 2W ..., of every query
+// head of the GQA group, in order):
+//   per query tile [i0, i0 + rows) of head h, R = rows rounded up to the vector width:
+//     pack Q^T, dO^T [d][R] (queries along the lanes), Q, dO [R][dp], lse, D = rowsum(dO * O) [R];
+//     dQ [R][dp] = 0
+//     for each key tile [j0, j0 + n) any row sees:
+//       pack K, V [n][d] (and K [n][dp] when d is not a multiple of the vector width)
+//       S^T  [n][R] = K Q^T     the forward's score block and epilogue          2 n R d flops
+//       dP^T [n][R] = V dO^T    the same block, identity epilogue               2 n R d
+//       P^T = exp(S^T - lse), dX^T = P (dP - D) dlogit/ddot, in place, lane-wise (GradStep)
+//       dV_j += P^T dO,  dK_j += dX^T Q   into this task's f32 (f64) [seqlen_k][dp] partials   4 n R d
+//       dQ   += dX K                      in scratch                                          2 n R d
+//     store dQ (converted to T)
+// then the W partials of each (b, kv head) are summed in chunk order and stored as dK, dV.
+// Five products per tile pair (10 n R d flops, 2.5x the forward's), each a register block whose operands
+// stream from L2: per pair the traffic is the K, V tile (2 n d) and the dK_j, dV_j partial rows
+// (4 n dp, read and written), against 10 n R d flops. The order of every sum is fixed by the problem
+// and the tile sizes (and W, a function of the shape), so gradients are bitwise equal for any thread count.
+//
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backward/backward_kernel.cpp"
+#ifndef HWY_DISABLED_TARGETS
+// As the forward: no SSSE3 (EMU128 covers those machines), no SVE (sizeless vectors in arrays).
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
+#endif
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include <omp.h>
+
+#include "backward/backward_kernel.hpp"
+#include "backward/backward_scratch.hpp"
+#include "core/dropout.hpp"
+#include "core/element.hpp"
+#include "core/philox-inl.h"
+#include "tiled/tiled_pack-inl.h"
+#include "tiled/tiled_score-inl.h"
+#include "backward/backward_blocks-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail::backward_simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using tiled_simd::HWY_NAMESPACE::Epilogue;
+using tiled_simd::HWY_NAMESPACE::kQV;
+using tiled_simd::HWY_NAMESPACE::kRK;
+using tiled_simd::HWY_NAMESPACE::PackRows;
+using tiled_simd::HWY_NAMESPACE::RoundUp;
+using tiled_simd::HWY_NAMESPACE::ScoreDispatch;
+using tiled_simd::HWY_NAMESPACE::ScoreOperands;
+
+// [n][r_begin, r_end) = B A^T for B [n][dim] (broadcast) and A^T [dim][R] (lanes), with the forward's
+// epilogue.
+// Not inlined: on AVX-512 targets the score block carries the avx512bf16 attribute (ATTN_SCORE_ATTR),
+// which the rest of the kernel must not (the f32 block uses no bf16 instruction).
+template <class D, class A = hn::TFromD<D>>
+ATTN_SCORE_ATTR HWY_NOINLINE void ProductTile(D d, const ScoreOperands<A>& op, std::size_t n, A* out,
+                                              const Rows<A>& rows, const Epilogue& ep, std::size_t r_begin,
+                                              std::size_t r_end) {
+  const std::size_t N = hn::Lanes(d);
+  for (std::size_t r0 = r_begin; r0 < r_end; r0 += kQV * N) {
+    const int qv = static_cast<int>(std::min<std::size_t>(kQV, (r_end - r0) / N));
+    for (std::size_t c0 = 0; c0 < n; c0 += kRK) {
+      const int rk = static_cast<int>(std::min<std::size_t>(kRK, n - c0));
+      ScoreDispatch<kRK, false>(d, rk, qv, op, c0, r0, out, rows, ep);
+    }
+  }
+}
+
+// One thread's scratch, carved from one aligned block. Blocks loaded as whole vectors come first and
+// have sizes that are multiples of the lane count; K and V, read only by broadcasts, go last.
+template <class A>
+struct Scratch {
+  A *qt, *dot, *q, *dout, *dq, *s, *dpt, *kdp, *lse, *dsum, *k, *v;
+  std::uint32_t *ctr_i, *ctr_h;  // dropout's per-row counter words (DropTile): query position, head word
+  Rows<A> rows;
+  static std::size_t elements(std::size_t R, std::size_t bc, std::size_t dim, std::size_t dp) {
+    return 2 * dim * R + 3 * R * dp + 2 * bc * R + (dim == dp ? 0 : bc * dp) + 10 * R + 2 * bc * dim;
+  }
+  Scratch(A* base, std::size_t R, std::size_t bc, std::size_t dim, std::size_t dp) {
+    qt = base;
+    dot = qt + dim * R;
+    q = dot + dim * R;
+    dout = q + R * dp;
+    dq = dout + R * dp;
+    s = dq + R * dp;
+    dpt = s + bc * R;
+    kdp = dpt + bc * R;
+    A* x = kdp + (dim == dp ? 0 : bc * dp);
+    rows = {nullptr, nullptr, nullptr, x, x + R, x + 2 * R, x + 3 * R, x + 4 * R};
+    lse = x + 5 * R;
+    dsum = x + 6 * R;
+    ctr_i = reinterpret_cast<std::uint32_t*>(x + 8 * R);  // 2R elements hold 2R 32-bit words
+    ctr_h = ctr_i + R;
+    k = x + 10 * R;  // x + 7R spare (keeps the offsets multiples of the lanes), x + 8R: the counters
+    v = k + bc * dim;
+    if (dim == dp) kdp = k;
+  }
+};
+
+// Everything a query tile's pairs share: where it is and its packed query side.
+struct QueryTile {
+  std::int64_t b, h, hk, i0, rows;
+  std::size_t R;
+};
+
+template <class T, class D, class A = hn::TFromD<D>>
+void PackQueries(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w) {
+  const std::size_t dim = static_cast<std::size_t>(p.head_dim), dp = RoundUp(dim, hn::Lanes(d)), R = qt.R;
+  std::fill(w.qt, w.qt + 2 * dim * R, A(0));  // Q^T and dO^T, padding rows zero
+  PackRows<T>(d, w.q, dp, p.q, qt.b, qt.i0, qt.rows, qt.h, dim);
+  PackRows<T>(d, w.dout, dp, p.dout, qt.b, qt.i0, qt.rows, qt.h, dim);
+  const TensorView& l = *p.lse;
+  const A slope = static_cast<A>(p.rule.alibi_slope(qt.b, qt.h));
+  for (std::size_t r = 0; r < R; ++r) {
+    w.lse[r] = w.dsum[r] = A(0);
+    w.rows.slope[r] = slope;
+    w.ctr_i[r] = static_cast<std::uint32_t>(qt.i0 + static_cast<std::int64_t>(r));
+    w.ctr_h[r] = p.dropout.head_word(qt.b, qt.h);
+    if (r >= static_cast<std::size_t>(qt.rows)) continue;
+    const std::int64_t i = qt.i0 + static_cast<std::int64_t>(r);
+    const T* o = row_ptr<const T>(p.out, qt.b, i, qt.h);
+    A sum = 0;
+    for (std::size_t x = 0; x < dim; ++x) {
+      w.qt[x * R + r] = w.q[r * dp + x];
+      w.dot[x * R + r] = w.dout[r * dp + x];
+      sum += w.dout[r * dp + x] * load<A>(o[x * p.out.strides[3]]);
+    }
+    w.dsum[r] = sum;
+    w.lse[r] = static_cast<const A*>(l.data)[qt.b * l.strides[0] + qt.h * l.strides[1] + i * l.strides[2]];
+  }
+}
+
+// Requests the next key tile's K and V rows and its dK, dV partial rows into L2 while this pair
+// computes: the tensor rows lie a head stride apart and the partials were last touched a whole key
+// walk ago, so neither is in L2, and the packing and the products' accumulator loads would wait on
+// every line.
+template <class T, class A>
+void PrefetchKeyTile(const BackwardProblem& p, const QueryTile& qt, std::int64_t j0, std::int64_t n, std::size_t dp,
+                     const A* dk_acc, const A* dv_acc) {
+  const std::size_t row_bytes = static_cast<std::size_t>((p.head_dim - 1) * p.k.strides[3] + 1) * sizeof(T);
+  for (std::int64_t j = j0; j < j0 + n; ++j)
+    for (const TensorView* t : {&p.k, &p.v}) {
+      const char* row = reinterpret_cast<const char*>(row_ptr<const T>(*t, qt.b, j, qt.hk));
+      for (std::size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + off, 0, 2);
+    }
+  for (const A* acc : {dk_acc, dv_acc}) {
+    const char* first = reinterpret_cast<const char*>(acc + j0 * dp);
+    for (std::size_t off = 0; off < static_cast<std::size_t>(n) * dp * sizeof(A); off += 64)
+      __builtin_prefetch(first + off, 1, 2);
+  }
+}
+
+// One (query tile, key tile [j0, j0 + n)) pair: recompute, then the three gradient products. The
+// next key tile [j0 + n, j0 + n + next_n) is prefetched.
+template <class T, class D, class A = hn::TFromD<D>>
+void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std::int64_t j0, std::int64_t n,
+          std::int64_t next_n, A* dk_acc, A* dv_acc) {
+  const std::size_t dim = static_cast<std::size_t>(p.head_dim), dp = RoundUp(dim, hn::Lanes(d)), R = qt.R;
+  PackRows<T>(d, w.k, dim, p.k, qt.b, j0, n, qt.hk, dim);
+  PackRows<T>(d, w.v, dim, p.v, qt.b, j0, n, qt.hk, dim);
+  if (w.kdp != w.k) PackRows<T>(d, w.kdp, dp, p.k, qt.b, j0, n, qt.hk, dim);
+  PrefetchKeyTile<T>(p, qt, j0 + n, next_n, dp, dk_acc, dv_acc);
+  const Mask mask = p.mask();
+  bool masked = static_cast<std::size_t>(qt.rows) < R;  // padding rows are masked
+  std::size_t first_row = R, end_row = 0;               // the rows that see a key of this tile
+  for (std::size_t r = 0; r < R; ++r) {
+    A lo = 0, hi = 0, dist = 0;
+    if (r < static_cast<std::size_t>(qt.rows)) {
+      const std::int64_t i = qt.i0 + static_cast<std::int64_t>(r);
+      lo = static_cast<A>(std::clamp<std::int64_t>(mask.first_key(i) - j0, 0, n));
+      hi = static_cast<A>(std::clamp<std::int64_t>(mask.end_key(i) - j0, 0, n));
+      dist = static_cast<A>(mask.diagonal(i) - j0);
+      masked |= lo > A(0) || hi < static_cast<A>(n);
+      if (lo < hi) {
+        first_row = std::min(first_row, r);
+        end_row = r + 1;
+      }
+    }
+    w.rows.lo[r] = lo;
+    w.rows.hi[r] = hi;
+    w.rows.dist[r] = dist;
+  }
+  if (first_row >= end_row) return;  // no row sees these keys
+  // Only the rows [r0, r1) that see some key of the tile (contiguous: the mask bounds are monotone),
+  // widened to whole vectors and row blocks: a causal diagonal tile skips the rows above the band.
+  const std::size_t align = std::max<std::size_t>(hn::Lanes(d), kGradRows);
+  const std::size_t r0 = first_row / align * align, r1 = RoundUp(end_row, align);
+  static const ScoreRule kIdentity{};  // scale 1, no transform: dP^T is the plain product
+  const std::size_t nn = static_cast<std::size_t>(n);
+  ProductTile(d, ScoreOperands<A>{w.qt, w.k, R, dim}, nn, w.s, w.rows, Epilogue{&p.rule, masked}, r0, r1);
+  ProductTile(d, ScoreOperands<A>{w.dot, w.v, R, dim}, nn, w.dpt, w.rows, Epilogue{&kIdentity, false}, r0, r1);
+  // Dropout (keep mask Z, factor Z / (1 - p), regenerated as the forward drew it): dS = P (Z dP / (1 - p)
+  // - D) needs the dropped dP before GradStep, and dV = (P Z / (1 - p))^T dO the dropped P after it
+  // (GradStep's dX keeps the undropped P). The only places the backward drops.
+  namespace ps = philox_simd::HWY_NAMESPACE;
+  const bool drop = p.dropout.enabled();
+  if (drop) ps::DropTile(d, p.dropout, w.ctr_i + r0, w.ctr_h + r0, j0, n, w.dpt + r0, R, r1 - r0);
+  GradStep(d, w.s, w.dpt, R, nn, RowGrads<A>{w.lse, w.dsum}, w.rows, p.rule, masked, r0, r1);
+  if (drop) ps::DropTile(d, p.dropout, w.ctr_i + r0, w.ctr_h + r0, j0, n, w.s + r0, R, r1 - r0);
+  GradProduct<true>(d, masked, w.s, R, 0, nn, r0, r1, w.dout, dp, dv_acc + j0 * dp, w.rows);
+  GradProduct<true>(d, masked, w.dpt, R, 0, nn, r0, r1, w.q, dp, dk_acc + j0 * dp, w.rows);
+  GradProduct<false>(d, masked, w.dpt, R, r0, r1, 0, nn, w.kdp, dp, w.dq, w.rows);
+}
+
+template <class T, class A>
+void StoreRows(const TensorView& t, const A* src, std::size_t ld, std::int64_t b, std::int64_t s0, std::int64_t n,
+               std::int64_t h, std::size_t dim) {
+  for (std::int64_t r = 0; r < n; ++r) {
+    T* dst = row_ptr<T>(t, b, s0 + r, h);
+    const A* row = src + static_cast<std::size_t>(r) * ld;
+    for (std::size_t x = 0; x < dim; ++x) dst[x * t.strides[3]] = store<T>(row[x]);
+  }
+}
+
+// One task: the query tiles of chunk `w` of (b, kv head hk), into this task's dK, dV partials.
+template <class T, class D, class A = hn::TFromD<D>>
+void RunTask(D d, const BackwardProblem& p, const BackwardPlan& plan, std::int64_t b, std::int64_t hk,
+             std::int64_t chunk, Scratch<A>& w, A* dk_acc, A* dv_acc) {
+  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(p.head_dim), dp = RoundUp(dim, N);
+  const std::size_t acc_rows = static_cast<std::size_t>(p.seqlen_k) * dp;
+  std::fill(dk_acc, dk_acc + acc_rows, A(0));
+  std::fill(dv_acc, dv_acc + acc_rows, A(0));
+  const std::int64_t q_tiles = (p.seqlen_q + plan.q_tile - 1) / plan.q_tile;
+  const Mask mask = p.mask();
+  for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h)
+    for (std::int64_t t = chunk; t < q_tiles; t += plan.chunks) {
+      QueryTile qt{b, h, hk, t * plan.q_tile, std::min(plan.q_tile, p.seqlen_q - t * plan.q_tile), 0};
+      qt.R = RoundUp(static_cast<std::size_t>(qt.rows), std::max<std::size_t>(N, kGradRows));
+      std::fill(w.dq, w.dq + qt.R * dp, A(0));
+      // Keys any row of the tile sees: first_key and end_key are non-decreasing in i.
+      const std::int64_t k_begin = mask.first_key(qt.i0), k_end = mask.end_key(qt.i0 + qt.rows - 1);
+      if (k_begin < k_end) PackQueries<T>(d, p, qt, w);
+      for (std::int64_t j0 = k_begin; j0 < k_end; j0 += plan.k_tile) {
+        const std::int64_t n = std::min(plan.k_tile, k_end - j0);
+        Pair<T>(d, p, qt, w, j0, n, std::clamp<std::int64_t>(k_end - j0 - n, 0, plan.k_tile), dk_acc, dv_acc);
+      }
+      StoreRows<T>(p.dq, w.dq, dp, b, qt.i0, qt.rows, h, dim);
+    }
+}
+
+template <class T>
+void RunAll(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& plans, int threads) {
+  using A = Acc<T>;
+  const hn::ScalableTag<A> d;
+  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(ps[0].head_dim), dp = RoundUp(dim, N);
+  const BackwardLayout layout(ps, plans, dp, std::max<std::size_t>(N, kGradRows));
+  // All memory before anything is written: a bad_alloc leaves the gradients untouched.
+  AlignedBuffer<A> partials(layout.partial_elements);
+  std::vector<AlignedBuffer<A>> scratch;
+  for (int t = 0; t < threads; ++t) {
+    scratch.emplace_back(Scratch<A>::elements(layout.max_R, layout.max_bc, dim, dp));
+    std::fill(scratch.back().data(), scratch.back().data() + scratch.back().size(), A(0));
+  }
+  const std::int64_t tasks = layout.first_task.back();
+#pragma omp parallel num_threads(threads)
+  {
+    Scratch<A> w(scratch[static_cast<std::size_t>(omp_get_thread_num())].data(), layout.max_R, layout.max_bc, dim, dp);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const BackwardLayout::Task task = layout.task(plans, ps, t);
+      const BackwardProblem& p = ps[task.problem];
+      A* dk_acc = partials.data() + layout.partial_offset(plans, ps, task);
+      RunTask<T>(d, p, plans[task.problem], task.b, task.hk, task.chunk, w, dk_acc,
+                 dk_acc + static_cast<std::size_t>(p.seqlen_k) * dp);
+    }
+    // dK, dV: each (problem, b, kv head)'s chunk partials summed in chunk order.
+    const std::int64_t heads = layout.first_head.back();
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t e = 0; e < heads; ++e) {
+      BackwardLayout::Task task = layout.head(ps, e);
+      const BackwardProblem& p = ps[task.problem];
+      A* first = partials.data() + layout.partial_offset(plans, ps, task);
+      const std::size_t half = static_cast<std::size_t>(p.seqlen_k) * dp;
+      for (task.chunk = 1; task.chunk < plans[task.problem].chunks; ++task.chunk) {
+        const A* part = partials.data() + layout.partial_offset(plans, ps, task);
+        for (std::size_t x = 0; x < 2 * half; ++x) first[x] += part[x];
+      }
+      StoreRows<T>(p.dk, first, dp, task.b, 0, p.seqlen_k, task.hk, dim);
+      StoreRows<T>(p.dv, first + half, dp, task.b, 0, p.seqlen_k, task.hk, dim);
+    }
+  }
+}
+
+void RunF64(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& pl, int th) {
+  RunAll<double>(ps, pl, th);
+}
+void RunF32(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& pl, int th) {
+  RunAll<float>(ps, pl, th);
+}
+void RunBF16(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& pl, int th) {
+  RunAll<bf16_t>(ps, pl, th);
+}
+void RunF16(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& pl, int th) {
+  RunAll<f16_t>(ps, pl, th);
+}
+std::int64_t Target() { return HWY_TARGET; }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail::backward_simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::detail {
+namespace backward_simd {
+HWY_EXPORT(RunF64);
+HWY_EXPORT(RunF32);
+HWY_EXPORT(RunBF16);
+HWY_EXPORT(RunF16);
+HWY_EXPORT(Target);
+}  // namespace backward_simd
+
+std::int64_t backward_target() { return HWY_DYNAMIC_DISPATCH(backward_simd::Target)(); }
+
+void run_backward(const std::vector<BackwardProblem>& problems, const TileOptions& tiles, int threads) {
+  if (problems.empty()) return;
+  std::vector<BackwardPlan> plans;
+  plans.reserve(problems.size());
+  for (const BackwardProblem& p : problems) plans.push_back(plan_backward(p, tiles));
+  switch (problems[0].dtype) {
+    case DType::f64:
+      return HWY_DYNAMIC_DISPATCH(backward_simd::RunF64)(problems, plans, threads);
+    case DType::f32:
+      return HWY_DYNAMIC_DISPATCH(backward_simd::RunF32)(problems, plans, threads);
+    case DType::bf16:
+      return HWY_DYNAMIC_DISPATCH(backward_simd::RunBF16)(problems, plans, threads);
+    case DType::f16:
+      return HWY_DYNAMIC_DISPATCH(backward_simd::RunF16)(problems, plans, threads);
+  }
+}
+
+}  // namespace attn::detail
+#endif  // HWY_ONCE
