@@ -38,3 +38,15 @@ def test_bad_dropout_p_is_named():
     q = torch.randn(1, 4, 1, 8)
     with pytest.raises(attn.AttnError, match="dropout_p"):
         attn.flash_attn_func(q, q, q, dropout_p=1.0)
+
+
+def test_dropout_gradients_are_those_of_the_masked_reference():
+    q, k, v = (torch.randn(1, 29, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    torch.manual_seed(11)
+    out, _, mask = attn.flash_attn_func(q, k, v, dropout_p=0.3, causal=True, return_attn_probs=True)
+    ref = dropped_ref(q, k, v, mask, True)
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch.autograd.grad(ref, (q, k, v), dout)
+    for g, w in zip(got, want):
+        assert (g - w).abs().max().item() <= 1e-12 * max(1.0, w.abs().max().item())
