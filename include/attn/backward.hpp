@@ -6,8 +6,7 @@
 // forward's lse). Any strides; every tensor in the inputs' dtype. Accumulation is in f64 for f64 and in
 // f32 for every other dtype. With GQA, dk and dv of a kv head are summed over its group's query heads.
 // `opts` must be the forward's options (masks, scale, softcap, ALiBi, dropout); the ALiBi slopes get no
-// gradient. Dropout (docs/dropout.md): attention_backward_reference regenerates the forward's mask;
-// attention_backward does not implement it yet and rejects dropout_p > 0.
+// gradient. Dropout (docs/dropout.md): every backward regenerates the forward's mask from the options.
 // A query row that sees no key contributes nothing and gets dq = 0.
 //
 // Every argument is validated before anything is written: a bad one throws std::invalid_argument whose

@@ -33,9 +33,8 @@ struct AttentionOptions {
   // dropout_offset, b, h, i, j) (Philox 4x32-10, docs/dropout.md): the backward regenerates it from the
   // same options, and no result depends on tile sizes or threads. Use a new offset (or seed) per call
   // for a new mask; dropout_offset must be < 2^32. Accepted by attention_reference, attention_tiled,
-  // attention_varlen and attention_backward_reference (attn::dropout_mask writes the mask); the
-  // inference paths (split-K, decode, the CUDA entry points) and the tiled backward (attention_backward,
-  // attention_varlen_backward) reject dropout_p > 0.
+  // attention_varlen and every backward (attn::dropout_mask writes the mask); the inference paths
+  // (split-K, decode, the CUDA entry points) reject dropout_p > 0.
   double dropout_p = 0;
   std::uint64_t dropout_seed = 0;
   std::uint64_t dropout_offset = 0;
