@@ -319,11 +319,13 @@ TEST(Determinism, ChunkedSplitIsBitwiseEqualAndExact) {
 TEST(Determinism, ProblemsInOneJobGetTheirOwnBits) {
   Problem<float> a(Shape{1, 37, 29, 4, 2, 16, true}, 31), b(Shape{2, 11, 50, 4, 1, 16, false, 8, 3}, 37);
   Grads<float> ga(a.s), gb(b.s);
-  auto problem = [](const Problem<float>& p, Grads<float>& g) {
-    return detail::validate_backward("test", p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(),
-                                     p.lse_view(), g.dq.view(), g.dk.view(), g.dv.view(), p.opts);
+  // The problems point at their lse views, which must outlive them.
+  const TensorView lse_a = a.lse_view(), lse_b = b.lse_view();
+  auto problem = [](const Problem<float>& p, const TensorView& lse, Grads<float>& g) {
+    return detail::validate_backward("test", p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(), lse,
+                                     g.dq.view(), g.dk.view(), g.dv.view(), p.opts);
   };
-  const std::vector<detail::BackwardProblem> both{problem(a, ga), problem(b, gb)};
+  const std::vector<detail::BackwardProblem> both{problem(a, lse_a, ga), problem(b, lse_b, gb)};
   TileOptions t;
   t.q_tile = 8;
   t.k_tile = 12;

@@ -60,7 +60,10 @@ HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t
       auto dpv = hn::Load(d, dc);
       // NaN passes through (the vectorised Exp returns 0 for it): a NaN score must poison its row.
       const auto x = hn::Sub(logit, lse);
-      auto p = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+      // NaN lanes (also -inf - -inf, a row that sees no key) go to Exp as 0: converting NaN to an integer
+      // inside Exp is undefined behaviour on the emulated targets.
+      const auto is_nan = hn::IsNaN(x);
+      auto p = hn::IfThenElse(is_nan, x, hn::Exp(d, hn::IfThenZeroElse(is_nan, x)));
       // With dropout dpv arrives dropped (Z dP / (1 - p_drop)) and the P stored for dV is dropped after
       // this step (Pair, backward_kernel.cpp): dX keeps the undropped p, dS = P (Z dP / (1 - p_drop) - D).
       const auto p_for_dv = p;

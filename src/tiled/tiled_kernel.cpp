@@ -266,7 +266,10 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
         // out 0 and lse -inf, when no later tile's alpha = exp(inf - inf) catches it), so a NaN x is
         // passed through explicitly and reaches l and o.
         const auto x = hn::Sub(hn::Load(d, sc), m_sub);
-        const auto pv = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+        // NaN lanes go to Exp as 0 (converting NaN to an integer inside Exp is undefined behaviour on the
+        // emulated targets) and come out NaN.
+        const auto is_nan = hn::IsNaN(x);
+        const auto pv = hn::IfThenElse(is_nan, x, hn::Exp(d, hn::IfThenZeroElse(is_nan, x)));
         hn::Store(pv, d, sc);
         sum = hn::Add(sum, pv);
       }
