@@ -26,4 +26,27 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
                       const AttentionOptions& opts = {}, const TileOptions& tiles = {},
                       const TensorView* lse = nullptr);
 
+// Paged keys and values (flash-attn's block_table argument of flash_attn_varlen_func; chunked prefill
+// over a paged KV cache, as in vLLM): the queries are packed as above, the keys and values of sequence
+// b live in a paged cache, the layout decode reads (include/attn/decode.hpp):
+//   k, v [num_pages, page_size, kv_heads, head_dim], any page_size >= 1: key j of sequence b is in page
+//        block_table[b * block_table_stride + j / page_size] at slot j % page_size
+//   cu_seqlens_k: batch + 1 offsets, 0 first and non-decreasing, whose differences are the sequences'
+//        key counts (there is no packed key tensor for the last to match); each count must fit
+//        max_pages x page_size, and the entries of the pages holding a sequence's keys must be in
+//        [0, num_pages) (later entries are never read)
+// Everything else (masks per sequence, lse, dtypes, tiles, threads, validation before any write, out
+// and lse not overlapping the cache or the table) is attention_varlen's, and so is the arithmetic: the
+// result is bitwise that of attention_varlen on the same keys packed. Inference only: no backward.
+struct VarlenPages {
+  const std::int32_t* block_table = nullptr;  // [batch, max_pages]
+  std::int64_t max_pages = 0;                 // columns of block_table
+  std::int64_t block_table_stride = 0;        // elements between rows; 0 = max_pages
+};
+
+void attention_varlen_paged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                            const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k, std::int64_t batch,
+                            const VarlenPages& pages, const AttentionOptions& opts = {}, const TileOptions& tiles = {},
+                            const TensorView* lse = nullptr);
+
 }  // namespace attn

@@ -28,6 +28,7 @@
 
 #include "core/checked.hpp"
 #include "core/element.hpp"
+#include "core/page_rules.hpp"
 #include "core/problem.hpp"
 #include "core/validate.hpp"
 #include "core/decode_problem.hpp"
@@ -36,12 +37,6 @@ namespace attn::detail {
 namespace {
 
 std::string str(std::int64_t x) { return std::to_string(x); }
-
-Span int32_span(const std::int32_t* p, std::int64_t count) {
-  if (!p || count <= 0) return {};
-  const auto lo = reinterpret_cast<std::uintptr_t>(p);
-  return {lo, lo + static_cast<std::uintptr_t>(count) * 4};
-}
 
 void require_dtype(std::string_view who, std::string_view arg, DType got, DType want, std::string_view whose) {
   if (got != want)
@@ -181,16 +176,11 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   const std::int64_t page_size = cache.k.shape[1], num_pages = cache.k.shape[0];
   Span sbt{};
   if (paged) {
-    if (cache.max_pages < 1) fail(who, "cache.max_pages", "must be >= 1, got " + str(cache.max_pages));
-    bt_stride = cache.block_table_stride == 0 ? cache.max_pages : cache.block_table_stride;
-    if (bt_stride < cache.max_pages)
-      fail(who, "cache.block_table_stride",
-           "must be >= max_pages (" + str(cache.max_pages) + ") or 0, got " + str(cache.block_table_stride));
-    std::int64_t extent = 0;
-    if (!checked_mul(batch - 1, bt_stride, extent) || !checked_add(extent, cache.max_pages, extent) ||
-        extent > (std::int64_t{1} << 60) || !checked_mul(cache.max_pages, page_size, capacity))
-      fail(who, "cache.block_table", "sizes overflow");
-    sbt = int32_span(cache.block_table, extent);
+    const BlockTableShape t = check_block_table(who, "cache.block_table", cache.block_table, cache.max_pages,
+                                                cache.block_table_stride, batch, page_size);
+    bt_stride = t.stride;
+    capacity = t.capacity;
+    sbt = t.span;
   }
   const Span sseq = int32_span(cache.seqlens, batch);
   for (std::int64_t b = 0; b < batch; ++b) {
@@ -201,17 +191,9 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
            "seqlens[" + str(b) + "] + seqlen_new (" + str(n) + " + " + str(seqlen_new) +
                ") exceeds the cache capacity (" + str(capacity) +
                (paged ? " = max_pages x page_size)" : " = max_seqlen)"));
-    if (paged) {
-      const std::int64_t keys = n + seqlen_new;  // <= capacity: no overflow
-      const std::int64_t pages = keys / page_size + (keys % page_size != 0);
-      for (std::int64_t j = 0; j < pages; ++j) {
-        const std::int64_t e = cache.block_table[b * bt_stride + j];
-        if (e < 0 || e >= num_pages)
-          fail(who, "cache.block_table",
-               "entry [" + str(b) + "][" + str(j) + "] = " + str(e) + " must be in [0, num_pages = " + str(num_pages) +
-                   ")");
-      }
-    }
+    if (paged)  // n + seqlen_new <= capacity: no overflow
+      check_block_table_entries(who, "cache.block_table", cache.block_table, bt_stride, b, n + seqlen_new, page_size,
+                                num_pages);
   }
 
   const Span sidx = check_row_maps(who, cache, batch, paged, append && seqlen_new > 0);

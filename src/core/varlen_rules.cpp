@@ -29,7 +29,7 @@ void check_cu_seqlens(std::string_view who, std::string_view arg, const std::int
       fail(who, arg,
            "must be non-decreasing, but [" + std::to_string(b + 1) + "] = " + std::to_string(cu[b + 1]) + " < [" +
                std::to_string(b) + "] = " + std::to_string(cu[b]));
-  if (cu[batch] != total)
+  if (total >= 0 && cu[batch] != total)
     fail(who, arg,
          "[batch] must equal the packed length " + std::to_string(total) + ", got " + std::to_string(cu[batch]));
 }
@@ -59,7 +59,7 @@ TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::
 }
 
 Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
-                         std::int64_t b) {
+                         std::int64_t b, const VarlenPages* pages) {
   const std::int64_t q0 = cu_seqlens_q[b], nq = cu_seqlens_q[b + 1] - q0;
   const std::int64_t k0 = cu_seqlens_k[b], nk = cu_seqlens_k[b + 1] - k0;
   Problem p = packed;
@@ -67,8 +67,13 @@ Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q
   p.seqlen_k = nk;
   p.q = offset_rows(packed.q, 1, q0, nq);
   p.out = offset_rows(packed.out, 1, q0, nq);
-  p.k = offset_rows(packed.k, 1, k0, nk);
-  p.v = offset_rows(packed.v, 1, k0, nk);
+  if (pages) {
+    const std::int64_t stride = pages->block_table_stride == 0 ? pages->max_pages : pages->block_table_stride;
+    p.pages = {pages->block_table + b * stride, packed.k.shape[1]};
+  } else {
+    p.k = offset_rows(packed.k, 1, k0, nk);
+    p.v = offset_rows(packed.v, 1, k0, nk);
+  }
   p.lse = nullptr;
   p.rule = packed.rule.for_sequence(b);
   p.dropout = packed.dropout.for_sequence(b);  // sequence b draws batch index b's mask

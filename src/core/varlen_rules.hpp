@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "attn/tensor.hpp"
+#include "attn/varlen.hpp"
 #include "core/problem.hpp"
 
 namespace attn::detail {
@@ -16,7 +17,8 @@ namespace attn::detail {
 TensorView packed_as_batch_of_one(std::string_view who, std::string_view arg, const TensorView& t);
 // batch >= 1 and < 2^31 (an int32 offset per sequence).
 void check_varlen_batch(std::string_view who, std::int64_t batch);
-// `cu` (host memory) holds batch + 1 offsets: 0 first, non-decreasing, the last equal to `total`.
+// `cu` (host memory) holds batch + 1 offsets: 0 first, non-decreasing, the last equal to `total`
+// (any last value when total < 0: the paged keys, which are not packed).
 void check_cu_seqlens(std::string_view who, std::string_view arg, const std::int32_t* cu, std::int64_t batch,
                       std::int64_t total);
 // lse, when given, is a rank-3 view [1, heads, total_q] (flash-attn's [heads, total_q] with a leading 1).
@@ -33,8 +35,9 @@ TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::
 
 // Sequence b of a validated packed problem (cu_seqlens checked): its own lengths, q, k, v and out as
 // views into the packed tensors, lse unset, the score rule with sequence b's ALiBi slopes, and the
-// dropout rule of batch index b.
+// dropout rule of batch index b. With `pages` (the paged varlen forward), k and v stay the whole paged
+// cache and the problem reads sequence b's row of the block table.
 Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
-                         std::int64_t b);
+                         std::int64_t b, const VarlenPages* pages = nullptr);
 
 }  // namespace attn::detail

@@ -117,8 +117,9 @@ HWY_INLINE void PvDispatch(D d, int cv, bool masked, const A* p, std::size_t R, 
 }
 
 template <class T>
-HWY_INLINE void PrefetchRow(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h, std::size_t dim) {
-  const char* row = reinterpret_cast<const char*>(row_ptr<const T>(t, b, s, h));
+HWY_INLINE void PrefetchRow(const TensorView& t, const KeyPages& pages, std::int64_t b, std::int64_t s, std::int64_t h,
+                            std::size_t dim) {
+  const char* row = reinterpret_cast<const char*>(key_row_ptr<const T>(t, pages, b, s, h));
   const std::size_t bytes = (dim - 1) * static_cast<std::size_t>(t.strides[3]) * sizeof(T) + sizeof(T);
   for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 2);  // to L2
 }
@@ -139,8 +140,8 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTas
       const int rk = static_cast<int>(std::min<std::int64_t>(kRK, n - c0));
       if (r0 == 0)
         for (std::int64_t c = c0; c < std::min<std::int64_t>(c0 + kRK, next_n); ++c) {
-          PrefetchRow<T>(p.k, task.b, next + c, task.kv_head, op.dim);
-          PrefetchRow<T>(p.v, task.b, next + c, task.kv_head, op.dim);
+          PrefetchRow<T>(p.k, p.pages, task.b, next + c, task.kv_head, op.dim);
+          PrefetchRow<T>(p.v, p.pages, task.b, next + c, task.kv_head, op.dim);
         }
       ScoreDispatch<kRK, Dp>(d, rk, qv, op, static_cast<std::size_t>(c0), r0, s, rows, ep);
     }
@@ -221,10 +222,10 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
   for (std::int64_t j0 = k_begin; j0 < k_end; j0 += bc) {
     const std::int64_t n = std::min(bc, k_end - j0);
     if (use_dp)
-      PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, b, j0, n, task.kv_head, dim);
+      PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, b, j0, n, task.kv_head, dim, p.pages);
     else
-      PackRows<T>(d, w.k, dim, p.k, b, j0, n, task.kv_head, dim);
-    PackRows<T>(d, w.v, dp, p.v, b, j0, n, task.kv_head, dim);
+      PackRows<T>(d, w.k, dim, p.k, b, j0, n, task.kv_head, dim, p.pages);
+    PackRows<T>(d, w.v, dp, p.v, b, j0, n, task.kv_head, dim, p.pages);
     Epilogue ep = base;
     for (std::size_t r = 0; r < R; ++r) {
       A lo = 0, hi = static_cast<A>(n);

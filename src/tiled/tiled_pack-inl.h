@@ -22,14 +22,15 @@ namespace attn::detail::tiled_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// dst[r * ld + c] = t[b, s0 + r, h, c] as accumulator values, r < n, c < dim. Contiguous rows of
-// f32/f64 are copied, bf16/f16 rows widened with SIMD (F16C on x86); other strides go element-wise.
+// dst[r * ld + c] = t[b, s0 + r, h, c] as accumulator values, r < n, c < dim (row s0 + r found through
+// `pages` when they are paged key or value rows). Contiguous rows of f32/f64 are copied, bf16/f16 rows
+// widened with SIMD (F16C on x86); other strides go element-wise.
 template <class T, class D, class A = hn::TFromD<D>>
 HWY_INLINE void PackRows(D d, A* HWY_RESTRICT dst, std::size_t ld, const TensorView& t, std::int64_t b, std::int64_t s0,
-                         std::int64_t n, std::int64_t h, std::size_t dim) {
+                         std::int64_t n, std::int64_t h, std::size_t dim, const KeyPages& pages = KeyPages{}) {
   const std::size_t N = hn::Lanes(d);
   for (std::int64_t r = 0; r < n; ++r) {
-    const T* src = row_ptr<const T>(t, b, s0 + r, h);
+    const T* src = key_row_ptr<const T>(t, pages, b, s0 + r, h);
     A* out = dst + static_cast<std::size_t>(r) * ld;
     if (t.strides[3] != 1) {
       for (std::size_t c = 0; c < dim; ++c) out[c] = load<A>(src[c * t.strides[3]]);

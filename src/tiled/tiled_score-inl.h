@@ -18,6 +18,7 @@
 
 #include "core/dpbf16.hpp"
 #include "core/element.hpp"
+#include "core/problem.hpp"
 #include "core/score_rule.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -191,10 +192,10 @@ inline std::uint32_t Bf16Pair(const bf16_t* src, std::size_t x, std::size_t dim,
   return lo | hi << 16;
 }
 inline void PackKPairs(std::uint32_t* HWY_RESTRICT dst, const TensorView& t, std::int64_t b, std::int64_t s0,
-                       std::int64_t n, std::int64_t h, std::size_t dim) {
+                       std::int64_t n, std::int64_t h, std::size_t dim, const KeyPages& pages) {
   const std::size_t dim2 = (dim + 1) / 2;
   for (std::int64_t r = 0; r < n; ++r) {
-    const bf16_t* src = row_ptr<const bf16_t>(t, b, s0 + r, h);
+    const bf16_t* src = key_row_ptr<const bf16_t>(t, pages, b, s0 + r, h);
     std::uint32_t* out = dst + static_cast<std::size_t>(r) * dim2;
     if (t.strides[3] == 1 && dim % 2 == 0) {
       std::memcpy(out, src, dim * sizeof(bf16_t));
