@@ -1,5 +1,6 @@
-"""attn's kernels as torch.library custom ops (attn::fwd, attn::bwd, attn::varlen_fwd, attn::varlen_bwd)
-with fake (meta) implementations, and the autograd formula that joins each forward to its backward.
+"""attn's kernels as torch.library custom ops (attn::fwd, attn::bwd, attn::varlen_fwd, attn::varlen_bwd, and
+the inference-only attn::varlen_fwd_paged) with fake (meta) implementations, and the autograd formula
+that joins each forward to its backward.
 
 Registered as custom ops, the kernels are opaque to torch.compile (fullgraph=True traces through them
 using the fake implementations) and checked by torch.library.opcheck. The ops never see tensors that
@@ -91,6 +92,33 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
       dropout_p, seed, num_threads):
+    total_q, h, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((h, total_q), dtype=_lse_dtype(q))
+
+
+def _varlen_paged_eager(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal,
+                        window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
+    total_q, h, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((h, total_q), dtype=_lse_dtype(q), device=q.device)
+    _C.varlen_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
+                      **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
+                            num_threads))
+    return out, lse
+
+
+@torch.library.custom_op("attn::varlen_fwd_paged", mutates_args=(), device_types="cpu")
+def varlen_fwd_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     block_table: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
+                     window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
+                     num_threads: int) -> Tuple[Tensor, Tensor]:
+    return _varlen_paged_eager(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal,
+                               window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads)
+
+
+@varlen_fwd_paged.register_fake
+def _(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal, window_left, window_right,
+      softcap, alibi_slopes, dropout_p, seed, num_threads):
     total_q, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((h, total_q), dtype=_lse_dtype(q))
 
@@ -194,3 +222,10 @@ def varlen_attention(q, k, v, cu_q, cu_k, *options):
     if torch.compiler.is_compiling():
         return varlen_fwd(q, k, v, cu_q, cu_k, *options)
     return _VarlenAttention.apply(q, k, v, cu_q, cu_k, *options)
+
+
+def varlen_paged_attention(q, k_cache, v_cache, cu_q, cu_k, block_table, *options):
+    """(out, lse) over a paged cache: inference only (no gradient flows to q or the cache)."""
+    if torch.compiler.is_compiling():
+        return varlen_fwd_paged(q, k_cache, v_cache, cu_q, cu_k, block_table, *options)
+    return _varlen_paged_eager(q.detach(), k_cache.detach(), v_cache.detach(), cu_q, cu_k, block_table, *options)

@@ -91,14 +91,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None):
     """q (total_q, nheads, headdim), k and v (total_k, nheads_k, headdim), cu_seqlens int32 (batch + 1)
     -> out like q; with return_attn_probs, (out, softmax_lse (nheads, total_q), S_dmask). max_seqlen_q
-    and max_seqlen_k are not needed on the CPU (the kernel reads cu_seqlens); block_table (a paged KV
-    cache for varlen prefill) is not supported yet and raises."""
-    if block_table is not None:
-        raise _C.AttnError("attn.flash_attn_varlen_func: block_table: paged KV for varlen is not supported; "
-                           "use flash_attn_with_kvcache")
+    and max_seqlen_k are not needed on the CPU (the kernel reads cu_seqlens). With block_table int32
+    (batch, max_blocks), k and v are a paged cache (num_blocks, page_size, nheads_k, headdim), any
+    page_size >= 1, sequence b's key j in block block_table[b, j // page_size] at slot j % page_size,
+    cu_seqlens_k giving the key counts; this form is inference only (no gradient)."""
     from . import _ops
     opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
-    out, lse = _ops.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *opts)
+    if block_table is not None:
+        out, lse = _ops.varlen_paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *opts)
+    else:
+        out, lse = _ops.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *opts)
     batch = len(cu_seqlens_q) - 1
     return _result(out, lse, return_attn_probs, opts, (batch, q.shape[1], int(max_seqlen_q), int(max_seqlen_k)))
 

@@ -13,6 +13,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -82,6 +83,26 @@ const std::int32_t* int32_data(const char* who, const char* arg, const Array& a,
   return static_cast<const std::int32_t*>(a.data());
 }
 
+// The batch of a varlen call, from its cu_seqlens arrays (batch + 1 int32 offsets each).
+struct VarlenBatch {
+  std::int64_t batch;
+  const std::int32_t *cu_q, *cu_k;
+};
+VarlenBatch varlen_batch(const char* who, const Array& cu_seqlens_q, const Array& cu_seqlens_k) {
+  const std::int64_t batch = static_cast<std::int64_t>(cu_seqlens_q.shape(0)) - 1;
+  return {batch, int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1, "batch + 1"),
+          int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1")};
+}
+
+// A block table: int32 [batch, max_pages], unit stride along pages (any row stride).
+attn::VarlenPages pages_of(const char* who, const Array& bt, std::int64_t batch) {
+  if (bt.dtype() != nb::dtype<std::int32_t>() || bt.ndim() != 2 || (bt.shape(1) > 1 && bt.stride(1) != 1) ||
+      static_cast<std::int64_t>(bt.shape(0)) != batch)
+    reject(who, "block_table", "must be int32 [batch, max_pages] with unit stride along pages");
+  const auto max_pages = static_cast<std::int64_t>(bt.shape(1));
+  return {static_cast<const std::int32_t*>(bt.data()), max_pages, bt.shape(0) > 1 ? bt.stride(0) : max_pages};
+}
+
 // The keyword options every call shares, as flash-attn names them.
 struct Options {
   std::optional<double> softmax_scale;
@@ -122,11 +143,6 @@ struct Options {
                  nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes") = nb::none(),  \
                  nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("offset") = 0, nb::arg("num_threads") = 0
 
-Options options(std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
-                std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads) {
-  return {scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads};
-}
-
 // algorithm: "tiled" (the production kernel; q_tile/k_tile 0 = plan_tiles' choice), "reference" (the
 // textbook method, the oracle) or "splitk" (num_splits slices per row).
 void forward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
@@ -135,7 +151,7 @@ void forward(const Array& q, const Array& k, const Array& v, const Array& out, c
              std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads) {
   const char* who = "attn.forward";
   const attn::AttentionOptions o =
-      options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
   const TensorView qv = view_of(who, "q", q, 4), kv = view_of(who, "k", k, 4), vv = view_of(who, "v", v, 4),
                    ov = view_of(who, "out", out, 4), lv = view_of(who, "lse", lse, 3);
   attn::TileOptions tiles;
@@ -149,13 +165,35 @@ void forward(const Array& q, const Array& k, const Array& v, const Array& out, c
   attn::attention_tiled(qv, kv, vv, ov, o, tiles, &lv);
 }
 
+// The C++ call's own time, for `python -m attn.bench --vs cpp`: attention_tiled on the same arrays
+// `repeats` times, each timed in C++ (no Python, no DLPack, no allocation), seconds per call.
+std::vector<double> time_forward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+                                 int repeats, std::optional<double> scale, bool causal, std::int64_t wl,
+                                 std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
+                                 std::uint64_t seed, std::uint64_t offset, int threads) {
+  const char* who = "attn.time_forward";
+  const attn::AttentionOptions o =
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
+  const TensorView qv = view_of(who, "q", q, 4), kv = view_of(who, "k", k, 4), vv = view_of(who, "v", v, 4),
+                   ov = view_of(who, "out", out, 4), lv = view_of(who, "lse", lse, 3);
+  if (repeats < 1) reject(who, "repeats", "must be >= 1, got " + std::to_string(repeats));
+  std::vector<double> seconds;
+  nb::gil_scoped_release unlocked;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    attn::attention_tiled(qv, kv, vv, ov, o, {}, &lv);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return seconds;
+}
+
 void backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout, const Array& lse,
               const Array& dq, const Array& dk, const Array& dv, std::optional<double> scale, bool causal,
               std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
               std::uint64_t seed, std::uint64_t offset, int threads) {
   const char* who = "attn.backward";
   const attn::AttentionOptions o =
-      options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
   const TensorView views[] = {view_of(who, "q", q, 4),     view_of(who, "k", k, 4),       view_of(who, "v", v, 4),
                               view_of(who, "out", out, 4), view_of(who, "dout", dout, 4), view_of(who, "lse", lse, 3),
                               view_of(who, "dq", dq, 4),   view_of(who, "dk", dk, 4),     view_of(who, "dv", dv, 4)};
@@ -163,20 +201,27 @@ void backward(const Array& q, const Array& k, const Array& v, const Array& out, 
   attn::attention_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7], views[8], o);
 }
 
+// With block_table, k and v are a paged cache [num_pages, page_size, kv_heads, head_dim]
+// (attention_varlen_paged).
 void varlen_forward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
-                    const Array& cu_seqlens_q, const Array& cu_seqlens_k, std::optional<double> scale, bool causal,
-                    std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
-                    std::uint64_t seed, std::uint64_t offset, int threads) {
+                    const Array& cu_seqlens_q, const Array& cu_seqlens_k, std::optional<Array> block_table,
+                    std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
+                    std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset,
+                    int threads) {
   const char* who = "attn.varlen_forward";
   const attn::AttentionOptions o =
-      options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
-  const std::int64_t batch = static_cast<std::int64_t>(cu_seqlens_q.shape(0)) - 1;
-  const std::int32_t *cq = int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1, "batch + 1"),
-                     *ck = int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1");
-  const TensorView qv = view_of(who, "q", q, 3), kv = view_of(who, "k", k, 3), vv = view_of(who, "v", v, 3),
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
+  const VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
+  const int kv_rank = block_table ? 4 : 3;
+  const TensorView qv = view_of(who, "q", q, 3), kv = view_of(who, "k", k, kv_rank), vv = view_of(who, "v", v, kv_rank),
                    ov = view_of(who, "out", out, 3), lv = view_of(who, "lse", lse, 3, true);
+  if (block_table) {
+    const attn::VarlenPages pages = pages_of(who, *block_table, vb.batch);
+    nb::gil_scoped_release unlocked;
+    return attn::attention_varlen_paged(qv, kv, vv, ov, vb.cu_q, vb.cu_k, vb.batch, pages, o, {}, &lv);
+  }
   nb::gil_scoped_release unlocked;
-  attn::attention_varlen(qv, kv, vv, ov, cq, ck, batch, o, {}, &lv);
+  attn::attention_varlen(qv, kv, vv, ov, vb.cu_q, vb.cu_k, vb.batch, o, {}, &lv);
 }
 
 void varlen_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout,
@@ -186,17 +231,15 @@ void varlen_backward(const Array& q, const Array& k, const Array& v, const Array
                      std::uint64_t offset, int threads) {
   const char* who = "attn.varlen_backward";
   const attn::AttentionOptions o =
-      options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
-  const std::int64_t batch = static_cast<std::int64_t>(cu_seqlens_q.shape(0)) - 1;
-  const std::int32_t *cq = int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1, "batch + 1"),
-                     *ck = int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1");
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
+  const VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
   const TensorView views[] = {
       view_of(who, "q", q, 3),     view_of(who, "k", k, 3),       view_of(who, "v", v, 3),
       view_of(who, "out", out, 3), view_of(who, "dout", dout, 3), view_of(who, "lse", lse, 3, true),
       view_of(who, "dq", dq, 3),   view_of(who, "dk", dk, 3),     view_of(who, "dv", dv, 3)};
   nb::gil_scoped_release unlocked;
   attn::attention_varlen_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7],
-                                  views[8], cq, ck, batch, o);
+                                  views[8], vb.cu_q, vb.cu_k, vb.batch, o);
 }
 
 // flash_attn_with_kvcache: attention_decode over a contiguous or paged cache, appending k_new/v_new in
@@ -210,20 +253,17 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
              int threads) {
   const char* who = "attn.kvcache";
   const attn::AttentionOptions o =
-      options(scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads).resolve(who);
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
   const TensorView qv = view_of(who, "q", q, 4), ov = view_of(who, "out", out, 4);
   attn::KVCache cache;
   cache.k = view_of(who, "k_cache", k_cache, 4);
   cache.v = view_of(who, "v_cache", v_cache, 4);
   cache.seqlens = int32_data(who, "cache_seqlens", cache_seqlens, qv.shape[0]);
   if (block_table) {
-    const Array& bt = *block_table;
-    if (bt.dtype() != nb::dtype<std::int32_t>() || bt.ndim() != 2 || (bt.shape(1) > 1 && bt.stride(1) != 1) ||
-        static_cast<std::int64_t>(bt.shape(0)) != qv.shape[0])
-      reject(who, "block_table", "must be int32 [batch, max_pages] with unit stride along pages");
-    cache.block_table = static_cast<const std::int32_t*>(bt.data());
-    cache.max_pages = static_cast<std::int64_t>(bt.shape(1));
-    cache.block_table_stride = bt.shape(0) > 1 ? bt.stride(0) : cache.max_pages;
+    const attn::VarlenPages t = pages_of(who, *block_table, qv.shape[0]);
+    cache.block_table = t.block_table;
+    cache.max_pages = t.max_pages;
+    cache.block_table_stride = t.block_table_stride;
   }
   if (batch_idx) cache.batch_idx = int32_data(who, "cache_batch_idx", *batch_idx, qv.shape[0]);
   if (leftpad) cache.leftpad = int32_data(who, "cache_leftpad", *leftpad, qv.shape[0]);
@@ -339,12 +379,16 @@ NB_MODULE(_C, m) {
         ATTN_OPTION_ARGS,
         "attention_tiled (or _reference, _splitk) into out and lse (rank-4 q, k, v, out; lse [batch, heads, "
         "seqlen_q]).");
+  m.def("time_forward", &time_forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+        nb::arg("repeats"), ATTN_OPTION_ARGS,
+        "attention_tiled `repeats` times, each timed in C++: seconds per call (python -m attn.bench --vs cpp).");
   m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), ATTN_OPTION_ARGS,
         "attention_backward into dq, dk, dv.");
   m.def("varlen_forward", &varlen_forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), ATTN_OPTION_ARGS,
-        "attention_varlen (packed [total, heads, head_dim]; lse [heads, total_q]).");
+        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("block_table").none() = nb::none(), ATTN_OPTION_ARGS,
+        "attention_varlen (packed [total, heads, head_dim]; lse [heads, total_q]); with block_table, "
+        "attention_varlen_paged (k, v [num_pages, page_size, kv_heads, head_dim]).");
   m.def("varlen_backward", &varlen_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
         ATTN_OPTION_ARGS, "attention_varlen_backward into dq, dk, dv.");

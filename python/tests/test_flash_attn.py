@@ -65,7 +65,8 @@ def check_rule(got, ref, textbook, factor, dtype, what):
 
 
 CASES = [  # (sq, sk, d): flash-attn's odd pairs and head dims, kept small for a CPU run
-    (113, 203, 59), (128, 217, 64), (1, 239, 111), (127, 127, 32), (108, 256, 128), (97, 33, 96)]
+    (113, 203, 59), (128, 217, 64), (1, 239, 111), (127, 127, 32), (108, 256, 128), (97, 33, 96), (64, 97, 256),
+    (33, 65, 160)]
 
 
 MASKS = ["none", "causal", "local", "softcap", "alibi"]
