@@ -111,37 +111,29 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (&victim == &k || &victim == &v) victim.t.shape[1] = -1 - amount % 2;
       break;
     case kNegStride:
-      victim.t.strides[amount % 4] = -1 - amount / 4;
+      apply_view_corruption(ViewFault::kNegStride, victim.t, amount);
       break;
     case kRank:
-      victim.t.rank = amount % 2 ? 3 : 5 + amount % 3;
+      apply_view_corruption(ViewFault::kRank, victim.t, amount);
       break;
-    case kDtypeMismatch:
-      if (&victim == &q) {
-        k.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
-      } else {
-        victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
-      }
+    case kDtypeMismatch:  // q's dtype is the one the others must match: change k's instead
+      apply_view_corruption(ViewFault::kDtypeMismatch, (&victim == &q ? k : victim).t, amount);
       break;
     case kBadDtype:
-      victim.t.dtype = static_cast<DType>(4 + amount % 200);
+      apply_view_corruption(ViewFault::kBadDtype, victim.t, amount);
       break;
     case kNullData:
-      if (SK == 0 && (&victim == &k || &victim == &v)) return 0;  // an empty view may have no data
-      victim.t.data = nullptr;
+      if (!apply_view_corruption(ViewFault::kNullData, victim.t, amount)) return 0;
       break;
-    case kOverflow:  // a shape whose extent overflows int64 (never allocated: it must be rejected)
-      victim.t.shape[amount % 4] = std::int64_t(1) << (40 + amount % 23);
-      victim.t.strides[amount % 4] = std::int64_t(1) << (40 + amount / 4 % 23);
-      if (&victim == &k) {
-        v.t.shape = k.t.shape;
-      }
+    case kOverflow:
+      apply_view_corruption(ViewFault::kOverflow, victim.t, amount);
+      if (&victim == &k) v.t.shape = k.t.shape;  // so that the overflow, not v's mismatch, is what fails
       break;
     case kHeadsNotMultiple:  // kv_heads = heads + 1 never divides heads
       k.t.shape[2] = v.t.shape[2] = H + 1;
       break;
-    case kShapeMismatch:  // k, v or out one dim larger: a mismatch with q or k (and past its buffer)
-      tv[1 + which % 3]->t.shape[amount % 4] += 1 + amount % 3;
+    case kShapeMismatch:  // k, v or out one dim larger: a mismatch with q or k
+      apply_view_corruption(ViewFault::kShapeMismatch, tv[1 + which % 3]->t, amount);
       break;
     case kOutOverlapsInput:
       out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data;

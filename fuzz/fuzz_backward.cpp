@@ -2,7 +2,7 @@
 // -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt).
 //
 // The bytes decide the dtype, shapes, the layouts of all nine tensors, options, tile sizes, the data,
-// and whether one argument is deliberately made invalid: the view corruptions of fuzz_attention.cpp
+// and whether one argument is deliberately made invalid: the shared view corruptions (fuzz_common.hpp)
 // applied to dout and the gradients, gradients that alias themselves, overlap an input or each other,
 // an lse of the wrong dtype or length, bad options and tiles. out and lse come from the reference
 // forward of the same problem. Properties (abort on violation):
@@ -118,23 +118,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kNone:
       break;
     case kNegDim:
-      victim.t.shape[amount % 4] = -1 - amount / 4 % 3;
+      apply_view_corruption(ViewFault::kNegDim, victim.t, amount);
       break;
     case kNegStride:
-      victim.t.strides[amount % 4] = -1 - amount / 4;
+      apply_view_corruption(ViewFault::kNegStride, victim.t, amount);
       break;
     case kRank:
-      victim.t.rank = amount % 2 ? 3 : 5 + amount % 3;
+      apply_view_corruption(ViewFault::kRank, victim.t, amount);
       break;
     case kDtypeMismatch:
-      victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
+      apply_view_corruption(ViewFault::kDtypeMismatch, victim.t, amount);
       break;
     case kNullData:
-      if (victim.offsets.empty()) return 0;  // an empty view may have no data
-      victim.t.data = nullptr;
+      if (!apply_view_corruption(ViewFault::kNullData, victim.t, amount)) return 0;
       break;
     case kShapeMismatch:
-      victim.t.shape[amount % 4] += 1 + amount % 3;
+      apply_view_corruption(ViewFault::kShapeMismatch, victim.t, amount);
       break;
     case kGradAliases: {
       const int dim = amount % 4;

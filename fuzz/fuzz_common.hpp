@@ -158,6 +158,47 @@ inline View make_view(DType dt, Shape4 shape, Bytes& in, bool input, int rank = 
   return v;
 }
 
+// The corruptions of a single view that the harnesses share. Each harness numbers its own corruption
+// kinds (the order its seed corpus was written for) and maps these onto them, choosing the victim.
+enum class ViewFault { kNegDim, kNegStride, kRank, kDtypeMismatch, kBadDtype, kNullData, kOverflow, kShapeMismatch };
+
+// Makes `t` certainly invalid as `kind` says, `amount` choosing the dim and the value. Returns false
+// where the kind cannot make this view invalid (an empty view may have no data): the harness then
+// skips the input.
+inline bool apply_view_corruption(ViewFault kind, TensorView& t, int amount) {
+  const int dim = amount % t.rank;
+  switch (kind) {
+    case ViewFault::kNegDim:
+      t.shape[dim] = -1 - amount / 4 % 3;
+      break;
+    case ViewFault::kNegStride:
+      t.strides[dim] = -1 - amount / 4;
+      break;
+    case ViewFault::kRank:  // the other rank of the API (3 <-> 4), or one it never takes (2, 5, 6, 7)
+      t.rank = amount % 2 ? 7 - t.rank : t.rank == 4 ? 5 + amount % 3 : amount % 4 == 0 ? 2 : 5;
+      break;
+    case ViewFault::kDtypeMismatch:  // one of the four dtypes, but not its own (which others must share)
+      t.dtype = static_cast<DType>((static_cast<int>(t.dtype) + 1 + amount % 3) & 3);
+      break;
+    case ViewFault::kBadDtype:
+      t.dtype = static_cast<DType>(4 + amount % 200);
+      break;
+    case ViewFault::kNullData:
+      for (int i = 0; i < t.rank; ++i)
+        if (t.shape[i] == 0) return false;
+      t.data = nullptr;
+      break;
+    case ViewFault::kOverflow:  // an extent that overflows int64 (never allocated: it must be rejected)
+      t.shape[dim] = std::int64_t(1) << (40 + amount % 23);
+      t.strides[dim] = std::int64_t(1) << (40 + amount / 4 % 23);
+      break;
+    case ViewFault::kShapeMismatch:  // one dim larger: a mismatch with the view it must match, past its buffer
+      t.shape[dim] += 1 + amount % 3;
+      break;
+  }
+  return true;
+}
+
 template <class F>
 decltype(auto) with_type(DType t, F&& f) {
   return detail::dispatch_dtype(t, f);
