@@ -1,14 +1,17 @@
 // libFuzzer harness for the attention entry points. Built once per entry point (ATTN_FUZZ_ENTRY, see
 // fuzz/CMakeLists.txt) with -fsanitize=fuzzer,address,undefined.
 //
-// The bytes decide everything: dtype, shapes, memory layouts, options, tile sizes / split counts, the
-// data, and whether one argument is deliberately made invalid. The properties checked:
+// The bytes decide everything: dtype, shapes, memory layouts, options (dropout included, for the entry
+// points that take it), tile sizes / split counts, the data, and whether one argument is deliberately
+// made invalid. The properties checked:
 //   * no crash and no sanitizer report (buffers are sized exactly to what each view may touch, so any
 //     read or write outside a view is a heap overflow);
 //   * a corrupted argument is rejected, and every rejection is an std::invalid_argument whose message
-//     starts with "attn::" and says more than that; after it, out and lse hold their old bytes;
+//     starts with "attn::" and says more than that (and names dropout_p / dropout_offset where those
+//     are the fault: out of range, or any dropout for split-K); after it, out and lse hold their old bytes;
 //   * an accepted call writes nothing outside out's and lse's views, and with finite inputs its
-//     outputs are finite convex combinations of v's rows (|out| <= max |v|) and lse is finite or -inf.
+//     outputs are finite convex combinations of v's rows (|out| <= max |v|, / (1 - dropout_p) with
+//     dropout) and lse is finite or -inf.
 // Any violated property aborts with a message (libFuzzer then saves the input as a crash-* file).
 #include <cmath>
 #include <cstdint>
@@ -52,8 +55,12 @@ enum Corrupt {
   kAlibiStride,
   kThreads,
   kKnob,
+  kDropout,
   kCount
 };
+
+// Split-K (and its partials) is an inference path: it takes no dropout (docs/dropout.md).
+constexpr bool kTakesDropout = ATTN_FUZZ_ENTRY <= 2;
 
 }  // namespace
 
@@ -92,6 +99,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Apply the corruption (after the data, so the data bytes stay aligned with the valid case).
   const std::uint8_t which = in.u8(), amount = in.u8();
+  draw_dropout(in, o);                  // the last bytes read: inputs from before dropout parse as they did
+  if (!kTakesDropout) o.dropout_p = 0;  // split-K's rejection of a valid rate is a kDropout corruption
+  const char* must_name = nullptr;      // the option a rejection must name, where that is the only fault
   View* tv[] = {&q, &k, &v, &out};
   View& victim = *tv[which % 4];
   std::vector<View*> views = {&q, &k, &v, &out};
@@ -191,6 +201,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return 0;
 #endif
       break;
+    case kDropout:
+      if (!kTakesDropout && amount & 128) {  // a valid rate, which split-K must reject all the same
+        o.dropout_p = (1 + amount % 64) / 65.0;
+        must_name = "dropout_p";
+      } else {
+        must_name = corrupt_dropout(o, amount);
+      }
+      break;
   }
   const TensorView* lse_arg = want_lse || corrupt == kLseOverlap || corrupt == kLseDtype ? &lse.t : nullptr;
 #if ATTN_FUZZ_ENTRY == 4
@@ -218,13 +236,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     what = e.what();
   }
   // Anything other than std::invalid_argument propagates and libFuzzer reports it as a crash.
-  if (judge_call(threw, what, corrupt, which, amount, views)) return 0;
+  if (judge_call(threw, what, corrupt, which, amount, views, must_name)) return 0;
   check_inputs_untouched({&q, &k, &v});
   check_padding_untouched(out);
   if (want_lse) check_padding_untouched(lse);
 #if ATTN_FUZZ_ENTRY != 4
   if (!specials && !scale_may_overflow(o)) {
-    const double vmax = max_abs(v);
+    // Dropout scales the kept weights by 1 / (1 - p): a convex combination of v's rows times that.
+    const double vmax = max_abs(v) / (1 - o.dropout_p);
     check_bounded(out, vmax * (1 + 1.0 / 64) + 1e-30, "out");
     if (want_lse) check_lse(lse);
   }
