@@ -1,14 +1,17 @@
 // libFuzzer harness for the attention entry points. Built once per entry point (ATTN_FUZZ_ENTRY, see
 // fuzz/CMakeLists.txt) with -fsanitize=fuzzer,address,undefined.
 //
-// The bytes decide everything: dtype, shapes, memory layouts, options, tile sizes / split counts, the
-// data, and whether one argument is deliberately made invalid. The properties checked:
+// The bytes decide everything: dtype, shapes, memory layouts, options (dropout included, for the entry
+// points that take it), tile sizes / split counts, the data, and whether one argument is deliberately
+// made invalid. The properties checked:
 //   * no crash and no sanitizer report (buffers are sized exactly to what each view may touch, so any
 //     read or write outside a view is a heap overflow);
 //   * a corrupted argument is rejected, and every rejection is an std::invalid_argument whose message
-//     starts with "attn::" and says more than that; after it, out and lse hold their old bytes;
+//     starts with "attn::" and says more than that (and names dropout_p / dropout_offset where those
+//     are the fault: out of range, or any dropout for split-K); after it, out and lse hold their old bytes;
 //   * an accepted call writes nothing outside out's and lse's views, and with finite inputs its
-//     outputs are finite convex combinations of v's rows (|out| <= max |v|) and lse is finite or -inf.
+//     outputs are finite convex combinations of v's rows (|out| <= max |v|, / (1 - dropout_p) with
+//     dropout) and lse is finite or -inf.
 // Any violated property aborts with a message (libFuzzer then saves the input as a crash-* file).
 #include <cmath>
 #include <cstdint>
@@ -52,8 +55,12 @@ enum Corrupt {
   kAlibiStride,
   kThreads,
   kKnob,
+  kDropout,
   kCount
 };
+
+// Split-K (and its partials) is an inference path: it takes no dropout (docs/dropout.md).
+constexpr bool kTakesDropout = ATTN_FUZZ_ENTRY <= 2;
 
 }  // namespace
 
@@ -92,6 +99,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Apply the corruption (after the data, so the data bytes stay aligned with the valid case).
   const std::uint8_t which = in.u8(), amount = in.u8();
+  draw_dropout(in, o);                  // the last bytes read: inputs from before dropout parse as they did
+  if (!kTakesDropout) o.dropout_p = 0;  // split-K's rejection of a valid rate is a kDropout corruption
+  const char* must_name = nullptr;      // the option a rejection must name, where that is the only fault
   View* tv[] = {&q, &k, &v, &out};
   View& victim = *tv[which % 4];
   std::vector<View*> views = {&q, &k, &v, &out};
@@ -111,37 +121,29 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (&victim == &k || &victim == &v) victim.t.shape[1] = -1 - amount % 2;
       break;
     case kNegStride:
-      victim.t.strides[amount % 4] = -1 - amount / 4;
+      apply_view_corruption(ViewFault::kNegStride, victim.t, amount);
       break;
     case kRank:
-      victim.t.rank = amount % 2 ? 3 : 5 + amount % 3;
+      apply_view_corruption(ViewFault::kRank, victim.t, amount);
       break;
-    case kDtypeMismatch:
-      if (&victim == &q) {
-        k.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
-      } else {
-        victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
-      }
+    case kDtypeMismatch:  // q's dtype is the one the others must match: change k's instead
+      apply_view_corruption(ViewFault::kDtypeMismatch, (&victim == &q ? k : victim).t, amount);
       break;
     case kBadDtype:
-      victim.t.dtype = static_cast<DType>(4 + amount % 200);
+      apply_view_corruption(ViewFault::kBadDtype, victim.t, amount);
       break;
     case kNullData:
-      if (SK == 0 && (&victim == &k || &victim == &v)) return 0;  // an empty view may have no data
-      victim.t.data = nullptr;
+      if (!apply_view_corruption(ViewFault::kNullData, victim.t, amount)) return 0;
       break;
-    case kOverflow:  // a shape whose extent overflows int64 (never allocated: it must be rejected)
-      victim.t.shape[amount % 4] = std::int64_t(1) << (40 + amount % 23);
-      victim.t.strides[amount % 4] = std::int64_t(1) << (40 + amount / 4 % 23);
-      if (&victim == &k) {
-        v.t.shape = k.t.shape;
-      }
+    case kOverflow:
+      apply_view_corruption(ViewFault::kOverflow, victim.t, amount);
+      if (&victim == &k) v.t.shape = k.t.shape;  // so that the overflow, not v's mismatch, is what fails
       break;
     case kHeadsNotMultiple:  // kv_heads = heads + 1 never divides heads
       k.t.shape[2] = v.t.shape[2] = H + 1;
       break;
-    case kShapeMismatch:  // k, v or out one dim larger: a mismatch with q or k (and past its buffer)
-      tv[1 + which % 3]->t.shape[amount % 4] += 1 + amount % 3;
+    case kShapeMismatch:  // k, v or out one dim larger: a mismatch with q or k
+      apply_view_corruption(ViewFault::kShapeMismatch, tv[1 + which % 3]->t, amount);
       break;
     case kOutOverlapsInput:
       out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data;
@@ -199,6 +201,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return 0;
 #endif
       break;
+    case kDropout:
+      if (!kTakesDropout && amount & 128) {  // a valid rate, which split-K must reject all the same
+        o.dropout_p = (1 + amount % 64) / 65.0;
+        must_name = "dropout_p";
+      } else {
+        must_name = corrupt_dropout(o, amount);
+      }
+      break;
   }
   const TensorView* lse_arg = want_lse || corrupt == kLseOverlap || corrupt == kLseDtype ? &lse.t : nullptr;
 #if ATTN_FUZZ_ENTRY == 4
@@ -226,13 +236,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     what = e.what();
   }
   // Anything other than std::invalid_argument propagates and libFuzzer reports it as a crash.
-  if (judge_call(threw, what, corrupt, which, amount, views)) return 0;
+  if (judge_call(threw, what, corrupt, which, amount, views, must_name)) return 0;
   check_inputs_untouched({&q, &k, &v});
   check_padding_untouched(out);
   if (want_lse) check_padding_untouched(lse);
 #if ATTN_FUZZ_ENTRY != 4
   if (!specials && !scale_may_overflow(o)) {
-    const double vmax = max_abs(v);
+    // Dropout scales the kept weights by 1 / (1 - p): a convex combination of v's rows times that.
+    const double vmax = max_abs(v) / (1 - o.dropout_p);
     check_bounded(out, vmax * (1 + 1.0 / 64) + 1e-30, "out");
     if (want_lse) check_lse(lse);
   }

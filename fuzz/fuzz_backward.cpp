@@ -1,13 +1,15 @@
 // libFuzzer harness for attention_backward (include/attn/backward.hpp), built with
 // -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt).
 //
-// The bytes decide the dtype, shapes, the layouts of all nine tensors, options, tile sizes, the data,
-// and whether one argument is deliberately made invalid: the view corruptions of fuzz_attention.cpp
-// applied to dout and the gradients, gradients that alias themselves, overlap an input or each other,
-// an lse of the wrong dtype or length, bad options and tiles. out and lse come from the reference
-// forward of the same problem. Properties (abort on violation):
-//   * a corrupted call is rejected; every rejection is std::invalid_argument with an "attn::" message,
-//     and after it every buffer (inputs and gradients) holds its old bytes;
+// The bytes decide the dtype, shapes, the layouts of all nine tensors, options (dropout on about 1
+// input in 6), tile sizes, the data, and whether one argument is deliberately made invalid: the shared
+// view corruptions (fuzz_common.hpp) applied to dout and the gradients, gradients that alias
+// themselves, overlap an input or each other, an lse of the wrong dtype or length, bad options
+// (dropout's included) and tiles. out and lse come from the reference forward of the same problem,
+// with the same dropout. Properties (abort on violation):
+//   * a corrupted call is rejected; every rejection is std::invalid_argument with an "attn::" message
+//     (naming dropout_p / dropout_offset where those are the fault), and after it every buffer (inputs
+//     and gradients) holds its old bytes;
 //   * an accepted call writes nothing but dq's, dk's and dv's elements, and leaves the inputs unchanged;
 //   * with finite inputs the gradients are finite, and in f64 they agree with the textbook backward
 //     (attention_backward_reference) to 1e-9 of the largest gradient element (plus 1e-13).
@@ -45,6 +47,7 @@ enum Corrupt {
   kWindow,
   kThreads,
   kTile,
+  kDropout,
   kCount
 };
 
@@ -107,9 +110,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fill(k, in, 1.0, specials);
   fill(v, in, 1.0, specials);
   fill(dout, in, 1.0, specials);
+  const std::uint8_t which = in.u8(), amount = in.u8();
+  draw_dropout(in, o);  // the last bytes read: inputs from before dropout parse as they did
   attention_reference(q.t, k.t, v.t, out.t, o, &lse.t);  // the forward's out and lse, before any corruption
 
-  const std::uint8_t which = in.u8(), amount = in.u8();
+  const char* must_name = nullptr;  // the option a rejection must name, where that is the only fault
   View* grads[] = {&dq, &dk, &dv};
   View* targets[] = {&dout, &dq, &dk, &dv};
   View& victim = *targets[which % 4];
@@ -118,27 +123,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kNone:
       break;
     case kNegDim:
-      victim.t.shape[amount % 4] = -1 - amount / 4 % 3;
+      apply_view_corruption(ViewFault::kNegDim, victim.t, amount);
       break;
     case kNegStride:
-      victim.t.strides[amount % 4] = -1 - amount / 4;
+      apply_view_corruption(ViewFault::kNegStride, victim.t, amount);
       break;
     case kRank:
-      victim.t.rank = amount % 2 ? 3 : 5 + amount % 3;
+      apply_view_corruption(ViewFault::kRank, victim.t, amount);
       break;
     case kDtypeMismatch:
-      victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
+      apply_view_corruption(ViewFault::kDtypeMismatch, victim.t, amount);
       break;
     case kNullData:
-      if (victim.offsets.empty()) return 0;  // an empty view may have no data
-      victim.t.data = nullptr;
+      if (!apply_view_corruption(ViewFault::kNullData, victim.t, amount)) return 0;
       break;
     case kShapeMismatch:
-      victim.t.shape[amount % 4] += 1 + amount % 3;
+      apply_view_corruption(ViewFault::kShapeMismatch, victim.t, amount);
       break;
     case kGradAliases: {
       const int dim = amount % 4;
-      if (grad.t.shape[dim] < 2) return 0;
+      // An empty gradient (dk, dv with no keys) has no elements to alias, whatever its strides.
+      if (grad.t.shape[dim] < 2 || grad.offsets.empty()) return 0;
       grad.t.strides[dim] = 0;
       break;
     }
@@ -176,6 +181,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kTile:
       (amount & 1 ? tiles.q_tile : tiles.k_tile) = -(amount / 2 % 3);
       break;
+    case kDropout:
+      must_name = corrupt_dropout(o, amount);
+      break;
   }
   std::vector<View*> views = {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv};
   snapshot(views);
@@ -187,7 +195,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     threw = true;
     what = e.what();
   }
-  if (judge_call(threw, what, corrupt, which, amount, views)) return 0;
+  if (judge_call(threw, what, corrupt, which, amount, views, must_name)) return 0;
   check_inputs_untouched({&q, &k, &v, &out, &dout, &lse});
   for (View* g : grads) check_padding_untouched(*g);
   if (!specials && !scale_may_overflow(o) && std::fabs(o.softmax_scale.value_or(1)) < 64) {

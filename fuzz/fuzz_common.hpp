@@ -101,6 +101,31 @@ inline AttentionOptions draw_options(Bytes& in, bool causal, bool use_softcap, b
   return o;
 }
 
+// Dropout (AttentionOptions::dropout_p, dropout_seed, dropout_offset) on about 1 input in 6: a byte
+// < 40, past the input's end too. Harnesses draw it after every byte they read before they had dropout,
+// so inputs written for them parse as before. p in (0, 1): k / 256, or 1e-300 (which keeps all but 1
+// in 2^32 weights); any seed; an offset < 2^32.
+inline void draw_dropout(Bytes& in, AttentionOptions& o) {
+  if (in.u8() >= 40) return;
+  const std::uint8_t b = in.u8();
+  o.dropout_p = b == 255 ? 1e-300 : (1 + b) / 256.0;
+  o.dropout_seed = 0;
+  for (int i = 0; i < 8; ++i) o.dropout_seed = o.dropout_seed << 8 | in.u8();
+  o.dropout_offset = 0;
+  for (int i = 0; i < 4; ++i) o.dropout_offset = o.dropout_offset << 8 | in.u8();
+}
+
+// Invalid dropout options (docs/robustness.md): dropout_p NaN or outside [0, 1), or dropout_offset
+// >= 2^32. Returns the option the rejection must name.
+inline const char* corrupt_dropout(AttentionOptions& o, int amount) {
+  if (amount % 8 == 7) {
+    o.dropout_offset = (std::uint64_t{1} << 32) + static_cast<std::uint64_t>(amount / 8) * 0x0123456789ull;
+    return "dropout_offset";
+  }
+  o.dropout_p = std::array<double, 7>{NAN, 1.0, -0.25, 1.5, INFINITY, -INFINITY, -1e-300}[amount % 8];
+  return "dropout_p";
+}
+
 struct View {
   std::vector<std::uint8_t> buf;      // exactly the bytes the view may touch
   std::vector<std::uint8_t> before;   // snapshot
@@ -158,6 +183,47 @@ inline View make_view(DType dt, Shape4 shape, Bytes& in, bool input, int rank = 
   return v;
 }
 
+// The corruptions of a single view that the harnesses share. Each harness numbers its own corruption
+// kinds (the order its seed corpus was written for) and maps these onto them, choosing the victim.
+enum class ViewFault { kNegDim, kNegStride, kRank, kDtypeMismatch, kBadDtype, kNullData, kOverflow, kShapeMismatch };
+
+// Makes `t` certainly invalid as `kind` says, `amount` choosing the dim and the value. Returns false
+// where the kind cannot make this view invalid (an empty view may have no data): the harness then
+// skips the input.
+inline bool apply_view_corruption(ViewFault kind, TensorView& t, int amount) {
+  const int dim = amount % t.rank;
+  switch (kind) {
+    case ViewFault::kNegDim:
+      t.shape[dim] = -1 - amount / 4 % 3;
+      break;
+    case ViewFault::kNegStride:
+      t.strides[dim] = -1 - amount / 4;
+      break;
+    case ViewFault::kRank:  // the other rank of the API (3 <-> 4), or one it never takes (2, 5, 6, 7)
+      t.rank = amount % 2 ? 7 - t.rank : t.rank == 4 ? 5 + amount % 3 : amount % 4 == 0 ? 2 : 5;
+      break;
+    case ViewFault::kDtypeMismatch:  // one of the four dtypes, but not its own (which others must share)
+      t.dtype = static_cast<DType>((static_cast<int>(t.dtype) + 1 + amount % 3) & 3);
+      break;
+    case ViewFault::kBadDtype:
+      t.dtype = static_cast<DType>(4 + amount % 200);
+      break;
+    case ViewFault::kNullData:
+      for (int i = 0; i < t.rank; ++i)
+        if (t.shape[i] == 0) return false;
+      t.data = nullptr;
+      break;
+    case ViewFault::kOverflow:  // an extent that overflows int64 (never allocated: it must be rejected)
+      t.shape[dim] = std::int64_t(1) << (40 + amount % 23);
+      t.strides[dim] = std::int64_t(1) << (40 + amount / 4 % 23);
+      break;
+    case ViewFault::kShapeMismatch:  // one dim larger: a mismatch with the view it must match, past its buffer
+      t.shape[dim] += 1 + amount % 3;
+      break;
+  }
+  return true;
+}
+
 template <class F>
 decltype(auto) with_type(DType t, F&& f) {
   return detail::dispatch_dtype(t, f);
@@ -193,13 +259,16 @@ inline void check_untouched(const std::vector<View*>& views) {
 // The verdict every harness gives a call. A rejection must carry an attn:: message and leave every
 // buffer as it was: returns true, nothing more to check. An accepted call must not have been a
 // corrupted one (corrupt < 0 is none): returns false, the harness checks the results.
-// ATTN_FUZZ_TRACE=1 prints each verdict.
+// Where the one fault is in an argument the message must name (`must_name`, e.g. "dropout_p"), a
+// rejection naming another is a violation too. ATTN_FUZZ_TRACE=1 prints each verdict.
 inline bool judge_call(bool threw, const std::string& what, int corrupt, int which, int amount,
-                       const std::vector<View*>& views) {
+                       const std::vector<View*>& views, const char* must_name = nullptr) {
   if (std::getenv("ATTN_FUZZ_TRACE"))
     std::fprintf(stderr, "corrupt %d: %s\n", corrupt, threw ? what.c_str() : "accepted");
   if (threw) {
     check_message(what);
+    if (must_name && what.find(std::string(": ") + must_name + ": ") == std::string::npos)
+      die("rejection '" + what + "' does not name " + must_name);
     check_untouched(views);  // inputs and outputs alike hold their old bytes
     return true;
   }

@@ -5,7 +5,7 @@
 // layout (dims permuted and padded, head_dim contiguous), page size, page count, block table (a
 // shuffled page assignment, unused entries -1, a row stride with garbage padding), seqlens, k_new/v_new
 // appends, num_splits, options, the data, and whether one argument is deliberately made invalid: the
-// view corruptions of fuzz_attention.cpp plus decode's own (null or negative seqlens, seqlens past the
+// shared view corruptions (fuzz_common.hpp) plus decode's own (null or negative seqlens, seqlens past the
 // capacity, block-table entries out of range, bad max_pages / block_table_stride, k_new without v_new,
 // appending into an aliased cache or into one slot from two sequences, a non-contiguous head_dim).
 // Cache slots no sequence holds are NaN, so reading one breaks the |out| bound. Properties:
@@ -205,36 +205,31 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kNone:
       break;
     case kNegDim:
-      victim.t.shape[amount % 4] = -1 - amount / 4 % 2;
+      apply_view_corruption(ViewFault::kNegDim, victim.t, amount);
       break;
     case kNegStride:
-      victim.t.strides[amount % 4] = -1 - amount / 4;
+      apply_view_corruption(ViewFault::kNegStride, victim.t, amount);
       break;
     case kRank:
-      victim.t.rank = amount % 2 ? 3 : 5 + amount % 3;
+      apply_view_corruption(ViewFault::kRank, victim.t, amount);
       break;
-    case kDtypeMismatch:
+    case kDtypeMismatch:  // q: neither the cache's nor f32; cache.k: v mismatches; out: q; the rest: cache.k
       if (&victim == &q)
         q.t.dtype = ct == DType::bf16  ? DType::f16
                     : ct == DType::f16 ? DType::bf16
                     : ct == DType::f64 ? DType::bf16
-                                       : DType::f64;  // never cache's or f32
-      else if (&victim == &out)
-        out.t.dtype = static_cast<DType>((static_cast<int>(qt) + 1 + amount % 3) & 3);
+                                       : DType::f64;
       else
-        victim.t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);  // cache.k: v mismatches; others: cache.k
+        apply_view_corruption(ViewFault::kDtypeMismatch, victim.t, amount);
       break;
     case kBadDtype:
-      victim.t.dtype = static_cast<DType>(4 + amount % 200);
+      apply_view_corruption(ViewFault::kBadDtype, victim.t, amount);
       break;
     case kNullData:
-      if (&victim == &kn && SN == 0) return 0;
-      if (!paged && cap == 0 && (&victim == &kc || &victim == &vc)) return 0;
-      victim.t.data = nullptr;
+      if (!apply_view_corruption(ViewFault::kNullData, victim.t, amount)) return 0;
       break;
     case kOverflow:
-      victim.t.shape[amount % 4] = std::int64_t(1) << (40 + amount % 23);
-      victim.t.strides[amount % 4] = std::int64_t(1) << (40 + amount / 4 % 23);
+      apply_view_corruption(ViewFault::kOverflow, victim.t, amount);
       break;
     case kHeadsNotMultiple:
       kc.t.shape[2] = vc.t.shape[2] = kn.t.shape[2] = vn.t.shape[2] = H + 1;
@@ -242,8 +237,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kShapeMismatch: {  // cache.v, out, v_new or (contiguous) cache.k's batch one larger in some dim
       View* t[] = {&vc, &out, append ? &vn : &vc, paged ? &vc : &kc};
       View* w = t[which % 4];
-      const int i = w == &kc ? 0 : amount % 4;
-      w->t.shape[i] += 1 + amount % 3;
+      if (w == &kc)  // cache.k's other dims are the ones the rest must match
+        kc.t.shape[0] += 1 + amount % 3;
+      else
+        apply_view_corruption(ViewFault::kShapeMismatch, w->t, amount);
       break;
     }
     case kOutOverlapsInput: {

@@ -3,7 +3,7 @@
 //
 // The bytes decide the dtype, the batch and each sequence's query and key counts (0 included), the
 // packed [total, heads, head_dim] layouts, options, tile sizes, the data, and whether one argument is
-// deliberately made invalid: the view corruptions of fuzz_attention.cpp plus cu_seqlens ones (null,
+// deliberately made invalid: the shared view corruptions (fuzz_common.hpp) plus cu_seqlens ones (null,
 // first entry not 0, decreasing, last entry past or short of the packed length, batch < 1) and an lse
 // of the wrong rank or leading dim. cu_seqlens arrays are heap vectors of exactly batch + 1 entries, so
 // reading past them is an ASan report. Properties (abort on violation):
@@ -114,35 +114,35 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   switch (corrupt) {
     case kNone:
       break;
-    case kNegDim:
-      victim.t.shape[amount % 3] = -1 - amount / 3 % 2;
-      if (amount % 3 && amount & 64) victim.t.shape[amount % 3] = 0;
+    case kNegDim:  // or a zero heads or head_dim (a zero packed length is valid for k and v)
+      if (amount % 3 && amount & 64)
+        victim.t.shape[amount % 3] = 0;
+      else
+        apply_view_corruption(ViewFault::kNegDim, victim.t, amount);
       break;
     case kNegStride:
-      victim.t.strides[amount % 3] = -1 - amount / 4;
+      apply_view_corruption(ViewFault::kNegStride, victim.t, amount);
       break;
     case kRank:
-      victim.t.rank = amount % 2 ? 4 : amount % 4 == 0 ? 2 : 5;
+      apply_view_corruption(ViewFault::kRank, victim.t, amount);
       break;
-    case kDtypeMismatch:
-      (&victim == &q ? k : victim).t.dtype = static_cast<DType>((flags + 1 + amount % 3) & 3);
+    case kDtypeMismatch:  // q's dtype is the one the others must match: change k's instead
+      apply_view_corruption(ViewFault::kDtypeMismatch, (&victim == &q ? k : victim).t, amount);
       break;
     case kBadDtype:
-      victim.t.dtype = static_cast<DType>(4 + amount % 200);
+      apply_view_corruption(ViewFault::kBadDtype, victim.t, amount);
       break;
     case kNullData:
-      if (TK == 0 && (&victim == &k || &victim == &v)) return 0;  // an empty view may have no data
-      victim.t.data = nullptr;
+      if (!apply_view_corruption(ViewFault::kNullData, victim.t, amount)) return 0;
       break;
     case kOverflow:
-      victim.t.shape[amount % 3] = std::int64_t(1) << (40 + amount % 23);
-      victim.t.strides[amount % 3] = std::int64_t(1) << (40 + amount / 4 % 23);
+      apply_view_corruption(ViewFault::kOverflow, victim.t, amount);
       break;
     case kHeadsNotMultiple:
       k.t.shape[1] = v.t.shape[1] = H + 1;
       break;
-    case kShapeMismatch:
-      tv[1 + which % 3]->t.shape[amount % 3] += 1 + amount % 3;
+    case kShapeMismatch:  // k, v or out one dim larger: a mismatch with q or k
+      apply_view_corruption(ViewFault::kShapeMismatch, tv[1 + which % 3]->t, amount);
       break;
     case kOutOverlapsInput:
       out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data;

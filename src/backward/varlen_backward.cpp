@@ -33,17 +33,9 @@ void attention_varlen_backward(const TensorView& q, const TensorView& k, const T
                                const std::int32_t* cu_seqlens_k, std::int64_t batch, const AttentionOptions& opts,
                                const TileOptions& tiles) {
   const char* who = "attn::attention_varlen_backward";
-  detail::check_varlen_batch(who, batch);
-  TensorView packed[8];
-  const char* const names[8] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
-  const TensorView* views[8] = {&q, &k, &v, &out, &dout, &dq, &dk, &dv};
-  for (int i = 0; i < 8; ++i) packed[i] = detail::packed_as_batch_of_one(who, names[i], *views[i]);
-  detail::check_varlen_lse(who, &lse);
-  const detail::BackwardProblem all = detail::validate_backward(who, packed[0], packed[1], packed[2], packed[3],
-                                                                packed[4], lse, packed[5], packed[6], packed[7], opts);
+  const detail::BackwardProblem all =
+      detail::validate_packed_backward(who, q, k, v, out, dout, lse, dq, dk, dv, batch, opts);
   detail::validate_tiles(who, tiles);
-  // The packed problem's batch is 1; dropout's counter word b * heads + h needs the sequence count.
-  detail::check_dropout_extent(who, all.dropout, batch, all.heads, all.seqlen_q, all.seqlen_k);
   detail::check_cu_seqlens(who, "cu_seqlens_q", cu_seqlens_q, batch, all.seqlen_q);
   detail::check_cu_seqlens(who, "cu_seqlens_k", cu_seqlens_k, batch, all.seqlen_k);
 

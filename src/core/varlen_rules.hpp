@@ -1,4 +1,4 @@
-// The argument rules of attention_varlen, shared by the CPU and CUDA entry points: packed rank-3
+// The argument rules of attention_varlen (CPU and CUDA) and attention_varlen_backward: packed rank-3
 // views, batch + 1 offsets per cu_seqlens array (0 first, non-decreasing, the last equal to the
 // packed length), lse as [1, heads, total_q].
 #pragma once
@@ -8,6 +8,7 @@
 
 #include "attn/tensor.hpp"
 #include "attn/varlen.hpp"
+#include "core/backward_problem.hpp"
 #include "core/problem.hpp"
 
 namespace attn::detail {
@@ -29,6 +30,13 @@ void check_varlen_lse(std::string_view who, const TensorView* lse);
 // where they are readable (on the CUDA backend, once copied to the host).
 Problem validate_packed(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, std::int64_t batch, const AttentionOptions& opts, const TensorView* lse);
+// The same for a varlen backward: batch, the rank-3 views of q, k, v, out, dout, dq, dk and dv (as one
+// [1, total, heads, head_dim] problem, validated by `validate_backward`) and lse, which a backward needs.
+// `lse` must outlive the result (the problem points at it).
+BackwardProblem validate_packed_backward(std::string_view who, const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const TensorView& out, const TensorView& dout,
+                                         const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                                         const TensorView& dv, std::int64_t batch, const AttentionOptions& opts);
 
 // t with dimension `dim` cut to the rows [first, first + count): a view into the same memory.
 TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::int64_t count);
