@@ -14,22 +14,32 @@ from torch import Tensor
 from . import _C
 
 
+# Tensors go to attn._C as DLPack capsules made by torch's C exporter (about 1 us each on the development
+# machine), rather than through Tensor.__dlpack__, whose Python-level checks cost about 6 us a tensor;
+# the capsule still shares the tensor's memory and strides.
+_dl = torch.utils.dlpack.to_dlpack
+
+
+def _dl_opt(t: Optional[Tensor]):
+    return None if t is None else _dl(t)
+
+
 def _lse_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
     return dict(softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
-                softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=0,
+                softcap=softcap, alibi_slopes=_dl_opt(alibi_slopes), dropout_p=dropout_p, seed=seed, offset=0,
                 num_threads=num_threads)
 
 
 def _fwd_eager(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
-               num_threads):
+               num_threads, with_lse=True):
     b, sq, h, _ = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h, sq), dtype=_lse_dtype(q), device=q.device)
-    _C.forward(q, k, v, out, lse, **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+    out = torch.empty_like(q)  # as flash-attn allocates it
+    lse = torch.empty((b, h, sq), dtype=_lse_dtype(q), device=q.device) if with_lse else None
+    _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                                         dropout_p, seed, num_threads))
     return out, lse
 
@@ -51,7 +61,7 @@ def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_
 def _bwd_eager(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                dropout_p, seed, num_threads):
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    _C.backward(q, k, v, out, dout, lse, dq, dk, dv, **_kw(softmax_scale, causal, window_left, window_right, softcap,
+    _C.backward(*map(_dl, (q, k, v, out, dout, lse, dq, dk, dv)), **_kw(softmax_scale, causal, window_left, window_right, softcap,
                                                            alibi_slopes, dropout_p, seed, num_threads))
     return dq, dk, dv
 
@@ -73,9 +83,9 @@ def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 def _varlen_fwd_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
                       softcap, alibi_slopes, dropout_p, seed, num_threads):
     total_q, h, _ = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
     lse = torch.empty((h, total_q), dtype=_lse_dtype(q), device=q.device)
-    _C.varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+    _C.varlen_forward(*map(_dl, (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)),
                       **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
                             num_threads))
     return out, lse
@@ -99,9 +109,9 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, w
 def _varlen_paged_eager(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal,
                         window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
     total_q, h, _ = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
     lse = torch.empty((h, total_q), dtype=_lse_dtype(q), device=q.device)
-    _C.varlen_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
+    _C.varlen_forward(*map(_dl, (q, k_cache, v_cache, out, lse, cu_seqlens_q, cu_seqlens_k, block_table)),
                       **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
                             num_threads))
     return out, lse
@@ -126,7 +136,7 @@ def _(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scal
 def _varlen_bwd_eager(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
                       window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    _C.varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+    _C.varlen_backward(*map(_dl, (q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k)),
                        **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
                              num_threads))
     return dq, dk, dv
@@ -211,16 +221,25 @@ class _VarlenAttention(torch.autograd.Function):
         return grads + (None, None) + (None,) * len(ctx.options)
 
 
-def attention(q, k, v, *options):
-    """(out, lse) of attn::fwd, differentiable; the custom op under torch.compile, else the Function."""
+def _needs_grad(q, k, v):
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def attention(q, k, v, *options, with_lse=True):
+    """(out, lse) of attn::fwd, differentiable; the custom op under torch.compile, else the Function, or,
+    when no gradient can flow (inference), the kernel alone, which skips lse (None) unless with_lse."""
     if torch.compiler.is_compiling():
         return fwd(q, k, v, *options)
+    if not _needs_grad(q, k, v):
+        return _fwd_eager(q, k, v, *options, with_lse=with_lse)
     return _Attention.apply(q, k, v, *options)
 
 
 def varlen_attention(q, k, v, cu_q, cu_k, *options):
     if torch.compiler.is_compiling():
         return varlen_fwd(q, k, v, cu_q, cu_k, *options)
+    if not _needs_grad(q, k, v):
+        return _varlen_fwd_eager(q, k, v, cu_q, cu_k, *options)
     return _VarlenAttention.apply(q, k, v, cu_q, cu_k, *options)
 
 

@@ -5,7 +5,7 @@ ratios (torch seconds / attn seconds: > 1 means attn is faster). Medians of repe
 python -m attn.bench --vs cpp: the cost of the Python layer. flash_attn_func's forward (no grad, and
 with inputs that require grad, through autograd) beside the same C++ call timed inside C++
 (attn._C.time_forward: attention_tiled on the same tensors, no Python in the loop); the overhead is
-the difference of the medians, the ratio C++ s / Python s.
+the difference of the medians of alternate blocks of calls, the ratio C++ s / Python s.
 
     python -m attn.bench --vs torch --seq 1024,4096 --head-dim 64,128 --dtype f32 --threads 2
     python -m attn.bench --vs cpp --seq 128,4096 --heads 8 --head-dim 64 --causal 0
@@ -20,10 +20,10 @@ import attn
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}
 
 
-def median_seconds(f, min_reps=3, min_total=0.5, max_reps=100):
+def median_seconds(f, min_reps=3, min_total=0.5):
     f()  # warm-up
     times = []
-    while len(times) < min_reps or (sum(times) < min_total and len(times) < max_reps):
+    while len(times) < min_reps or (sum(times) < min_total and len(times) < 100):
         t0 = time.perf_counter()
         f()
         times.append(time.perf_counter() - t0)
@@ -42,19 +42,27 @@ def measure(fn, q, k, v, dout, train):
     return median_seconds(step)
 
 
-def cpp_seconds(q, k, v, causal, threads, min_total=0.5):
-    """The median of attention_tiled's own time on these tensors (timed in C++), as many calls as
-    median_seconds would make."""
+def interleaved_medians(q, k, v, causal, threads, f, min_total=1.0, block=100):
+    """Median seconds of the C++ call (attention_tiled on q, k, v, timed inside C++ by attn._C.time_forward)
+    and of f(), in alternate blocks of back-to-back calls (a caller's hot loop), so that both see the same
+    machine: on a shared machine the drift between two separate runs is larger than the overhead."""
     out, lse = torch.empty_like(q), torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
     once = attn._C.time_forward(q, k, v, out, lse, 1, causal=causal, num_threads=threads)[0]
-    reps = max(3, min(2000, int(min_total / max(once, 1e-7))))
-    times = sorted(attn._C.time_forward(q, k, v, out, lse, reps, causal=causal, num_threads=threads))
-    return times[len(times) // 2]
+    block = max(1, min(block, int(0.05 / max(once, 1e-7))))
+    base, py = [], []
+    while len(base) < 5 * block or sum(base) + sum(py) < min_total:
+        base += attn._C.time_forward(q, k, v, out, lse, block, causal=causal, num_threads=threads)
+        f()  # warm-up of the block
+        for _ in range(block):
+            t0 = time.perf_counter()
+            f()
+            py.append(time.perf_counter() - t0)
+    return sorted(base)[len(base) // 2], sorted(py)[len(py) // 2]
 
 
 def vs_cpp(args, dtype):
     print(f"attn {attn.__version__} Python layer vs the C++ call: dtype {args.dtype}, batch {args.batch}, "
-          f"heads {args.heads}, threads {args.threads}; overhead = Python median - C++ median")
+          f"heads {args.heads}, threads {args.threads}; overhead = Python median - C++ median (alternate blocks)")
     print(f"{'seq':>6} {'d':>4} {'causal':>6} {'call':>9} {'C++ us':>10} {'Python us':>10} {'overhead us':>11} "
           f"{'C++/Py':>7}", flush=True)
     for d in args.head_dim:
@@ -62,12 +70,11 @@ def vs_cpp(args, dtype):
             for c in args.causal:
                 shape = (args.batch, s, args.heads, d)
                 q, k, v = (torch.randn(shape, dtype=dtype) for _ in range(3))
-                base = cpp_seconds(q, k, v, bool(c), args.threads)
                 qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
                 calls = (("no grad", lambda: attn.flash_attn_func(q, k, v, causal=bool(c))),
                          ("autograd", lambda: attn.flash_attn_func(qg, kg, vg, causal=bool(c))))
                 for name, f in calls:
-                    py = median_seconds(f, max_reps=2000)
+                    base, py = interleaved_medians(q, k, v, bool(c), args.threads, f)
                     print(f"{s:>6} {d:>4} {'yes' if c else 'no':>6} {name:>9} {base * 1e6:>10.1f} {py * 1e6:>10.1f} "
                           f"{(py - base) * 1e6:>11.1f} {base / py:>7.3f}", flush=True)
 

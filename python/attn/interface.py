@@ -67,8 +67,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     if type(q).__module__ == "numpy":
         out, lse = _numpy_forward(q, k, v, opts)
     else:
-        from . import _ops
-        out, lse = _ops.attention(q, k, v, *opts)
+        from . import _ops  # torch is needed only for torch tensors
+        out, lse = _ops.attention(q, k, v, *opts, with_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs, opts, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
 
 

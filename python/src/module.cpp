@@ -145,7 +145,8 @@ struct Options {
 
 // algorithm: "tiled" (the production kernel; q_tile/k_tile 0 = plan_tiles' choice), "reference" (the
 // textbook method, the oracle) or "splitk" (num_splits slices per row).
-void forward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+// lse may be None (inference that does not return it).
+void forward(const Array& q, const Array& k, const Array& v, const Array& out, std::optional<Array> lse,
              const std::string& algorithm, std::int64_t q_tile, std::int64_t k_tile, std::int64_t num_splits,
              std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
              std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads) {
@@ -153,16 +154,19 @@ void forward(const Array& q, const Array& k, const Array& v, const Array& out, c
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
   const TensorView qv = view_of(who, "q", q, 4), kv = view_of(who, "k", k, 4), vv = view_of(who, "v", v, 4),
-                   ov = view_of(who, "out", out, 4), lv = view_of(who, "lse", lse, 3);
+                   ov = view_of(who, "out", out, 4);
+  TensorView lv;
+  if (lse) lv = view_of(who, "lse", *lse, 3);
+  const TensorView* lp = lse ? &lv : nullptr;
   attn::TileOptions tiles;
   if (q_tile != 0) tiles.q_tile = q_tile;
   if (k_tile != 0) tiles.k_tile = k_tile;
   if (algorithm != "tiled" && algorithm != "reference" && algorithm != "splitk")
     reject(who, "algorithm", "must be tiled, reference or splitk, got " + algorithm);
   nb::gil_scoped_release unlocked;
-  if (algorithm == "reference") return attn::attention_reference(qv, kv, vv, ov, o, &lv);
-  if (algorithm == "splitk") return attn::attention_splitk(qv, kv, vv, ov, o, {num_splits}, &lv);
-  attn::attention_tiled(qv, kv, vv, ov, o, tiles, &lv);
+  if (algorithm == "reference") return attn::attention_reference(qv, kv, vv, ov, o, lp);
+  if (algorithm == "splitk") return attn::attention_splitk(qv, kv, vv, ov, o, {num_splits}, lp);
+  attn::attention_tiled(qv, kv, vv, ov, o, tiles, lp);
 }
 
 // The C++ call's own time, for `python -m attn.bench --vs cpp`: attention_tiled on the same arrays
@@ -374,7 +378,7 @@ NB_MODULE(_C, m) {
       PyErr_SetString(attn_error, e.what());
     }
   });
-  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("algorithm") = "tiled", nb::arg("q_tile") = 0, nb::arg("k_tile") = 0, nb::arg("num_splits") = 1,
         ATTN_OPTION_ARGS,
         "attention_tiled (or _reference, _splitk) into out and lse (rank-4 q, k, v, out; lse [batch, heads, "
