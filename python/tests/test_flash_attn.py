@@ -215,3 +215,14 @@ def test_torch_compile_fullgraph_matches_eager():
     g_eager = torch.autograd.grad(eager.sum(), (q, k, v))
     g_compiled = torch.autograd.grad(compiled(q, k, v).sum(), (q, k, v))
     assert all(torch.equal(a, b) for a, b in zip(g_eager, g_compiled))
+
+
+def test_inference_calls_match_the_autograd_path():
+    q, k, v = random_qkv(2, 40, 57, 4, 2, 32, torch.float32, seed=6)
+    with_grad, lse, _ = attn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    with torch.no_grad():
+        plain = attn.flash_attn_func(q, k, v, causal=True)
+        plain_lse = attn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[1]
+    detached = attn.flash_attn_func(q.detach(), k.detach(), v.detach(), causal=True)
+    assert with_grad.requires_grad and not plain.requires_grad and not detached.requires_grad
+    assert torch.equal(plain, with_grad.detach()) and torch.equal(detached, plain) and torch.equal(plain_lse, lse)
