@@ -9,6 +9,12 @@
 // gradient. Dropout (docs/dropout.md): every backward regenerates the forward's mask from the options.
 // A query row that sees no key contributes nothing and gets dq = 0.
 //
+// Sinks (AttentionOptions::sinks): the forward's lse includes the sink, so P = exp(S - lse) are the true
+// weights and dq, dk, dv need nothing more. dsink (optional; needs sinks) receives d loss / d sinks[h]:
+// -sum over the batch and rows of head h of exp(sinks[h] - lse) (dout . out), written (not added to),
+// a rank-3 view [1, heads, 1] in lse's dtype (TensorView::contiguous(ptr, 1, heads, 1)); summed in a
+// fixed order, so bitwise the same for any thread count. Varlen sums it over every sequence.
+//
 // Every argument is validated before anything is written: a bad one throws std::invalid_argument whose
 // message names the function, the argument and the rule, and leaves dq, dk and dv untouched. out and
 // lse follow the forward's output rules (distinct addresses, no overlap with q, k, v, or each other);
@@ -27,7 +33,8 @@ namespace attn {
 // Tiles unset: plan_tiles' choice for the forward (attention.hpp).
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv, const AttentionOptions& opts = {}, const TileOptions& tiles = {});
+                        const TensorView& dv, const AttentionOptions& opts = {}, const TileOptions& tiles = {},
+                        const TensorView* dsink = nullptr);
 
 // The backward of attention_varlen (varlen.hpp): q, out, dout, dq [total_q, heads, head_dim]; k, v, dk,
 // dv [total_k, kv_heads, head_dim]; lse [1, heads, total_q] (required: the forward's). cu_seqlens_q and
@@ -39,7 +46,7 @@ void attention_varlen_backward(const TensorView& q, const TensorView& k, const T
                                const TensorView& dout, const TensorView& lse, const TensorView& dq,
                                const TensorView& dk, const TensorView& dv, const std::int32_t* cu_seqlens_q,
                                const std::int32_t* cu_seqlens_k, std::int64_t batch, const AttentionOptions& opts = {},
-                               const TileOptions& tiles = {});
+                               const TileOptions& tiles = {}, const TensorView* dsink = nullptr);
 
 // The textbook backward, the oracle: per (batch, head) it materialises P = exp(S - lse), dP = dO V^T and
 // dS = P * (dP - rowsum(dO * O)) (seqlen_q x seqlen_k each), then dV = P^T dO, dQ = dS K, dK = dS^T Q
@@ -47,6 +54,7 @@ void attention_varlen_backward(const TensorView& q, const TensorView& k, const T
 // (f64 for f64: the oracle; f32 otherwise: the textbook method at that precision).
 void attention_backward_reference(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                   const TensorView& dout, const TensorView& lse, const TensorView& dq,
-                                  const TensorView& dk, const TensorView& dv, const AttentionOptions& opts = {});
+                                  const TensorView& dk, const TensorView& dv, const AttentionOptions& opts = {},
+                                  const TensorView* dsink = nullptr);
 
 }  // namespace attn

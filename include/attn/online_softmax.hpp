@@ -113,6 +113,27 @@ ATTN_HOST_DEVICE inline void merge(RowState<Acc> a, const RowState<Acc>& b) {
   for (std::int64_t c = 0; c < a.dim; ++c) a.o[c] = a.o[c] * fa + b.o[c] * fb;
 }
 
+// An attention sink (gpt-oss): one logit per head that joins every row's softmax denominator and has
+// no value row. Folding it is folding one key of score `sink` whose value row is zero, so o only
+// rescales; -inf (no sink) leaves the state unchanged bitwise, NaN poisons it, +inf makes it NaN (as
+// a +inf score does). Applied once, to the state of all of a row's keys (after every merge), right
+// before finalize: partial states (split-K slices, decode splits, ranks) never hold it, or a merge
+// would count it twice. The lse that finalize then returns includes the sink, so out = sum_i
+// exp(s_i - lse) v_i still holds and the backward's P = exp(S - lse) are the true weights.
+template <class Acc>
+ATTN_HOST_DEVICE inline void fold_sink(RowState<Acc> s, Acc sink) {
+  if (is_poisoned(s) || sink == -std::numeric_limits<Acc>::infinity()) return;
+  if (sink != sink) return poison(s);
+  const Acc m_new = sink > *s.m ? sink : *s.m;
+  const Acc alpha = rescale_factor(*s.m, m_new);
+  if (alpha != Acc(1)) {
+    *s.l *= alpha;
+    for (std::int64_t c = 0; c < s.dim; ++c) s.o[c] *= alpha;
+  }
+  *s.m = m_new;
+  *s.l += std::exp(sink - m_new);
+}
+
 // The attention output o / l and the row's log-sum-exp m + log(l). A state that saw no unmasked key
 // (l = 0) gives out = 0 and lse = -inf, as flash-attn does for fully masked rows; a poisoned state
 // gives NaN.

@@ -24,6 +24,15 @@ struct AttentionOptions {
   // set of slopes across the batch. nullptr = off.
   const float* alibi_slopes = nullptr;
   std::int64_t alibi_batch_stride = 0;
+  // Attention sinks (gpt-oss; FlashAttention-3's s_aux): sinks[h], f32, one learned logit per query head
+  // that joins the softmax denominator of every row of head h and has no value row:
+  //   out_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(sinks[h]))
+  // The sink is a raw logit (not scaled, capped, biased or masked), dropout never drops it, and the lse
+  // includes it (log(sum_j exp(s_ij) + exp(sinks[h]))), so out and lse keep their usual relation and a
+  // row that sees no key gets out = 0, lse = sinks[h]. -inf means no sink for that head. nullptr = off.
+  // Accepted by every CPU entry point (split-K and decode fold it in once, after their merges) and the
+  // backward (its gradient dsink); the CUDA backend rejects it.
+  const float* sinks = nullptr;
   // Threads for this call; 0 = all available (OpenMP's default). Results do not depend on it.
   int num_threads = 0;
   // Dropout on the attention weights (flash-attn's dropout_p), for training: each softmax weight P_ij

@@ -132,10 +132,12 @@ void run(const BackwardProblem& p) {
 
 void attention_backward_reference(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                   const TensorView& dout, const TensorView& lse, const TensorView& dq,
-                                  const TensorView& dk, const TensorView& dv, const AttentionOptions& opts) {
+                                  const TensorView& dk, const TensorView& dv, const AttentionOptions& opts,
+                                  const TensorView* dsink) {
   const BackwardProblem p =
-      detail::validate_backward("attn::attention_backward_reference", q, k, v, out, dout, lse, dq, dk, dv, opts);
+      detail::validate_backward("attn::attention_backward_reference", q, k, v, out, dout, lse, dq, dk, dv, opts, dsink);
   detail::dispatch_dtype(p.dtype, [&]<class T>() { run<T>(p); });
+  if (dsink) detail::sink_gradient({p}, *dsink);
 }
 
 }  // namespace attn

@@ -9,11 +9,13 @@ namespace attn {
 
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv, const AttentionOptions& opts, const TileOptions& tiles) {
+                        const TensorView& dv, const AttentionOptions& opts, const TileOptions& tiles,
+                        const TensorView* dsink) {
   const char* who = "attn::attention_backward";
-  const detail::BackwardProblem p = detail::validate_backward(who, q, k, v, out, dout, lse, dq, dk, dv, opts);
+  const detail::BackwardProblem p = detail::validate_backward(who, q, k, v, out, dout, lse, dq, dk, dv, opts, dsink);
   detail::validate_tiles(who, tiles);
   detail::run_backward({p}, tiles, detail::resolve_threads(p.num_threads));
+  if (dsink) detail::sink_gradient({p}, *dsink);
 }
 
 }  // namespace attn

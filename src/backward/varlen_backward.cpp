@@ -31,10 +31,10 @@ void attention_varlen_backward(const TensorView& q, const TensorView& k, const T
                                const TensorView& dout, const TensorView& lse, const TensorView& dq,
                                const TensorView& dk, const TensorView& dv, const std::int32_t* cu_seqlens_q,
                                const std::int32_t* cu_seqlens_k, std::int64_t batch, const AttentionOptions& opts,
-                               const TileOptions& tiles) {
+                               const TileOptions& tiles, const TensorView* dsink) {
   const char* who = "attn::attention_varlen_backward";
   const detail::BackwardProblem all =
-      detail::validate_packed_backward(who, q, k, v, out, dout, lse, dq, dk, dv, batch, opts);
+      detail::validate_packed_backward(who, q, k, v, out, dout, lse, dq, dk, dv, batch, opts, dsink);
   detail::validate_tiles(who, tiles);
   detail::check_cu_seqlens(who, "cu_seqlens_q", cu_seqlens_q, batch, all.seqlen_q);
   detail::check_cu_seqlens(who, "cu_seqlens_k", cu_seqlens_k, batch, all.seqlen_k);
@@ -59,6 +59,7 @@ void attention_varlen_backward(const TensorView& q, const TensorView& k, const T
     problems.push_back(p);
   }
   detail::run_backward(problems, tiles, detail::resolve_threads(opts.num_threads));
+  if (dsink) detail::sink_gradient(problems, *dsink);  // sequences without queries add nothing
   for (const detail::BackwardProblem& p : without_queries)
     detail::dispatch_dtype(p.dtype, [&]<class T>() {
       zero_rows<T>(p.dk);

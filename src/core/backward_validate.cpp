@@ -27,7 +27,7 @@ void require_shape(std::string_view who, std::string_view arg, const TensorView&
 BackwardProblem validate_backward(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const TensorView& dout, const TensorView& lse,
                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                  const AttentionOptions& opts) {
+                                  const AttentionOptions& opts, const TensorView* dsink) {
   BackwardProblem p{};
   static_cast<Problem&>(p) = validate(who, q, k, v, &out, opts, &lse);
   const Span s_dout = check_view(who, "dout", dout, 4, false);
@@ -58,6 +58,22 @@ BackwardProblem validate_backward(std::string_view who, const TensorView& q, con
       if (overlaps(grads[g].second, grads[e].second))
         fail(who, grads[g].first, std::string("overlaps ") + grads[e].first);
   }
+  if (dsink) {
+    if (!opts.sinks) fail(who, "dsink", "needs sinks (it is their gradient; AttentionOptions::sinks is null)");
+    const Span s = check_view(who, "dsink", *dsink, 3, false);
+    if (dsink->shape[0] != 1 || dsink->shape[1] != p.heads || dsink->shape[2] != 1)
+      fail(who, "dsink", "must be [1, heads = " + std::to_string(p.heads) + ", 1]");
+    if (dsink->dtype != lse.dtype)
+      fail(who, "dsink",
+           "dtype must match lse's (" + std::string(dtype_name(lse.dtype)) + "), got " +
+               std::string(dtype_name(dsink->dtype)));
+    check_no_self_alias(who, "dsink", *dsink);
+    for (const auto& [name, o] : inputs)
+      if (overlaps(s, o)) fail(who, "dsink", std::string("overlaps input ") + name);
+    for (const auto& [name, o] : grads)
+      if (overlaps(s, o)) fail(who, "dsink", std::string("overlaps ") + name);
+  }
+  p.dsink = dsink;
   p.dout = dout;
   p.dq = dq;
   p.dk = dk;

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
 
@@ -24,11 +25,16 @@ struct ScoreRule {
   std::int64_t window_right = -1;       // -1 = unbounded; causal is folded in as 0
   const float* alibi_slopes = nullptr;  // slope of (b, h) = alibi_slopes[b * alibi_batch_stride + h]
   std::int64_t alibi_batch_stride = 0;  // 0: one set of slopes for the whole batch
+  const float* sinks = nullptr;         // sink logit of query head h = sinks[h]; nullptr = none
 
   // Whether any transform beyond the scale applies (kernels pick their fast path on it).
   ATTN_HOST_DEVICE bool transforms_scores() const { return softcap > 0 || alibi_slopes != nullptr; }
   ATTN_HOST_DEVICE float alibi_slope(std::int64_t b, std::int64_t h) const {
     return alibi_slopes ? alibi_slopes[b * alibi_batch_stride + h] : 0.0f;
+  }
+  // Head h's sink logit (AttentionOptions::sinks), -inf without sinks: fold_sink's argument.
+  ATTN_HOST_DEVICE float sink(std::int64_t h) const {
+    return sinks ? sinks[h] : -std::numeric_limits<float>::infinity();
   }
   // The rule of sequence b of a batch, as a batch of one (varlen's and decode's per-sequence problems).
   ATTN_HOST_DEVICE ScoreRule for_sequence(std::int64_t b) const {

@@ -50,10 +50,12 @@ inline void score_row(const Problem& p, A* scores, const A* q, const A* k_tile, 
   }
 }
 
-// Finalises one row's state into out[b, i, h, :] (converted to T) and lse[b, h, i] when requested.
-// `tmp` holds d accumulator values.
+// Finalises one row's state, the state of all its keys, into out[b, i, h, :] (converted to T) and
+// lse[b, h, i] when requested, with head h's sink folded in first (the one place the tiled, split-K and
+// varlen paths add it). `tmp` holds d accumulator values.
 template <class T, class A>
 inline void store_row(const Problem& p, RowState<A> s, A* tmp, std::int64_t b, std::int64_t i, std::int64_t h) {
+  fold_sink(s, static_cast<A>(p.rule.sink(h)));
   const A lse = finalize(s, tmp);
   T* dst = row_ptr<T>(p.out, b, i, h);
   const std::int64_t cs = p.out.strides[3];

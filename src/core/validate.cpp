@@ -141,6 +141,7 @@ ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& op
   rule.window_right = opts.causal ? 0 : opts.window_right;
   rule.alibi_slopes = opts.alibi_slopes;
   rule.alibi_batch_stride = opts.alibi_batch_stride;
+  rule.sinks = opts.sinks;
   DropoutRule dropout;
   if (opts.dropout_p > 0) {
     dropout.p = opts.dropout_p;

@@ -54,7 +54,8 @@ Problem validate_packed(std::string_view who, const TensorView& q, const TensorV
 BackwardProblem validate_packed_backward(std::string_view who, const TensorView& q, const TensorView& k,
                                          const TensorView& v, const TensorView& out, const TensorView& dout,
                                          const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                                         const TensorView& dv, std::int64_t batch, const AttentionOptions& opts) {
+                                         const TensorView& dv, std::int64_t batch, const AttentionOptions& opts,
+                                         const TensorView* dsink) {
   check_varlen_batch(who, batch);
   // In argument order, so that of several views of the wrong rank the first is named.
   const TensorView q4 = packed_as_batch_of_one(who, "q", q), k4 = packed_as_batch_of_one(who, "k", k),
@@ -62,7 +63,7 @@ BackwardProblem validate_packed_backward(std::string_view who, const TensorView&
                    do4 = packed_as_batch_of_one(who, "dout", dout), dq4 = packed_as_batch_of_one(who, "dq", dq),
                    dk4 = packed_as_batch_of_one(who, "dk", dk), dv4 = packed_as_batch_of_one(who, "dv", dv);
   check_varlen_lse(who, &lse);
-  BackwardProblem p = validate_backward(who, q4, k4, v4, o4, do4, lse, dq4, dk4, dv4, opts);
+  BackwardProblem p = validate_backward(who, q4, k4, v4, o4, do4, lse, dq4, dk4, dv4, opts, dsink);
   check_dropout_extent(who, p.dropout, batch, p.heads, p.seqlen_q, p.seqlen_k);  // as validate_packed
   return p;
 }

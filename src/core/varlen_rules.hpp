@@ -36,7 +36,8 @@ Problem validate_packed(std::string_view who, const TensorView& q, const TensorV
 BackwardProblem validate_packed_backward(std::string_view who, const TensorView& q, const TensorView& k,
                                          const TensorView& v, const TensorView& out, const TensorView& dout,
                                          const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                                         const TensorView& dv, std::int64_t batch, const AttentionOptions& opts);
+                                         const TensorView& dv, std::int64_t batch, const AttentionOptions& opts,
+                                         const TensorView* dsink = nullptr);
 
 // t with dimension `dim` cut to the rows [first, first + count): a view into the same memory.
 TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::int64_t count);

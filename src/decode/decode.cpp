@@ -240,11 +240,13 @@ class ItemWorker {
 };
 
 // Step 5: the merged state of query row `row` (= hk * R + hh * seqlen_q + i: query head hk * group + hh,
-// query i) of sequence b, finalised into out and lse. `tmp` holds head_dim values.
+// query i) of sequence b, with head h's sink folded in once, finalised into out and lse. `tmp` holds
+// head_dim values.
 template <class A>
 void finalize_row(const DecodeProblem& p, RowState<A> s, std::int64_t b, std::int64_t row, A* tmp) {
-  const A lse = finalize(s, tmp);
   const std::int64_t h = row / p.seqlen_q, i = row % p.seqlen_q;
+  fold_sink(s, static_cast<A>(p.rule.sink(h)));
+  const A lse = finalize(s, tmp);
   dispatch_dtype(p.q_dtype, [&]<class O>() {
     O* dst = row_ptr<O>(p.out, b, i, h);
     for (std::int64_t c = 0; c < p.head_dim; ++c) dst[c * p.out.strides[3]] = store<O>(tmp[c]);

@@ -1,9 +1,10 @@
 // Algorithm 0, the textbook method, kept deliberately plain: it is the oracle.
 //   S = q k^T * scale        (seqlen_q x seqlen_k, materialised)
-//   P = softmax(S) row-wise  (each row: subtract its max, exponentiate, divide by the sum)
+//   P = softmax(S) row-wise  (each row: subtract its max, exponentiate, divide by the sum; a sink logit,
+//                            when given, is one more entry of the row whose weight multiplies no value)
 //   out = (P o Z / (1 - p)) v  Z the dropout keep mask (core/dropout.hpp); with dropout off, out = P v
-// Masked entries of S are -inf; a row with no visible key gets out = 0 and lse = -inf. lse is the
-// undropped softmax's.
+// Masked entries of S are -inf; a row with no visible key gets out = 0 and lse = -inf (the sink, with
+// one). lse is the undropped softmax's, sink included.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -42,13 +43,17 @@ void run(const detail::Problem& p) {
       // Softmax of the row, the textbook way, over the keys the row sees (masked keys are skipped, not
       // weighted by 0, so a NaN or Inf in a value row the row cannot see does not reach it). A NaN
       // score makes the max NaN (the comparison keeps it) and so the whole row NaN.
+      // The sink (-inf without one) is one more logit of the row, with no value.
       const std::int64_t lo = p.first_key(i), hi = std::max(lo, p.end_key(i));
+      const A sink = static_cast<A>(p.rule.sink(h));
       A m = -std::numeric_limits<A>::infinity();
       for (std::int64_t j = lo; j < hi; ++j) m = (s[j] > m || s[j] != s[j]) && m == m ? s[j] : m;
+      m = (sink > m || sink != sink) && m == m ? sink : m;
       const bool empty = m == -std::numeric_limits<A>::infinity();
       A sum = 0;
       if (!empty) {
         for (std::int64_t j = lo; j < hi; ++j) sum += (s[j] = std::exp(s[j] - m));
+        sum += std::exp(sink - m);
         for (std::int64_t j = lo; j < hi; ++j) s[j] /= sum;
         // Dropped weights become 0, kept ones P / (1 - p); the sum (and so lse) stays undropped.
         if (p.dropout.enabled()) p.dropout.scale_row(b, h, i, lo, hi, s + lo, 1);
