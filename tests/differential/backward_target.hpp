@@ -24,7 +24,7 @@ namespace attn::fuzz {
 template <class T>
 std::string check_backward(Config c) {
   const DType t = dtype_of<T>(), lt = t == DType::f64 ? DType::f64 : DType::f32;
-  if (!c.alibi.empty()) c.opts.alibi_slopes = c.alibi.data();
+  bind_arrays(c);
   Rng r(mix(c.seed) ^ 0xbac4);
   const std::int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, H = c.heads, HK = c.kv_heads, D = c.head_dim;
   const std::array<std::int64_t, 4> qs{B, SQ, H, D}, ks{B, SK, HK, D};

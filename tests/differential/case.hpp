@@ -36,6 +36,7 @@ struct Config {
   std::int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads = 1, kv_heads = 1, head_dim = 1;
   AttentionOptions opts;
   std::vector<float> alibi;  // slopes backing opts.alibi_slopes (rebound by the user of the config)
+  std::vector<float> sinks;  // logits backing opts.sinks (rebound likewise, by bind_arrays)
   double amplitude = 1.0;    // q and k entries uniform in [-amplitude, amplitude]; v in [-1, 1]
   bool want_lse = false;
   Layout lq, lk, lv, lout, llse;
@@ -65,7 +66,7 @@ inline std::string describe(const Config& c) {
     << " sk=" << c.seqlen_k << " h=" << c.heads << " hk=" << c.kv_heads << " d=" << c.head_dim
     << " causal=" << c.opts.causal << " window=(" << c.opts.window_left << "," << c.opts.window_right << ")"
     << " softcap=" << c.opts.softcap << " alibi=" << (c.alibi.empty() ? "off" : "on")
-    << " alibi_bstride=" << c.opts.alibi_batch_stride
+    << " alibi_bstride=" << c.opts.alibi_batch_stride << " sinks=" << (c.sinks.empty() ? "off" : "on")
     << " scale=" << (c.opts.softmax_scale ? std::to_string(*c.opts.softmax_scale) : "default") << " amp=" << c.amplitude
     << " dropout=" << c.opts.dropout_p << "/" << c.opts.dropout_seed << "/" << c.opts.dropout_offset
     << " threads=" << c.opts.num_threads << "/" << c.alt_threads << " lse=" << c.want_lse
@@ -174,7 +175,18 @@ inline Config generate(std::uint64_t seed) {
     o.dropout_seed = static_cast<std::uint64_t>(r.engine()());
     o.dropout_offset = static_cast<std::uint64_t>(r.uniform(0, std::numeric_limits<std::uint32_t>::max()));
   }
+  // Sinks, drawn after dropout for the same reason: around the logits' range, some heads without one.
+  if (r.chance(0.15)) {
+    c.sinks.resize(static_cast<std::size_t>(c.heads));
+    for (auto& s : c.sinks) s = r.chance(0.2) ? -INFINITY : static_cast<float>(r.real(-4, 6));
+  }
   return c;
+}
+
+// Points the options at the config's own arrays (ALiBi slopes, sinks), after a copy of the config.
+inline void bind_arrays(Config& c) {
+  if (!c.alibi.empty()) c.opts.alibi_slopes = c.alibi.data();
+  if (!c.sinks.empty()) c.opts.sinks = c.sinks.data();
 }
 
 // The rounding slack of the accuracy rule for f32-accumulated types, beyond twice the textbook error, in

@@ -21,7 +21,7 @@ namespace attn::fuzz {
 template <class T>
 std::string check_decode(Config c, bool paged) {
   using A = detail::Acc<T>;
-  if (!c.alibi.empty()) c.opts.alibi_slopes = c.alibi.data();
+  bind_arrays(c);
   Rng r(mix(c.seed) ^ 0xdec0de);
   const std::int64_t B = c.batch, SQ = std::min<std::int64_t>(c.seqlen_q, 4), H = c.heads, HK = c.kv_heads,
                      D = c.head_dim, cap = std::max<std::int64_t>(c.seqlen_k, 1);

@@ -39,7 +39,7 @@ template <class T>
 std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
   const DType t = dtype_of<T>();
   const DType lt = t == DType::f64 ? DType::f64 : DType::f32;
-  if (!c.alibi.empty()) c.opts.alibi_slopes = c.alibi.data();
+  bind_arrays(c);
   Rng r(mix(c.seed) ^ 0x5eed);
   Buffer q = make_buffer(t, {c.batch, c.seqlen_q, c.heads, c.head_dim}, 4, c.lq);
   Buffer k = make_buffer(t, {c.batch, c.seqlen_k, c.kv_heads, c.head_dim}, 4, c.lk);

@@ -60,7 +60,7 @@ std::string check_varlen(Config c) {
     c.alibi.resize(static_cast<std::size_t>(B * H));
     for (auto& s : c.alibi) s = static_cast<float>(r.real(0, 1));
   }
-  if (!c.alibi.empty()) c.opts.alibi_slopes = c.alibi.data();
+  bind_arrays(c);
   std::vector<std::int32_t> cu_q(static_cast<std::size_t>(B + 1), 0), cu_k = cu_q;
   for (std::int64_t b = 0; b < B; ++b) {
     cu_q[b + 1] = cu_q[b] + static_cast<std::int32_t>(r.chance(0.15) ? 0 : r.uniform(1, c.seqlen_q));
