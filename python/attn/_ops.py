@@ -28,92 +28,108 @@ def _lse_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
+def _kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     return dict(softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
                 softcap=softcap, alibi_slopes=_dl_opt(alibi_slopes), dropout_p=dropout_p, seed=seed, offset=0,
-                num_threads=num_threads)
+                num_threads=num_threads, sinks=_dl_opt(sinks))
+
+
+def _dsink(sinks: Optional[Tensor], lse: Tensor) -> Optional[Tensor]:
+    """The buffer the backward writes the sinks' gradient into (lse's dtype), or None without sinks."""
+    return None if sinks is None else torch.empty(sinks.shape, dtype=lse.dtype, device=lse.device)
+
+
+def _fake_sink_grad(sinks: Optional[Tensor], like: Tensor) -> Tensor:
+    return sinks.new_empty(sinks.shape) if sinks is not None else like.new_empty((0,), dtype=torch.float32)
+
+
+def _sink_grad(sinks: Optional[Tensor], dsink: Optional[Tensor]) -> Tensor:
+    """The gradient as the ops return it: in the sinks' dtype, or an empty tensor without sinks (custom ops
+    cannot return None)."""
+    return dsink.to(sinks.dtype) if sinks is not None else torch.empty(0)
 
 
 def _fwd_eager(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
-               num_threads, with_lse=True):
+               num_threads, sinks, with_lse=True):
     b, sq, h, _ = q.shape
     out = torch.empty_like(q)  # as flash-attn allocates it
     lse = torch.empty((b, h, sq), dtype=_lse_dtype(q), device=q.device) if with_lse else None
     _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                                        dropout_p, seed, num_threads))
+                                        dropout_p, seed, num_threads, sinks))
     return out, lse
 
 
 @torch.library.custom_op("attn::fwd", mutates_args=(), device_types="cpu")
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
         window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
-        num_threads: int) -> Tuple[Tensor, Tensor]:
+        num_threads: int, sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     return _fwd_eager(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                      seed, num_threads)
+                      seed, num_threads, sinks)
 
 
 @fwd.register_fake
-def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
+def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     b, sq, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, h, sq), dtype=_lse_dtype(q))
 
 
 def _bwd_eager(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-               dropout_p, seed, num_threads):
+               dropout_p, seed, num_threads, sinks):
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    _C.backward(*map(_dl, (q, k, v, out, dout, lse, dq, dk, dv)), **_kw(softmax_scale, causal, window_left, window_right, softcap,
-                                                           alibi_slopes, dropout_p, seed, num_threads))
-    return dq, dk, dv
+    dsink = _dsink(sinks, lse)
+    _C.backward(*map(_dl, (q, k, v, out, dout, lse, dq, dk, dv)), _dl_opt(dsink), **_kw(softmax_scale, causal, window_left, window_right, softcap,
+                                                           alibi_slopes, dropout_p, seed, num_threads, sinks))
+    return dq, dk, dv, _sink_grad(sinks, dsink)
 
 
 @torch.library.custom_op("attn::bwd", mutates_args=(), device_types="cpu")
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: Optional[float],
         causal: bool, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-        dropout_p: float, seed: int, num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+        dropout_p: float, seed: int, num_threads: int, sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _bwd_eager(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-                      alibi_slopes, dropout_p, seed, num_threads)
+                      alibi_slopes, dropout_p, seed, num_threads, sinks)
 
 
 @bwd.register_fake
 def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-      seed, num_threads):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      seed, num_threads, sinks):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _fake_sink_grad(sinks, q)
 
 
 def _varlen_fwd_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
-                      softcap, alibi_slopes, dropout_p, seed, num_threads):
+                      softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((h, total_q), dtype=_lse_dtype(q), device=q.device)
     _C.varlen_forward(*map(_dl, (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)),
                       **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
-                            num_threads))
+                            num_threads, sinks))
     return out, lse
 
 
 @torch.library.custom_op("attn::varlen_fwd", mutates_args=(), device_types="cpu")
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-               alibi_slopes: Optional[Tensor], dropout_p: float, seed: int, num_threads: int) -> Tuple[Tensor, Tensor]:
+               alibi_slopes: Optional[Tensor], dropout_p: float, seed: int, num_threads: int, sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     return _varlen_fwd_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
-                             softcap, alibi_slopes, dropout_p, seed, num_threads)
+                             softcap, alibi_slopes, dropout_p, seed, num_threads, sinks)
 
 
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-      dropout_p, seed, num_threads):
+      dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((h, total_q), dtype=_lse_dtype(q))
 
 
 def _varlen_paged_eager(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal,
-                        window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
+                        window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((h, total_q), dtype=_lse_dtype(q), device=q.device)
     _C.varlen_forward(*map(_dl, (q, k_cache, v_cache, out, lse, cu_seqlens_q, cu_seqlens_k, block_table)),
                       **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
-                            num_threads))
+                            num_threads, sinks))
     return out, lse
 
 
@@ -121,40 +137,41 @@ def _varlen_paged_eager(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_t
 def varlen_fwd_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                      block_table: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
                      window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
-                     num_threads: int) -> Tuple[Tensor, Tensor]:
+                     num_threads: int, sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     return _varlen_paged_eager(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal,
-                               window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads)
+                               window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads, sinks)
 
 
 @varlen_fwd_paged.register_fake
 def _(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal, window_left, window_right,
-      softcap, alibi_slopes, dropout_p, seed, num_threads):
+      softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((h, total_q), dtype=_lse_dtype(q))
 
 
 def _varlen_bwd_eager(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
-                      window_right, softcap, alibi_slopes, dropout_p, seed, num_threads):
+                      window_right, softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    _C.varlen_backward(*map(_dl, (q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k)),
+    dsink = _dsink(sinks, lse)
+    _C.varlen_backward(*map(_dl, (q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k)), _dl_opt(dsink),
                        **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
-                             num_threads))
-    return dq, dk, dv
+                             num_threads, sinks))
+    return dq, dk, dv, _sink_grad(sinks, dsink)
 
 
 @torch.library.custom_op("attn::varlen_bwd", mutates_args=(), device_types="cpu")
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
                cu_seqlens_k: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
                window_right: int, softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float, seed: int,
-               num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+               num_threads: int, sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _varlen_bwd_eager(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
-                             window_right, softcap, alibi_slopes, dropout_p, seed, num_threads)
+                             window_right, softcap, alibi_slopes, dropout_p, seed, num_threads, sinks)
 
 
 @varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
-      alibi_slopes, dropout_p, seed, num_threads):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      alibi_slopes, dropout_p, seed, num_threads, sinks):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _fake_sink_grad(sinks, q)
 
 
 # ---- autograd: d(out) flows back through attn::bwd; the lse output and the options get no gradient.
@@ -162,26 +179,31 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal
 
 def _setup_fwd(ctx, inputs, output):
     q, k, v, *options = inputs
-    ctx.options = options
+    ctx.options = _detached(options)
     ctx.save_for_backward(q, k, v, *output)
+
+
+def _option_grads(options, dsink):
+    """Gradients of the options: None, except the sinks' (the last option) when they are given."""
+    return (None,) * (len(options) - 1) + (dsink if options[-1] is not None else None,)
 
 
 def _backward_fwd(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = bwd(dout.contiguous(), q, k, v, out, lse, *ctx.options)
-    return (dq, dk, dv) + (None,) * len(ctx.options)
+    dq, dk, dv, dsink = bwd(dout.contiguous(), q, k, v, out, lse, *ctx.options)
+    return (dq, dk, dv) + _option_grads(ctx.options, dsink)
 
 
 def _setup_varlen(ctx, inputs, output):
     q, k, v, cu_q, cu_k, *options = inputs
-    ctx.options = options
+    ctx.options = _detached(options)
     ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
 
 
 def _backward_varlen(ctx, dout, dlse):
     q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
-    dq, dk, dv = varlen_bwd(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
-    return (dq, dk, dv, None, None) + (None,) * len(ctx.options)
+    dq, dk, dv, dsink = varlen_bwd(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
+    return (dq, dk, dv, None, None) + _option_grads(ctx.options, dsink)
 
 
 fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
@@ -190,11 +212,17 @@ varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_varlen)
 
 # ---- eager mode: the same kernels and formulas through torch.autograd.Function, which costs a few
 # microseconds per call where the custom op's dispatch costs tens; torch.compile sees the custom ops.
+def _detached(options):
+    """The options with the sinks (the last) detached: the kernels take plain tensors."""
+    sinks = options[-1]
+    return tuple(options) if sinks is None else tuple(options[:-1]) + (sinks.detach(),)
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, *options):
-        out, lse = _fwd_eager(q.detach(), k.detach(), v.detach(), *options)
-        ctx.options = options
+        out, lse = _fwd_eager(q.detach(), k.detach(), v.detach(), *_detached(options))
+        ctx.options = _detached(options)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -202,14 +230,15 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        return _bwd_eager(dout.contiguous(), q, k, v, out, lse, *ctx.options) + (None,) * len(ctx.options)
+        dq, dk, dv, dsink = _bwd_eager(dout.contiguous(), q, k, v, out, lse, *ctx.options)
+        return (dq, dk, dv) + _option_grads(ctx.options, dsink)
 
 
 class _VarlenAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, *options):
-        out, lse = _varlen_fwd_eager(q.detach(), k.detach(), v.detach(), cu_q, cu_k, *options)
-        ctx.options = options
+        out, lse = _varlen_fwd_eager(q.detach(), k.detach(), v.detach(), cu_q, cu_k, *_detached(options))
+        ctx.options = _detached(options)
         ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -217,12 +246,13 @@ class _VarlenAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
-        grads = _varlen_bwd_eager(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
-        return grads + (None, None) + (None,) * len(ctx.options)
+        dq, dk, dv, dsink = _varlen_bwd_eager(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
+        return (dq, dk, dv, None, None) + _option_grads(ctx.options, dsink)
 
 
-def _needs_grad(q, k, v):
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+def _needs_grad(q, k, v, sinks):
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                        (sinks is not None and sinks.requires_grad))
 
 
 def attention(q, k, v, *options, with_lse=True):
@@ -230,7 +260,7 @@ def attention(q, k, v, *options, with_lse=True):
     when no gradient can flow (inference), the kernel alone, which skips lse (None) unless with_lse."""
     if torch.compiler.is_compiling():
         return fwd(q, k, v, *options)
-    if not _needs_grad(q, k, v):
+    if not _needs_grad(q, k, v, options[-1]):
         return _fwd_eager(q, k, v, *options, with_lse=with_lse)
     return _Attention.apply(q, k, v, *options)
 
@@ -238,7 +268,7 @@ def attention(q, k, v, *options, with_lse=True):
 def varlen_attention(q, k, v, cu_q, cu_k, *options):
     if torch.compiler.is_compiling():
         return varlen_fwd(q, k, v, cu_q, cu_k, *options)
-    if not _needs_grad(q, k, v):
+    if not _needs_grad(q, k, v, options[-1]):
         return _varlen_fwd_eager(q, k, v, cu_q, cu_k, *options)
     return _VarlenAttention.apply(q, k, v, cu_q, cu_k, *options)
 

@@ -20,11 +20,11 @@ def _seed(dropout_p: float) -> int:
     return int(torch.randint(0, 2**62, (1,)).item())  # the default generator: torch.manual_seed replays it
 
 
-def _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes):
+def _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks=None):
     left, right = _window(window_size)
     scale = None if softmax_scale is None else float(softmax_scale)
     return (scale, bool(causal), left, right, float(softcap), alibi_slopes, float(dropout_p), _seed(dropout_p),
-            get_num_threads())
+            get_num_threads(), sinks)
 
 
 def _result(out, lse, return_attn_probs, opts, mask_shape):
@@ -49,21 +49,23 @@ def _result(out, lse, return_attn_probs, opts, mask_shape):
 
 def _numpy_forward(q, k, v, opts):
     import numpy as np
-    scale, causal, left, right, softcap, alibi, dropout_p, seed, threads = opts
+    scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = opts
     b, sq, h, _ = q.shape
     out = np.empty(q.shape, dtype=q.dtype)
     lse = np.empty((b, h, sq), dtype=np.float64 if q.dtype == np.float64 else np.float32)
     _C.forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, window_left=left, window_right=right,
-               softcap=softcap, alibi_slopes=alibi, dropout_p=dropout_p, seed=seed, num_threads=threads)
+               softcap=softcap, alibi_slopes=alibi, dropout_p=dropout_p, seed=seed, num_threads=threads, sinks=sinks)
     return out, lse
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sinks=None):
     """q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k, headdim) -> out like q;
     with return_attn_probs, (out, softmax_lse (batch, nheads, seqlen_q), S_dmask). attn's backward is
-    deterministic whatever `deterministic` says."""
-    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    deterministic whatever `deterministic` says. sinks (an attn addition, gpt-oss's attention sinks):
+    float32 (nheads,), one logit per head in every row's softmax denominator, differentiable; the lse
+    then includes it (docs/sinks.md)."""
+    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks)
     if type(q).__module__ == "numpy":
         out, lse = _numpy_forward(q, k, v, opts)
     else:
@@ -73,22 +75,23 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                              sinks=None):
     """qkv (batch, seqlen, 3, nheads, headdim)."""
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
-                           softcap, alibi_slopes, deterministic, return_attn_probs)
+                           softcap, alibi_slopes, deterministic, return_attn_probs, sinks)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, sinks=None):
     """kv (batch, seqlen_k, 2, nheads_k, headdim)."""
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs)
+                           alibi_slopes, deterministic, return_attn_probs, sinks)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, sinks=None):
     """q (total_q, nheads, headdim), k and v (total_k, nheads_k, headdim), cu_seqlens int32 (batch + 1)
     -> out like q; with return_attn_probs, (out, softmax_lse (nheads, total_q), S_dmask). max_seqlen_q
     and max_seqlen_k are not needed on the CPU (the kernel reads cu_seqlens). With block_table int32
@@ -96,7 +99,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     page_size >= 1, sequence b's key j in block block_table[b, j // page_size] at slot j % page_size,
     cu_seqlens_k giving the key counts; this form is inference only (no gradient)."""
     from . import _ops
-    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks)
     if block_table is not None:
         out, lse = _ops.varlen_paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *opts)
     else:
@@ -107,26 +110,27 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, sinks=None):
     """qkv (total, 3, nheads, headdim)."""
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, sinks=sinks)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sinks=None):
     """kv (total_k, 2, nheads_k, headdim)."""
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, sinks=sinks)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            sinks=None):
     """Decode over a KV cache: q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch, seqlen_cache,
     nheads_k, headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table int32 (batch,
     max_blocks) for any page_size >= 1; k, v (batch, seqlen_new, nheads_k, headdim) are written into the
@@ -156,5 +160,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                to_table(rotary_sin), bool(rotary_interleaved), num_splits=int(num_splits),
                softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
                window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
-               num_threads=get_num_threads())
+               num_threads=get_num_threads(), sinks=detach(sinks))
     return (out, lse) if return_softmax_lse else out

@@ -94,6 +94,18 @@ VarlenBatch varlen_batch(const char* who, const Array& cu_seqlens_q, const Array
           int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1")};
 }
 
+// A [heads] gradient as the [1, heads, 1] view the backward takes.
+TensorView sink_grad_view(const char* who, const Array& a) {
+  if (a.ndim() != 1) reject(who, "dsink", "must be 1-D [heads]");
+  TensorView v;
+  v.dtype = dtype_of(who, "dsink", a);
+  v.data = a.data();
+  v.rank = 3;
+  v.shape = {1, static_cast<std::int64_t>(a.shape(0)), 1, 1};
+  v.strides = {0, a.stride(0), 1, 1};
+  return v;
+}
+
 // A block table: int32 [batch, max_pages], unit stride along pages (any row stride).
 attn::VarlenPages pages_of(const char* who, const Array& bt, std::int64_t batch) {
   if (bt.dtype() != nb::dtype<std::int32_t>() || bt.ndim() != 2 || (bt.shape(1) > 1 && bt.stride(1) != 1) ||
@@ -113,9 +125,11 @@ struct Options {
   double dropout_p = 0;
   std::uint64_t seed = 0, offset = 0;
   int num_threads = 0;
+  std::optional<Array> sinks;
 
-  // alibi_slopes: f32 [heads] (shared by the batch) or [batch, heads], unit stride along heads.
-  attn::AttentionOptions resolve(const char* who) const {
+  // alibi_slopes: f32 [heads] (shared by the batch) or [batch, heads], unit stride along heads; sinks:
+  // f32 [heads] with unit stride, heads being q's (dimension -2 of rank-4 or packed rank-3 q).
+  attn::AttentionOptions resolve(const char* who, const Array& q) const {
     attn::AttentionOptions o;
     o.softmax_scale = softmax_scale;
     o.causal = causal;
@@ -134,6 +148,13 @@ struct Options {
       o.alibi_slopes = static_cast<const float*>(a.data());
       o.alibi_batch_stride = a.ndim() == 2 && a.shape(0) > 1 ? a.stride(0) : 0;
     }
+    if (sinks) {
+      const Array& a = *sinks;
+      const std::size_t heads = q.ndim() >= 2 ? q.shape(q.ndim() - 2) : 0;
+      if (a.dtype() != nb::dtype<float>() || a.ndim() != 1 || a.shape(0) != heads || (heads > 1 && a.stride(0) != 1))
+        reject(who, "sinks", "must be float32 [heads = " + std::to_string(heads) + "] with unit stride");
+      o.sinks = static_cast<const float*>(a.data());
+    }
     return o;
   }
 };
@@ -141,7 +162,8 @@ struct Options {
 #define ATTN_OPTION_ARGS                                                                                        \
   nb::kw_only(), nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1, \
                  nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes") = nb::none(),  \
-                 nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("offset") = 0, nb::arg("num_threads") = 0
+                 nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("offset") = 0, nb::arg("num_threads") = 0, \
+                 nb::arg("sinks") = nb::none()
 
 // algorithm: "tiled" (the production kernel; q_tile/k_tile 0 = plan_tiles' choice), "reference" (the
 // textbook method, the oracle) or "splitk" (num_splits slices per row).
@@ -149,10 +171,11 @@ struct Options {
 void forward(const Array& q, const Array& k, const Array& v, const Array& out, std::optional<Array> lse,
              const std::string& algorithm, std::int64_t q_tile, std::int64_t k_tile, std::int64_t num_splits,
              std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
-             std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads) {
+             std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks) {
   const char* who = "attn.forward";
   const attn::AttentionOptions o =
-      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
+          .resolve(who, q);
   const TensorView qv = view_of(who, "q", q, 4), kv = view_of(who, "k", k, 4), vv = view_of(who, "v", v, 4),
                    ov = view_of(who, "out", out, 4);
   TensorView lv;
@@ -174,10 +197,11 @@ void forward(const Array& q, const Array& k, const Array& v, const Array& out, s
 std::vector<double> time_forward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                                  int repeats, std::optional<double> scale, bool causal, std::int64_t wl,
                                  std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
-                                 std::uint64_t seed, std::uint64_t offset, int threads) {
+                                 std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks) {
   const char* who = "attn.time_forward";
   const attn::AttentionOptions o =
-      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
+          .resolve(who, q);
   const TensorView qv = view_of(who, "q", q, 4), kv = view_of(who, "k", k, 4), vv = view_of(who, "v", v, 4),
                    ov = view_of(who, "out", out, 4), lv = view_of(who, "lse", lse, 3);
   if (repeats < 1) reject(who, "repeats", "must be >= 1, got " + std::to_string(repeats));
@@ -191,18 +215,23 @@ std::vector<double> time_forward(const Array& q, const Array& k, const Array& v,
   return seconds;
 }
 
+// dsink: f32/f64 [heads] (lse's dtype), the sinks' gradient, when given (with sinks).
 void backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout, const Array& lse,
-              const Array& dq, const Array& dk, const Array& dv, std::optional<double> scale, bool causal,
+              const Array& dq, const Array& dk, const Array& dv, std::optional<Array> dsink, std::optional<double> scale,
+              bool causal,
               std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
-              std::uint64_t seed, std::uint64_t offset, int threads) {
+              std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks) {
   const char* who = "attn.backward";
   const attn::AttentionOptions o =
-      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
+          .resolve(who, q);
   const TensorView views[] = {view_of(who, "q", q, 4),     view_of(who, "k", k, 4),       view_of(who, "v", v, 4),
                               view_of(who, "out", out, 4), view_of(who, "dout", dout, 4), view_of(who, "lse", lse, 3),
                               view_of(who, "dq", dq, 4),   view_of(who, "dk", dk, 4),     view_of(who, "dv", dv, 4)};
+  const TensorView ds = dsink ? sink_grad_view(who, *dsink) : TensorView{};
   nb::gil_scoped_release unlocked;
-  attn::attention_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7], views[8], o);
+  attn::attention_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7], views[8], o,
+                           {}, dsink ? &ds : nullptr);
 }
 
 // With block_table, k and v are a paged cache [num_pages, page_size, kv_heads, head_dim]
@@ -211,10 +240,11 @@ void varlen_forward(const Array& q, const Array& k, const Array& v, const Array&
                     const Array& cu_seqlens_q, const Array& cu_seqlens_k, std::optional<Array> block_table,
                     std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
                     std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset,
-                    int threads) {
+                    int threads, std::optional<Array> sinks) {
   const char* who = "attn.varlen_forward";
   const attn::AttentionOptions o =
-      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
+          .resolve(who, q);
   const VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
   const int kv_rank = block_table ? 4 : 3;
   const TensorView qv = view_of(who, "q", q, 3), kv = view_of(who, "k", k, kv_rank), vv = view_of(who, "v", v, kv_rank),
@@ -230,20 +260,23 @@ void varlen_forward(const Array& q, const Array& k, const Array& v, const Array&
 
 void varlen_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout,
                      const Array& lse, const Array& dq, const Array& dk, const Array& dv, const Array& cu_seqlens_q,
-                     const Array& cu_seqlens_k, std::optional<double> scale, bool causal, std::int64_t wl,
+                     const Array& cu_seqlens_k, std::optional<Array> dsink, std::optional<double> scale, bool causal,
+                     std::int64_t wl,
                      std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p, std::uint64_t seed,
-                     std::uint64_t offset, int threads) {
+                     std::uint64_t offset, int threads, std::optional<Array> sinks) {
   const char* who = "attn.varlen_backward";
   const attn::AttentionOptions o =
-      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
+          .resolve(who, q);
   const VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
   const TensorView views[] = {
       view_of(who, "q", q, 3),     view_of(who, "k", k, 3),       view_of(who, "v", v, 3),
       view_of(who, "out", out, 3), view_of(who, "dout", dout, 3), view_of(who, "lse", lse, 3, true),
       view_of(who, "dq", dq, 3),   view_of(who, "dk", dk, 3),     view_of(who, "dv", dv, 3)};
+  const TensorView ds = dsink ? sink_grad_view(who, *dsink) : TensorView{};
   nb::gil_scoped_release unlocked;
   attn::attention_varlen_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7],
-                                  views[8], vb.cu_q, vb.cu_k, vb.batch, o);
+                                  views[8], vb.cu_q, vb.cu_k, vb.batch, o, {}, dsink ? &ds : nullptr);
 }
 
 // flash_attn_with_kvcache: attention_decode over a contiguous or paged cache, appending k_new/v_new in
@@ -254,10 +287,11 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
              std::optional<Array> rotary_cos, std::optional<Array> rotary_sin, bool rotary_interleaved,
              std::int64_t num_splits, std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr,
              double softcap, std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset,
-             int threads) {
+             int threads, std::optional<Array> sinks) {
   const char* who = "attn.kvcache";
   const attn::AttentionOptions o =
-      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads}.resolve(who);
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
+          .resolve(who, q);
   const TensorView qv = view_of(who, "q", q, 4), ov = view_of(who, "out", out, 4);
   attn::KVCache cache;
   cache.k = view_of(who, "k_cache", k_cache, 4);
@@ -387,15 +421,16 @@ NB_MODULE(_C, m) {
         nb::arg("repeats"), ATTN_OPTION_ARGS,
         "attention_tiled `repeats` times, each timed in C++: seconds per call (python -m attn.bench --vs cpp).");
   m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"),
-        nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), ATTN_OPTION_ARGS,
-        "attention_backward into dq, dk, dv.");
+        nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dsink").none() = nb::none(),
+        ATTN_OPTION_ARGS, "attention_backward into dq, dk, dv (and dsink).");
   m.def("varlen_forward", &varlen_forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("block_table").none() = nb::none(), ATTN_OPTION_ARGS,
         "attention_varlen (packed [total, heads, head_dim]; lse [heads, total_q]); with block_table, "
         "attention_varlen_paged (k, v [num_pages, page_size, kv_heads, head_dim]).");
   m.def("varlen_backward", &varlen_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
-        ATTN_OPTION_ARGS, "attention_varlen_backward into dq, dk, dv.");
+        nb::arg("dsink").none() = nb::none(), ATTN_OPTION_ARGS,
+        "attention_varlen_backward into dq, dk, dv (and dsink).");
   m.def("kvcache", &kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attn
+import attn._ops  # noqa: F401  (registers the custom ops the opcheck tests name)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SLACK = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 1e-3, torch.float16: 1e-4}
@@ -193,12 +194,14 @@ def test_numpy_inputs():
 
 def test_custom_ops_pass_opcheck():
     q, k, v = random_qkv(1, 12, 20, 2, 1, 8, torch.float32, seed=1)
-    args = (q, k, v, None, True, -1, -1, 0.0, None, 0.0, 0, 0)
-    torch.library.opcheck(torch.ops.attn.fwd.default, args)
-    out, lse = torch.ops.attn.fwd(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
-    torch.library.opcheck(torch.ops.attn.bwd.default,
-                          (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, None, True, -1, -1,
-                           0.0, None, 0.0, 0, 0))
+    sinks = torch.tensor([0.5, -1.0], requires_grad=True)
+    for s in (None, sinks):
+        args = (q, k, v, None, True, -1, -1, 0.0, None, 0.0, 0, 0, s)
+        torch.library.opcheck(torch.ops.attn.fwd.default, args)
+        out, lse = torch.ops.attn.fwd(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+        torch.library.opcheck(torch.ops.attn.bwd.default,
+                              (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, None, True, -1, -1,
+                               0.0, None, 0.0, 0, 0, None if s is None else s.detach()))
 
 
 def test_torch_compile_fullgraph_matches_eager():

@@ -76,7 +76,7 @@ def test_paged_custom_op_opcheck_and_compile():
     q = torch.randn(sum(LENS_Q), 4, 16)
     k, v = (torch.randn(sum(LENS_K), 2, 16) for _ in range(2))
     k_cache, v_cache, table = paged_from_packed(k, v, LENS_K, 8)
-    args = (q, k_cache, v_cache, cu(LENS_Q), cu(LENS_K), table, None, True, -1, -1, 0.0, None, 0.0, 0, 0)
+    args = (q, k_cache, v_cache, cu(LENS_Q), cu(LENS_K), table, None, True, -1, -1, 0.0, None, 0.0, 0, 0, None)
     torch.library.opcheck(torch.ops.attn.varlen_fwd_paged.default, args)
     torch._dynamo.reset()
 

@@ -11,7 +11,8 @@ from ..interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_q
 
 def _options(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap, alibi_slopes, seed):
     return (None if softmax_scale is None else float(softmax_scale), bool(causal), int(window_size_left),
-            int(window_size_right), float(softcap), alibi_slopes, float(dropout_p), int(seed), get_num_threads())
+            int(window_size_right), float(softcap), alibi_slopes, float(dropout_p), int(seed), get_num_threads(),
+            None)  # no sinks in flash-attn's private API
 
 
 def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
