@@ -104,10 +104,13 @@ void check_forward(const Case& c) {
        k = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 1, 2.0),
        v = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 2);
   std::vector<float> slopes;
-  const AttentionOptions o_cpu = test::options_of(c, 0.3f, slopes);
-  Dev<float> d_slopes(slopes);
+  AttentionOptions o_cpu = test::options_of(c, 0.3f, slopes);
+  const std::vector<float> sinks = test::sinks_for(c.h);
+  if (c.sinks) o_cpu.sinks = sinks.data();
+  Dev<float> d_slopes(slopes), d_sinks(sinks);
   AttentionOptions o = o_cpu;
   if (c.alibi) o.alibi_slopes = d_slopes.ptr;
+  if (c.sinks) o.sinks = d_sinks.ptr;
   auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
   std::vector<double> oracle(q.data.size()), oracle_lse(static_cast<std::size_t>(c.b * c.h * c.sq));
   TensorView olv = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
@@ -139,6 +142,7 @@ struct DecodeCase {
   std::int64_t seqlen_new = 0;
   std::int64_t page_size = 64;
   bool head_major = false;  // cache stored [pages, kv_heads, rows, d] (Hugging Face's), viewed with strides
+  bool sinks = false;       // attention sinks (test::sinks_for)
 };
 
 inline void PrintTo(const DecodeCase&, std::ostream* os) { *os << "(see the name)"; }
@@ -167,6 +171,8 @@ void check_decode(const DecodeCase& c) {
   // The oracle: the CPU decode... no: the f64 reference on each sequence's gathered keys.
   AttentionOptions o;
   o.causal = c.causal;
+  const std::vector<float> sinks = test::sinks_for(c.heads);
+  if (c.sinks) o.sinks = sinks.data();  // the oracle's; the device call gets d_sinks below
   std::vector<double> oracle(q.data.size()), oracle_lse(static_cast<std::size_t>(c.batch * c.heads * c.sq));
   std::vector<T> textbook(q.data.size());
   for (std::int64_t b = 0; b < c.batch; ++b) {
@@ -237,6 +243,8 @@ void check_decode(const DecodeCase& c) {
     dec.v_new = &vnv;
   }
   TensorView lv = TensorView::contiguous(dlse.ptr, c.batch, c.heads, c.sq);
+  Dev<float> d_sinks(sinks);
+  if (c.sinks) o.sinks = d_sinks.ptr;
   cuda::attention_decode(dview(dq, c.batch, c.sq, c.heads, c.d), cache, dview(dout, c.batch, c.sq, c.heads, c.d), o,
                          dec, &lv);
   CUDA_OK(cudaDeviceSynchronize());

@@ -62,7 +62,15 @@ struct Shape {
   std::int64_t left = -1, right = -1;
   double softcap = 0;
   bool alibi = false;
+  bool sinks = false;  // attention sinks (sinks_for)
 };
+
+// Sink logits for `heads` heads, around the scores' range, every third head without one (-inf).
+inline std::vector<float> sinks_for(std::int64_t heads) {
+  std::vector<float> s;
+  for (std::int64_t h = 0; h < heads; ++h) s.push_back(h % 3 == 1 ? -INFINITY : 0.8f * float(h) - 1.0f);
+  return s;
+}
 
 // The AttentionOptions of a Shape. With alibi, the slopes are slope_base / (1 + x) per (batch, head),
 // stored in `slopes`, which must outlive the options.

@@ -29,14 +29,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuForward,
                                            Case{1, 1, 1000, 4, 1, 128, false},          // one query row
                                            Case{1, 1, 0, 2, 1, 64, false},              // no keys: out = 0, lse = -inf
                                            Case{2, 150, 180, 4, 2, 128, false, 40, 7},  // sliding window
-                                           Case{1, 150, 180, 4, 2, 64, true, -1, -1, 5.0, true}),  // softcap + ALiBi
+                                           Case{1, 150, 180, 4, 2, 64, true, -1, -1, 5.0, true},  // softcap + ALiBi
+                                           Case{2, 130, 257, 4, 2, 64, false, -1, -1, 0.0, false, true},   // sinks
+                                           Case{1, 257, 130, 4, 1, 128, true, -1, -1, 0.0, false, true}),  // + no key
                          [](const ::testing::TestParamInfo<Case>& i) {
                            const Case& c = i.param;
                            return "b" + std::to_string(c.b) + "_q" + std::to_string(c.sq) + "_k" +
                                   std::to_string(c.sk) + "_h" + std::to_string(c.h) + "x" + std::to_string(c.hk) +
                                   "_d" + std::to_string(c.d) + (c.causal ? "_causal" : "") +
                                   (c.left >= 0 || c.right >= 0 ? "_window" : "") + (c.softcap > 0 ? "_softcap" : "") +
-                                  (c.alibi ? "_alibi" : "");
+                                  (c.alibi ? "_alibi" : "") + (c.sinks ? "_sinks" : "");
                          });
 
 TEST_F(Gpu, VarlenMatchesPerSequenceOracle) {
@@ -103,18 +105,20 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(DecodeCase{1, 1, 32, 8, 128, 5000, false, false, 0},  // the benchmark's shape, smaller
                       DecodeCase{3, 1, 32, 8, 128, 3000, false, false, 1},  // one split: no merge kernel
                       DecodeCase{3, 1, 32, 8, 128, 3000, false, false, 7},
-                      DecodeCase{2, 3, 8, 2, 64, 2000, true, false, 5},                  // speculative, causal
-                      DecodeCase{2, 1, 16, 1, 256, 1500, false, true, 0},                // MQA, 16 rows per slab, paged
-                      DecodeCase{4, 2, 40, 8, 128, 1200, true, true, 3, 0, 16},          // 10 rows x 2 queries: 2 slabs
-                      DecodeCase{2, 1, 8, 8, 128, 700, false, true, 0, 5, 64},           // append 5 new keys
-                      DecodeCase{2, 1, 16, 4, 128, 900, false, false, 0, 0, 64, true}),  // kv-head-major cache
+                      DecodeCase{2, 3, 8, 2, 64, 2000, true, false, 5},                 // speculative, causal
+                      DecodeCase{2, 1, 16, 1, 256, 1500, false, true, 0},               // MQA, 16 rows per slab, paged
+                      DecodeCase{4, 2, 40, 8, 128, 1200, true, true, 3, 0, 16},         // 10 rows x 2 queries: 2 slabs
+                      DecodeCase{2, 1, 8, 8, 128, 700, false, true, 0, 5, 64},          // append 5 new keys
+                      DecodeCase{2, 1, 16, 4, 128, 900, false, false, 0, 0, 64, true},  // kv-head-major cache
+                      DecodeCase{2, 3, 8, 2, 64, 2000, true, true, 5, 0, 64, false, true},       // sinks, 5 splits
+                      DecodeCase{3, 1, 32, 8, 128, 3000, false, false, 1, 0, 64, false, true}),  // sinks, 1 split
     [](const ::testing::TestParamInfo<DecodeCase>& i) {
       const DecodeCase& c = i.param;
       return std::to_string(i.index) + "_b" + std::to_string(c.batch) + "_q" + std::to_string(c.sq) + "_h" +
              std::to_string(c.heads) + "x" + std::to_string(c.kv_heads) + "_d" + std::to_string(c.d) + "_n" +
              std::to_string(c.max_len) + (c.causal ? "_causal" : "") + (c.paged ? "_paged" : "_contiguous") +
              "_splits" + std::to_string(c.splits) + (c.seqlen_new ? "_append" : "") +
-             (c.head_major ? "_headmajor" : "");
+             (c.head_major ? "_headmajor" : "") + (c.sinks ? "_sinks" : "");
     });
 
 // ---- Non-finite inputs: the CPU's rules (docs/robustness.md) ------------------------------------------

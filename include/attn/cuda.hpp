@@ -1,7 +1,7 @@
 // The CUDA backend (built when CMake's ATTN_CUDA is on; the macro ATTN_HAS_CUDA is then defined for
 // every target that links attn). Same shapes, options and validation rules as the CPU entry points
 // (include/attn/attention.hpp, include/attn/decode.hpp), with these differences:
-//   * every TensorView's data, KVCache::seqlens / block_table, cu_seqlens and alibi_slopes point to
+//   * every TensorView's data, KVCache::seqlens / block_table, cu_seqlens, alibi_slopes and sinks point to
 //     device memory (cudaMalloc); a host pointer is rejected with std::invalid_argument;
 //   * q, k, v, out (and the cache, k_new, v_new) are bf16 or f16 with head_dim 64, 128 or 256, the last
 //     dimension contiguous and every row 16-byte aligned (data and strides of dims 0..2 multiples of 8

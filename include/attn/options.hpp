@@ -30,8 +30,8 @@ struct AttentionOptions {
   // The sink is a raw logit (not scaled, capped, biased or masked), dropout never drops it, and the lse
   // includes it (log(sum_j exp(s_ij) + exp(sinks[h]))), so out and lse keep their usual relation and a
   // row that sees no key gets out = 0, lse = sinks[h]. -inf means no sink for that head. nullptr = off.
-  // Accepted by every CPU entry point (split-K and decode fold it in once, after their merges) and the
-  // backward (its gradient dsink); the CUDA backend rejects it.
+  // Accepted by every entry point (split-K and decode fold it in once, after their merges; on the CUDA
+  // backend a device pointer) and the backward (its gradient dsink).
   const float* sinks = nullptr;
   // Threads for this call; 0 = all available (OpenMP's default). Results do not depend on it.
   int num_threads = 0;

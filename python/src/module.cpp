@@ -159,9 +159,9 @@ struct Options {
   }
 };
 
-#define ATTN_OPTION_ARGS                                                                                        \
-  nb::kw_only(), nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1, \
-                 nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes") = nb::none(),  \
+#define ATTN_OPTION_ARGS                                                                                             \
+  nb::kw_only(), nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1,      \
+                 nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes") = nb::none(),       \
                  nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("offset") = 0, nb::arg("num_threads") = 0, \
                  nb::arg("sinks") = nb::none()
 
@@ -171,7 +171,8 @@ struct Options {
 void forward(const Array& q, const Array& k, const Array& v, const Array& out, std::optional<Array> lse,
              const std::string& algorithm, std::int64_t q_tile, std::int64_t k_tile, std::int64_t num_splits,
              std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
-             std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks) {
+             std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads,
+             std::optional<Array> sinks) {
   const char* who = "attn.forward";
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
@@ -217,10 +218,10 @@ std::vector<double> time_forward(const Array& q, const Array& k, const Array& v,
 
 // dsink: f32/f64 [heads] (lse's dtype), the sinks' gradient, when given (with sinks).
 void backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout, const Array& lse,
-              const Array& dq, const Array& dk, const Array& dv, std::optional<Array> dsink, std::optional<double> scale,
-              bool causal,
-              std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
-              std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks) {
+              const Array& dq, const Array& dk, const Array& dv, std::optional<Array> dsink,
+              std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
+              std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads,
+              std::optional<Array> sinks) {
   const char* who = "attn.backward";
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
@@ -239,8 +240,8 @@ void backward(const Array& q, const Array& k, const Array& v, const Array& out, 
 void varlen_forward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                     const Array& cu_seqlens_q, const Array& cu_seqlens_k, std::optional<Array> block_table,
                     std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
-                    std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset,
-                    int threads, std::optional<Array> sinks) {
+                    std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads,
+                    std::optional<Array> sinks) {
   const char* who = "attn.varlen_forward";
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
@@ -261,9 +262,8 @@ void varlen_forward(const Array& q, const Array& k, const Array& v, const Array&
 void varlen_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout,
                      const Array& lse, const Array& dq, const Array& dk, const Array& dv, const Array& cu_seqlens_q,
                      const Array& cu_seqlens_k, std::optional<Array> dsink, std::optional<double> scale, bool causal,
-                     std::int64_t wl,
-                     std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p, std::uint64_t seed,
-                     std::uint64_t offset, int threads, std::optional<Array> sinks) {
+                     std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
+                     std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks) {
   const char* who = "attn.varlen_backward";
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}

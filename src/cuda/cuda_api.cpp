@@ -113,11 +113,6 @@ cuda_detail::FwdParams forward_params(const detail::Problem& p, const TensorView
   return f;
 }
 
-// The CUDA kernels' epilogues do not fold a sink in (yet).
-void reject_sinks(const char* who, const AttentionOptions& opts) {
-  if (opts.sinks) detail::fail(who, "sinks", "not supported by the CUDA backend (use the CPU entry points)");
-}
-
 void validate_forward(const char* who, const detail::Problem& p, const TensorView& q, const TensorView& k,
                       const TensorView& v, const TensorView& out, const AttentionOptions& opts, const TensorView* lse) {
   detail::reject_dropout(who, p.dropout, "the CUDA forward is an inference path");
@@ -125,7 +120,7 @@ void validate_forward(const char* who, const detail::Problem& p, const TensorVie
     require_kernel_layout(who, name, *t);
   require_lse(who, lse);
   if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
-  reject_sinks(who, opts);
+  if (opts.sinks) require_device(who, "sinks", opts.sinks);
 }
 
 }  // namespace
@@ -233,7 +228,7 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   }
   require_lse(who, lse);
   if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
-  reject_sinks(who, opts);
+  if (opts.sinks) require_device(who, "sinks", opts.sinks);
 
   cuda_detail::DecodeParams d{};
   set_views(d, q, cache.k, cache.v, out, lse);

@@ -203,6 +203,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     const std::int64_t orow = (b * p.heads + pr.head) * p.seqlen_q + pr.query;
     if (p.num_splits == 1) {
       float res[COLS];
+      fold_sink(RowState<float>{&mm, &ll, oo, COLS}, p.rule.sink(pr.head));  // each item: same m, l; its columns
       const float lse = finalize(RowState<float>{&mm, &ll, oo, COLS}, res);
       std::uint16_t* out =
           static_cast<std::uint16_t*>(p.out) + b * p.os[0] + pr.query * p.os[1] + pr.head * p.os[2] + c0;
@@ -271,6 +272,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodePar
           RowState<float>{&states[ww][D], &states[ww][D + 1], &states[ww][lane * COLS], COLS});
   const std::int64_t i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.heads, b = row / (p.seqlen_q * p.heads);
   float res[COLS];
+  fold_sink(RowState<float>{&m, &l, o, COLS}, p.rule.sink(h));  // once, after the merge of the splits
   const float lse = finalize(RowState<float>{&m, &l, o, COLS}, res);
   std::uint16_t* out = static_cast<std::uint16_t*>(p.out) + b * p.os[0] + i * p.os[1] + h * p.os[2] + lane * COLS;
 #pragma unroll

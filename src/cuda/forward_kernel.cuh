@@ -136,16 +136,24 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   }
   cp_async_wait<0>();
 
-  // Epilogue: out = o / l (0 for a row that saw nothing), lse = m ln 2 + log l (-inf; m is in base 2),
+  // Epilogue: head h's sink folded in (attn::fold_sink in base 2: one key of logit sink whose value row is
+  // zero), then out = o / l (0 for a row that saw nothing), lse = m ln 2 + log l (-inf; m is in base 2),
   // as attn::finalize.
+  const float sink2 = p.rule.sink(h) * kLog2e;  // -inf without a sink
 #pragma unroll
   for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const std::int64_t i = lane_row(mt, half);
-      const float lsum = quad_sum(l[mt][half]);
+      float lsum = quad_sum(l[mt][half]), mrow = m[mt][half], o_scale = 1.f;
       if (i >= sq) continue;
-      const float inv = lsum == 0.f ? 0.f : 1.f / lsum;
+      if (sink2 != kNegInf) {
+        const float m_new = fmaxf(mrow, sink2);
+        o_scale = mrow == kNegInf ? 0.f : exp2f(mrow - m_new);
+        lsum = lsum * o_scale + exp2f(sink2 - m_new);
+        mrow = m_new;
+      }
+      const float inv = lsum == 0.f ? 0.f : o_scale / lsum;
       std::uint16_t* out =
           static_cast<std::uint16_t*>(p.out) + (p.cu_q ? 0 : b * p.os[0]) + (q_off + i) * p.os[1] + h * p.os[2];
 #pragma unroll
@@ -155,7 +163,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
       }
       if (p.lse && lane % 4 == 0)
         p.lse[(p.cu_q ? 0 : b * p.ls[0]) + h * p.ls[1] + (q_off + i) * p.ls[2]] =
-            lsum == 0.f ? kNegInf : m[mt][half] * kLn2 + logf(lsum);
+            lsum == 0.f ? kNegInf : mrow * kLn2 + logf(lsum);
     }
 }
 
