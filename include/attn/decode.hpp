@@ -82,6 +82,12 @@ struct DecodeOptions {
   const TensorView* v_new = nullptr;
   // Rotary embedding of k_new and q before attending (see RotaryTables); nullptr = none.
   const RotaryTables* rotary = nullptr;
+  // Batch-invariant decode (vLLM's and SGLang's deterministic modes): when > 0, each sequence's keys are
+  // cut into ceil(keys / keys_per_split) slices by the split rule (core/split.hpp; slices of at most
+  // keys_per_split keys), in place of num_splits. The slices then depend only on the sequence's own
+  // key count, so its output and lse are bitwise the same whether it is decoded alone or in any batch,
+  // with any thread count. 0 = off (num_splits decides). CPU only: the CUDA backend rejects it.
+  std::int64_t keys_per_split = 0;
 };
 
 void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out,

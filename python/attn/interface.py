@@ -130,7 +130,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
-                            sinks=None):
+                            sinks=None, keys_per_split=0):
     """Decode over a KV cache: q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch, seqlen_cache,
     nheads_k, headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table int32 (batch,
     max_blocks) for any page_size >= 1; k, v (batch, seqlen_new, nheads_k, headdim) are written into the
@@ -141,7 +141,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary_dim / 2), with k and v: k rotated at positions cache_seqlens + t, q at cache_seqlens (+ i when
     causal or windowed), pairs (c, c + rotary_dim / 2) or, rotary_interleaved, (2c, 2c + 1), as in
     flash-attn. Returns out like q, or (out, softmax_lse (batch, nheads, seqlen_q)). Not differentiable,
-    as in flash-attn."""
+    as in flash-attn. attn's additions: sinks (float32 (nheads,)), and keys_per_split > 0 for
+    batch-invariant decode (each sequence's slices depend on its own length only, so its output is
+    bitwise the same in any batch; docs/decode.md)."""
     import torch
     table = torch.float64 if k_cache.dtype == torch.float64 else torch.float32
     to_table = lambda t: None if t is None else t.detach().to(table).contiguous()
@@ -158,6 +160,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _C.kvcache(detach(q), detach(k_cache), detach(v_cache), out, lse if return_softmax_lse else None, cache_seqlens,
                block_table, detach(k), detach(v), cache_batch_idx, cache_leftpad, to_table(rotary_cos),
                to_table(rotary_sin), bool(rotary_interleaved), num_splits=int(num_splits),
+               keys_per_split=int(keys_per_split),
                softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
                window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
                num_threads=get_num_threads(), sinks=detach(sinks))

@@ -285,9 +285,9 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
              const Array& cache_seqlens, std::optional<Array> block_table, std::optional<Array> k_new,
              std::optional<Array> v_new, std::optional<Array> batch_idx, std::optional<Array> leftpad,
              std::optional<Array> rotary_cos, std::optional<Array> rotary_sin, bool rotary_interleaved,
-             std::int64_t num_splits, std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr,
-             double softcap, std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset,
-             int threads, std::optional<Array> sinks) {
+             std::int64_t num_splits, std::int64_t keys_per_split, std::optional<double> scale, bool causal,
+             std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
+             std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks) {
   const char* who = "attn.kvcache";
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
@@ -307,6 +307,7 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
   if (leftpad) cache.leftpad = int32_data(who, "cache_leftpad", *leftpad, qv.shape[0]);
   attn::DecodeOptions dec;
   dec.num_splits = num_splits;
+  dec.keys_per_split = keys_per_split;
   attn::RotaryTables rotary;
   if (rotary_cos || rotary_sin) {
     if (!rotary_cos || !rotary_sin) reject(who, rotary_cos ? "rotary_sin" : "rotary_cos", "both or neither");
@@ -435,7 +436,7 @@ NB_MODULE(_C, m) {
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved") = false,
-        nb::arg("num_splits") = 0, ATTN_OPTION_ARGS,
+        nb::arg("num_splits") = 0, nb::arg("keys_per_split") = 0, ATTN_OPTION_ARGS,
         "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place.");
   m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),
         "attn::merge_states: parts [rows, states, heads, d], parts_lse [rows, states, heads] into out "

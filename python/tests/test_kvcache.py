@@ -124,3 +124,15 @@ def test_rotary_matches_flash_attn_layers_rotary(interleaved, causal, sq):
         assert (k_cache[i] - want_k[i]).abs().max().item() <= 1e-14
         ref = attention_ref(q_rot, want_k[i:i + 1, :n + new], v_cache[i:i + 1, :n + new], causal=causal)
         assert (out[i] - ref[0]).abs().max().item() <= 1e-12
+
+
+def test_keys_per_split_makes_decode_batch_invariant():
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(16, 1, 8, 64, generator=g)
+    k_cache, v_cache = (torch.randn(16, 900, 2, 64, generator=g) for _ in range(2))
+    lens = torch.randint(1, 900, (16,), generator=g, dtype=torch.int32)
+    together = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, keys_per_split=128)
+    for b in (0, 5, 15):
+        alone = attn.flash_attn_with_kvcache(q[b:b + 1], k_cache[b:b + 1], v_cache[b:b + 1],
+                                             cache_seqlens=lens[b:b + 1], keys_per_split=128)
+        assert torch.equal(alone, together[b:b + 1])

@@ -18,8 +18,9 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   std::int64_t batch, seqlen_q, heads, kv_heads, head_dim, seqlen_new;
   DType cache_dtype, q_dtype;
   bool paged;
-  std::int64_t page_size;   // paged: slots per page; contiguous: unused
-  std::int64_t num_splits;  // 0 = automatic, per sequence
+  std::int64_t page_size;       // paged: slots per page; contiguous: unused
+  std::int64_t num_splits;      // 0 = automatic, per sequence
+  std::int64_t keys_per_split;  // > 0: slices of at most this many keys, in place of num_splits
   TensorView q, k, v, out;
   const TensorView* lse;
   const TensorView* k_new;  // nullptr when nothing is appended

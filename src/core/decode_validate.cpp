@@ -16,7 +16,8 @@
 //   out, lse: no self-aliasing, no overlap with any input or each other; when appending, the cache must
 //       not alias itself or overlap k_new, v_new, q, seqlens, block_table, and cache.k and cache.v must
 //       not overlap
-//   options: as validate.cpp (scale, threads, window, softcap, ALiBi); dropout_p must be 0; num_splits >= 0
+//   options: as validate.cpp (scale, threads, window, softcap, ALiBi); dropout_p must be 0; num_splits >= 0;
+//       keys_per_split >= 0
 //   rotary: only with k_new/v_new; cos, sin not null; dtype f32 or f64; rotary_dim even in [2, head_dim];
 //       positions cover every position used
 #include <algorithm>
@@ -248,6 +249,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   check_rotary(who, dec, cache, batch, d, sqn, seqlen_new, q_per_row);
   reject_dropout(who, resolved.dropout, "decode is an inference path");
   if (dec.num_splits < 0) fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + str(dec.num_splits));
+  if (dec.keys_per_split < 0) fail(who, "keys_per_split", "must be >= 0 (0 = off), got " + str(dec.keys_per_split));
 
   DecodeProblem p{};
   static_cast<ResolvedOptions&>(p) = resolved;
@@ -262,6 +264,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   p.paged = paged;
   p.page_size = page_size;
   p.num_splits = dec.num_splits;
+  p.keys_per_split = dec.keys_per_split;
   p.q = q;
   p.k = cache.k;
   p.v = cache.v;

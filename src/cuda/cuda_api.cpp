@@ -218,6 +218,8 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   hc.block_table = paged ? table.data() : nullptr;
   const detail::DecodeProblem p = detail::validate_decode(who, q, hc, out, opts, dec, lse);
   if (q.dtype != cache.k.dtype) fail(who, "q", "dtype must be the cache's on CUDA (f32 activations are CPU-only)");
+  if (dec.keys_per_split > 0)
+    fail(who, "keys_per_split", "batch-invariant splits are CPU-only (the CUDA decode uses one split count)");
   require_kernel_layout(who, "q", q);
   require_kernel_layout(who, "out", out);
   require_kernel_layout(who, "cache.k", cache.k);

@@ -93,6 +93,13 @@ struct DecodePlan {
   }
 };
 
+// The slices of a sequence of n keys: ceil(n / keys_per_split) when set (a function of the sequence
+// alone: batch-invariant), else num_splits, else the automatic count (which depends on the batch).
+std::int64_t splits_of(const DecodeProblem& p, std::int64_t n) {
+  if (p.keys_per_split > 0) return std::max<std::int64_t>(1, (n + p.keys_per_split - 1) / p.keys_per_split);
+  return p.num_splits > 0 ? p.num_splits : decode_num_splits(n, p.batch, p.kv_heads, p.head_dim, p.cache_dtype);
+}
+
 DecodePlan plan_decode(const DecodeProblem& p) {
   DecodePlan plan;
   plan.seqs.resize(static_cast<std::size_t>(p.batch));
@@ -107,7 +114,7 @@ DecodePlan plan_decode(const DecodeProblem& p) {
     }
     s.lo = s.mask.first_key(0);
     s.n = std::max<std::int64_t>(0, s.mask.end_key(p.seqlen_q - 1) - s.lo);
-    s.splits = p.num_splits > 0 ? p.num_splits : decode_num_splits(s.n, p.batch, p.kv_heads, p.head_dim, p.cache_dtype);
+    s.splits = splits_of(p, s.n);
     s.first_item = plan.items;
     plan.items += s.items();
   }
