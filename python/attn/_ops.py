@@ -250,6 +250,14 @@ class _VarlenAttention(torch.autograd.Function):
         return (dq, dk, dv, None, None) + _option_grads(ctx.options, dsink)
 
 
+def require_cpu(who, q, k, v):
+    """attn's kernels in this package run on the CPU: a tensor elsewhere gets a named error, not a crash."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cpu":
+            raise _C.AttnError(f"{who}: {name}: must be a CPU tensor, got one on {t.device} (the package runs "
+                               "attn's CPU kernels; CUDA tensors are not supported yet)")
+
+
 def _needs_grad(q, k, v, sinks):
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                                         (sinks is not None and sinks.requires_grad))
@@ -260,6 +268,7 @@ def attention(q, k, v, *options, with_lse=True):
     when no gradient can flow (inference), the kernel alone, which skips lse (None) unless with_lse."""
     if torch.compiler.is_compiling():
         return fwd(q, k, v, *options)
+    require_cpu("attn.flash_attn_func", q, k, v)
     if not _needs_grad(q, k, v, options[-1]):
         return _fwd_eager(q, k, v, *options, with_lse=with_lse)
     return _Attention.apply(q, k, v, *options)
@@ -268,6 +277,7 @@ def attention(q, k, v, *options, with_lse=True):
 def varlen_attention(q, k, v, cu_q, cu_k, *options):
     if torch.compiler.is_compiling():
         return varlen_fwd(q, k, v, cu_q, cu_k, *options)
+    require_cpu("attn.flash_attn_varlen_func", q, k, v)
     if not _needs_grad(q, k, v, options[-1]):
         return _varlen_fwd_eager(q, k, v, cu_q, cu_k, *options)
     return _VarlenAttention.apply(q, k, v, cu_q, cu_k, *options)
@@ -277,4 +287,5 @@ def varlen_paged_attention(q, k_cache, v_cache, cu_q, cu_k, block_table, *option
     """(out, lse) over a paged cache: inference only (no gradient flows to q or the cache)."""
     if torch.compiler.is_compiling():
         return varlen_fwd_paged(q, k_cache, v_cache, cu_q, cu_k, block_table, *options)
+    require_cpu("attn.flash_attn_varlen_func", q, k_cache, v_cache)
     return _varlen_paged_eager(q.detach(), k_cache.detach(), v_cache.detach(), cu_q, cu_k, block_table, *options)

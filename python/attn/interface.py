@@ -145,6 +145,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     batch-invariant decode (each sequence's slices depend on its own length only, so its output is
     bitwise the same in any batch; docs/decode.md)."""
     import torch
+    from . import _ops
+    _ops.require_cpu("attn.flash_attn_with_kvcache", q, k_cache, v_cache)
     table = torch.float64 if k_cache.dtype == torch.float64 else torch.float32
     to_table = lambda t: None if t is None else t.detach().to(table).contiguous()
     batch, seqlen_q, heads, _ = q.shape

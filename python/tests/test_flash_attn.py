@@ -229,3 +229,12 @@ def test_inference_calls_match_the_autograd_path():
     detached = attn.flash_attn_func(q.detach(), k.detach(), v.detach(), causal=True)
     assert with_grad.requires_grad and not plain.requires_grad and not detached.requires_grad
     assert torch.equal(plain, with_grad.detach()) and torch.equal(detached, plain) and torch.equal(plain_lse, lse)
+
+
+def test_tensors_off_the_cpu_get_a_named_error():
+    q = torch.empty(1, 8, 2, 16, device="meta")  # any non-CPU device: the check is the same for CUDA
+    k = v = torch.randn(1, 8, 2, 16)
+    with pytest.raises(attn.AttnError, match="flash_attn_func: q: must be a CPU tensor, got one on meta"):
+        attn.flash_attn_func(q, k, v)
+    with pytest.raises(attn.AttnError, match="flash_attn_with_kvcache: q: must be a CPU tensor"):
+        attn.flash_attn_with_kvcache(q, k, v)
