@@ -99,7 +99,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Apply the corruption (after the data, so the data bytes stay aligned with the valid case).
   const std::uint8_t which = in.u8(), amount = in.u8();
-  draw_dropout(in, o);                  // the last bytes read: inputs from before dropout parse as they did
+  draw_dropout(in, o);  // the last bytes read: inputs from before dropout parse as they did
+  std::vector<float> sinks;
+  draw_sinks(in, o, H, sinks);
   if (!kTakesDropout) o.dropout_p = 0;  // split-K's rejection of a valid rate is a kDropout corruption
   const char* must_name = nullptr;      // the option a rejection must name, where that is the only fault
   View* tv[] = {&q, &k, &v, &out};

@@ -112,6 +112,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fill(dout, in, 1.0, specials);
   const std::uint8_t which = in.u8(), amount = in.u8();
   draw_dropout(in, o);  // the last bytes read: inputs from before dropout parse as they did
+  std::vector<float> sinks;
+  draw_sinks(in, o, H, sinks);
   attention_reference(q.t, k.t, v.t, out.t, o, &lse.t);  // the forward's out and lse, before any corruption
 
   const char* must_name = nullptr;  // the option a rejection must name, where that is the only fault

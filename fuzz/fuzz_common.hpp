@@ -115,6 +115,18 @@ inline void draw_dropout(Bytes& in, AttentionOptions& o) {
   for (int i = 0; i < 4; ++i) o.dropout_offset = o.dropout_offset << 8 | in.u8();
 }
 
+// Attention sinks, after dropout's bytes (inputs from before parse as they did): on about 1 input in 6,
+// one logit per head in [-8, 8) from a byte each, byte 0 meaning no sink (-inf); kept in `sinks`.
+inline void draw_sinks(Bytes& in, AttentionOptions& o, std::int64_t heads, std::vector<float>& sinks) {
+  if (in.u8() >= 40) return;
+  sinks.resize(static_cast<std::size_t>(heads));
+  for (float& s : sinks) {
+    const std::uint8_t b = in.u8();
+    s = b == 0 ? -std::numeric_limits<float>::infinity() : (b - 128) / 16.0f;
+  }
+  o.sinks = sinks.data();
+}
+
 // Invalid dropout options (docs/robustness.md): dropout_p NaN or outside [0, 1), or dropout_offset
 // >= 2^32. Returns the option the rejection must name.
 inline const char* corrupt_dropout(AttentionOptions& o, int amount) {
