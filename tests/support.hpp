@@ -24,6 +24,20 @@
 
 namespace attn::test {
 
+// Sanitizer builds (tests/CMakeLists.txt defines ATTN_TEST_SANITIZED there) run -O0 instrumented code,
+// 20-60x slower than the release build. They look for bad memory accesses and races, which a shorter
+// cache finds as well (still several splits, pages and partial tiles), so the heaviest sweeps take
+// `sanitized` as their largest size there and `full` in the release suite, which keeps the numerical
+// claims at full size.
+#ifdef ATTN_TEST_SANITIZED
+inline constexpr bool kSanitizedBuild = true;
+#else
+inline constexpr bool kSanitizedBuild = false;
+#endif
+constexpr std::int64_t full_or_sanitized(std::int64_t full, std::int64_t sanitized) {
+  return kSanitizedBuild ? sanitized : full;
+}
+
 // A dense [b, s, h, d] tensor that owns its storage.
 template <class T>
 struct Tensor {

@@ -18,7 +18,7 @@ namespace {
 
 using test::random_tensor;
 
-constexpr std::int64_t B = 64, MAX = 1200, H = 8, HK = 2, D = 64;
+constexpr std::int64_t B = 64, MAX = test::full_or_sanitized(1200, 500), H = 8, HK = 2, D = 64;
 
 template <class T>
 struct Batch {
@@ -48,7 +48,7 @@ std::pair<std::vector<T>, std::vector<float>> decode(const Batch<T>& x, std::int
   KVCache cache;
   std::vector<std::int32_t> table;
   const std::size_t seq = static_cast<std::size_t>(MAX * HK * D);
-  if (paged) {  // the same rows as pages of 100 slots: sequence b's page j is page b * 12 + j of the pool
+  if (paged) {  // the same rows as pages of 100 slots: sequence b's page j is page b * kPages + j of the pool
     constexpr std::int64_t kPage = 100, kPages = MAX / kPage;
     cache.k = TensorView::contiguous(x.k.data.data(), B * kPages, kPage, HK, D);
     cache.v = TensorView::contiguous(x.v.data.data(), B * kPages, kPage, HK, D);
