@@ -23,11 +23,26 @@
 // window, softcap, ALiBi, scale and the fully-masked-row rule (out = 0, lse = -inf) are as in
 // include/attn/options.hpp. Query head h reads kv head h / (heads / kv_heads).
 //
-// Element types: the cache (k, v, k_new, v_new) is f64, f32, bf16 or f16. q and out are the cache's
-// type or f32 (a bf16/f16 cache with f32 activations needs no conversion pass); out has q's type. lse is
-// f64 for an f64 cache, else f32. Accumulation is in f32 (f64 for f64). With a bf16 output on a CPU
-// with AVX512-BF16, the softmax weights are rounded to bf16 for P V (as flash-attn does on GPUs; the
-// LSE keeps f32 accuracy); the error stays within twice the textbook method's at bf16 (tested).
+// Element types: the cache (k, v, k_new, v_new) is f64, f32, bf16 or f16, or quantized (below). q and out are the
+// cache's type or f32 (a bf16/f16 cache with f32 activations needs no conversion pass); out has q's type. lse is f64
+// for an f64 cache, else f32. Accumulation is in f32 (f64 for f64). With a bf16 output on a CPU with AVX512-BF16, the
+// softmax weights are rounded to bf16 for P V (as flash-attn does on GPUs; the LSE keeps f32 accuracy); the error stays
+// within twice the textbook method's at bf16 (tested).
+//
+// Quantized caches: cache.k and cache.v of dtype i8, fp8_e4m3 or fp8_e5m2 with cache.k_scale and
+// cache.v_scale; a stored q stands for float(q) * scale (one f32 multiply; src/core/quant.hpp). The
+// conventions of the field are layouts of the scale views:
+//   int8, one scale per (token, kv head) (vLLM's per-token int8): groups = 1, dense;
+//   q8_0 numerics (llama.cpp: blocks of 32 dims, f16 scale): i8 with groups = head_dim / 32, f16;
+//   fp8 with one scale per kv head (vLLM's and FA3's descale): strides [0, 0, 1, 0]; per tensor: all 0.
+// (llama.cpp interleaves each block's scale with its 32 values; here values and scales are separate
+// arrays.) q and out are f32, bf16 or f16; lse f32. k_new and v_new (f32, bf16 or f16) are quantized
+// into the cache: round to nearest even, saturated at the type's largest finite value. When no two cache
+// positions share a scale element, the appended positions' scales are computed (amax / 127, 448 or
+// 57344 per group, rounded to the scale's type) and written; when the view shares elements (a 0
+// stride), the given scales are used and must be finite and > 0. A NaN or infinite appended value
+// makes its group's computed scale NaN, so it poisons the rows that see it; with given scales it is an
+// error. Decode dequantizes each chunk of keys to f32 and runs the f32 kernel on it. CPU only.
 //
 // Every argument is validated before anything is written; a bad one throws std::invalid_argument whose
 // message names the argument and the rule, and leaves the cache, out and lse untouched. The block_table
@@ -55,6 +70,12 @@ struct KVCache {
   // Contiguous caches only (flash-attn's cache_batch_idx and cache_leftpad); nullptr = off.
   const std::int32_t* batch_idx = nullptr;  // [batch]: sequence b reads and appends cache row batch_idx[b]
   const std::int32_t* leftpad = nullptr;    // [batch]: sequence b's keys start at position leftpad[b]
+  // Quantized caches only (k, v of dtype i8, fp8_e4m3 or fp8_e5m2): the scales, rank-4 views
+  // [batch or num_pages, max_seqlen or page_size, kv_heads, groups] of f32 or f16, indexed like the
+  // cache's rows (the same block table), `groups` dividing head_dim: the scale of element c of a row
+  // is that of group c / (head_dim / groups). Strides may be 0 to share a scale. See "Quantized
+  // caches" above.
+  TensorView k_scale, v_scale;
 };
 
 // Rotary position embedding tables (flash-attn's rotary_cos, rotary_sin, rotary_interleaved): cos and

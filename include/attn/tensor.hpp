@@ -13,7 +13,11 @@
 namespace attn {
 
 // Element types. Accumulation is in double for f64 and in float for every other type.
-enum class DType : std::uint8_t { f64, f32, bf16, f16 };
+// i8, fp8_e4m3 and fp8_e5m2 are the stored types of quantized KV caches (attention_decode only, with
+// scales: include/attn/decode.hpp); every other view of every entry point rejects them by name.
+enum class DType : std::uint8_t { f64, f32, bf16, f16, i8, fp8_e4m3, fp8_e5m2 };
+
+constexpr bool is_quantized(DType t) { return t == DType::i8 || t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -24,6 +28,10 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::bf16:
     case DType::f16:
       return 2;
+    case DType::i8:
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2:
+      return 1;
   }
   return 0;
 }
@@ -38,6 +46,12 @@ constexpr std::string_view dtype_name(DType t) {
       return "bf16";
     case DType::f16:
       return "f16";
+    case DType::i8:
+      return "i8";
+    case DType::fp8_e4m3:
+      return "fp8_e4m3";
+    case DType::fp8_e5m2:
+      return "fp8_e5m2";
   }
   return "?";
 }
@@ -48,6 +62,14 @@ struct bf16_t {
 };
 struct f16_t {
   std::uint16_t bits;
+};
+// OCP 8-bit floats: e4m3 (bias 7, no infinities, S.1111.111 is NaN; max 448: PyTorch's float8_e4m3fn)
+// and e5m2 (bias 15, IEEE-like with infinities; max 57344: float8_e5m2).
+struct fp8_e4m3_t {
+  std::uint8_t bits;
+};
+struct fp8_e5m2_t {
+  std::uint8_t bits;
 };
 
 template <class T>
@@ -67,6 +89,18 @@ constexpr DType dtype_of<bf16_t>() {
 template <>
 constexpr DType dtype_of<f16_t>() {
   return DType::f16;
+}
+template <>
+constexpr DType dtype_of<std::int8_t>() {
+  return DType::i8;
+}
+template <>
+constexpr DType dtype_of<fp8_e4m3_t>() {
+  return DType::fp8_e4m3;
+}
+template <>
+constexpr DType dtype_of<fp8_e5m2_t>() {
+  return DType::fp8_e5m2;
 }
 
 struct TensorView {

@@ -31,7 +31,11 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   const std::int32_t* batch_idx;  // contiguous caches: sequence b's cache row; nullptr = b
   const std::int32_t* leftpad;    // contiguous caches: sequence b's first key position; nullptr = 0
   const RotaryTables* rotary;     // nullptr = no rotary embedding
-  bool rotary_q_per_row;          // causal or windowed: q row i at seqlens[b] + i, else all at seqlens[b]
+  // Quantized caches (cache_dtype i8 / fp8): the scale views; owned = no two positions share a scale
+  // element, so the append computes and writes the appended positions' scales (else it reads them).
+  TensorView k_scale, v_scale;
+  bool k_scale_owned, v_scale_owned;
+  bool rotary_q_per_row;  // causal or windowed: q row i at seqlens[b] + i, else all at seqlens[b]
 
   std::int64_t group() const { return heads / kv_heads; }
   std::int64_t first_position(std::int64_t b) const { return leftpad ? std::int64_t{leftpad[b]} : 0; }
@@ -43,6 +47,7 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
     const std::int64_t row = batch_idx ? std::int64_t{batch_idx[b]} : b;
     return cache_row_offset(row, pos, t.strides[0], t.strides[1], paged ? block_table : nullptr, bt_stride, page_size);
   }
+  bool quantized() const { return is_quantized(cache_dtype); }
   // The rotary table row of query row i of sequence b.
   std::int64_t query_position(std::int64_t b, std::int64_t i) const {
     return std::int64_t{seqlens[b]} + (rotary_q_per_row ? i : 0);
@@ -57,5 +62,20 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
 // bad one; writes nothing. Reads seqlens and block_table, so they must be host memory.
 DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
                               const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse);
+
+// Quantized caches' rules (core/decode_quant_validate.cpp), parts of validate_decode.
+struct CacheScales {
+  TensorView k, v;
+  bool k_owned = false, v_owned = false;
+  Span k_span, v_span;
+};
+// q, out, k_new and v_new around a quantized cache: f32, bf16 or f16 (k_new and v_new alike).
+void check_quantized_types(std::string_view who, DType cache_dtype, const TensorView& q, const DecodeOptions& dec);
+// cache.k_scale and cache.v_scale: absent for other caches; for quantized ones rank 4, f32 or f16,
+// [cache rows, slots, kv_heads, groups] with groups dividing head_dim.
+CacheScales check_cache_scales(std::string_view who, const KVCache& cache, std::int64_t head_dim);
+// Appending into a quantized cache with given (shared) scales: each scale the appended positions use
+// is finite and > 0, and every appended value is finite (it could not be represented otherwise).
+void check_quantized_append(std::string_view who, const DecodeProblem& p);
 
 }  // namespace attn::detail

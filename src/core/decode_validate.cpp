@@ -1,8 +1,10 @@
 // Decode's argument checks, for the CPU and CUDA entry points alike. The rules, each with the argument it names:
 //   q, out, lse, cache.k, cache.v, k_new, v_new: the view rules of validate.cpp (rank, sizes, strides,
 //       overflow, null data)
-//   cache.k: dtype must be f64, f32, bf16 or f16; cache.v, k_new, v_new: dtype must match cache.k's
-//   q: dtype must be cache.k's or f32; out: dtype must match q's; lse: f64 for an f64 cache, else f32
+//   cache.k: dtype must be f64, f32, bf16 or f16, or i8 / fp8 (quantized: the rules of
+//       decode_quant_validate.cpp); cache.v: cache.k's; k_new, v_new: cache.k's (unquantized caches)
+//   q: dtype must be cache.k's or f32 (unquantized caches); out: dtype must match q's; lse: f64 for an
+//       f64 cache, else f32
 //   cache.k / cache.v: last dimension must be contiguous (stride[3] = 1)
 //   shapes: cache.v = cache.k; head_dim of q, k_new, v_new = cache.k's; heads a multiple of kv_heads;
 //       contiguous cache: batch = q's; out = q; lse = [batch, heads, seqlen_q]; v_new = k_new
@@ -14,8 +16,8 @@
 //   cache.block_table: max_pages >= 1, block_table_stride >= max_pages; the entries of the pages that
 //       hold keys [0, seqlens[b] + seqlen_new) in [0, num_pages); appended slots written once
 //   out, lse: no self-aliasing, no overlap with any input or each other; when appending, the cache must
-//       not alias itself or overlap k_new, v_new, q, seqlens, block_table, and cache.k and cache.v must
-//       not overlap
+//       not alias itself or overlap k_new, v_new, q, seqlens, block_table or the scales, and cache.k and
+//       cache.v must not overlap; scales the append writes must not overlap any other input
 //   options: as validate.cpp (scale, threads, window, softcap, ALiBi); dropout_p must be 0; num_splits >= 0;
 //       keys_per_split >= 0
 //   rotary: only with k_new/v_new; cos, sin not null; dtype f32 or f64; rotary_dim even in [2, head_dim];
@@ -24,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -113,8 +116,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
                               const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse) {
   const bool paged = cache.block_table != nullptr;
   const Span sq = check_view(who, "q", q, 4, false);
-  const Span sk = check_view(who, "cache.k", cache.k, 4, !paged);
-  const Span sv = check_view(who, "cache.v", cache.v, 4, !paged);
+  const Span sk = check_view(who, "cache.k", cache.k, 4, !paged, true);
+  const Span sv = check_view(who, "cache.v", cache.v, 4, !paged, true);
   const Span so = check_view(who, "out", out, 4, false);
   const Span sl = lse ? check_view(who, "lse", *lse, 3, false) : Span{};
   if ((dec.k_new == nullptr) != (dec.v_new == nullptr))
@@ -126,11 +129,13 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   // Element types.
   const DType ct = cache.k.dtype;
   require_dtype(who, "cache.v", cache.v.dtype, ct, "cache.k");
-  if (append) {
+  if (is_quantized(ct)) {
+    check_quantized_types(who, ct, q, dec);
+  } else if (append) {
     require_dtype(who, "k_new", dec.k_new->dtype, ct, "cache.k");
     require_dtype(who, "v_new", dec.v_new->dtype, ct, "cache.k");
   }
-  if (q.dtype != ct && q.dtype != DType::f32)
+  if (!is_quantized(ct) && q.dtype != ct && q.dtype != DType::f32)
     fail(who, "q",
          "dtype must be cache.k's (" + std::string(dtype_name(ct)) + ") or f32, got " +
              std::string(dtype_name(q.dtype)));
@@ -161,6 +166,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     require_equal(who, "lse", "heads", lse->shape[1], "q", heads);
     require_equal(who, "lse", "seqlen_q", lse->shape[2], "q", sqn);
   }
+  const CacheScales scales = check_cache_scales(who, cache, d);
   std::int64_t seqlen_new = 0;
   if (append) {
     require_equal(who, "k_new", "batch", dec.k_new->shape[0], "q", batch);
@@ -209,7 +215,9 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
                                                  {"v_new", svn},
                                                  {"cache.seqlens", sseq},
                                                  {"cache.block_table", sbt},
-                                                 {"cache.batch_idx / leftpad", sidx}};
+                                                 {"cache.batch_idx / leftpad", sidx},
+                                                 {"cache.k_scale", scales.k_span},
+                                                 {"cache.v_scale", scales.v_span}};
   for (auto [name, s] : inputs) {
     if (overlaps(so, s)) fail(who, "out", std::string("overlaps input ") + name);
     if (overlaps(sl, s)) fail(who, "lse", std::string("overlaps input ") + name);
@@ -225,6 +233,11 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
       if (overlaps(sk, s)) fail(who, "cache.k", std::string("overlaps ") + name + " (written when appending)");
       if (overlaps(sv, s)) fail(who, "cache.v", std::string("overlaps ") + name + " (written when appending)");
     }
+    for (auto [arg, written, owned] : {std::tuple{"cache.k_scale", scales.k_span, scales.k_owned},
+                                       std::tuple{"cache.v_scale", scales.v_span, scales.v_owned}})
+      for (auto [name, s] : inputs)
+        if (owned && std::string_view(name) != arg && overlaps(written, s))
+          fail(who, arg, std::string("overlaps ") + name + " (the appended positions' scales are written)");
     if (paged) {                                                 // two sequences must not append into the same slot
       std::vector<std::pair<std::int64_t, std::int64_t>> slots;  // (page * page_size + slot, b)
       slots.reserve(static_cast<std::size_t>(batch * seqlen_new));
@@ -278,7 +291,12 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   p.batch_idx = cache.batch_idx;
   p.leftpad = cache.leftpad;
   p.rotary = dec.rotary;
+  p.k_scale = scales.k;
+  p.v_scale = scales.v;
+  p.k_scale_owned = scales.k_owned;
+  p.v_scale_owned = scales.v_owned;
   p.rotary_q_per_row = q_per_row;
+  check_quantized_append(who, p);
   return p;
 }
 

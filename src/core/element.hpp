@@ -3,8 +3,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 #include <type_traits>
 
 #include "attn/tensor.hpp"
@@ -66,12 +69,27 @@ inline f16_t float_to_f16(float f) {  // round to nearest even, overflow to Inf,
   return {static_cast<std::uint16_t>((sign >> 16) | (mag > 0xFF000000u ? 0x7E00u : nonsign))};
 }
 
+// The OCP 8-bit floats of quantized caches (stored types only: nothing is computed in them).
+inline float fp8_e4m3_to_float(std::uint8_t b) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  // Subnormal m/8 * 2^-6 = m * 2^-9; normal (1 + m/8) * 2^(e - 7) = (8 + m) * 2^(e - 10).
+  const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(static_cast<float>(8 + m), e - 10);
+  return (b & 0x80) ? -mag : mag;
+}
+// e5m2 is the upper byte of an f16 (same exponent, two mantissa bits).
+inline float fp8_e5m2_to_float(std::uint8_t b) { return f16_to_float(f16_t{static_cast<std::uint16_t>(b << 8)}); }
+
 template <class A, class T>
 inline A load(const T& x) {
   if constexpr (std::is_same_v<T, bf16_t>)
     return static_cast<A>(bf16_to_float(x));
   else if constexpr (std::is_same_v<T, f16_t>)
     return static_cast<A>(f16_to_float(x));
+  else if constexpr (std::is_same_v<T, fp8_e4m3_t>)
+    return static_cast<A>(fp8_e4m3_to_float(x.bits));
+  else if constexpr (std::is_same_v<T, fp8_e5m2_t>)
+    return static_cast<A>(fp8_e5m2_to_float(x.bits));
   else
     return static_cast<A>(x);
 }
@@ -97,6 +115,10 @@ decltype(auto) dispatch_dtype(DType t, F&& f) {
       return f.template operator()<bf16_t>();
     case DType::f16:
       return f.template operator()<f16_t>();
+    case DType::i8:
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2:  // stored cache types: validation lets them reach the dequantizing paths only
+      throw std::logic_error("attn: internal error: a quantized dtype reached a floating-point kernel");
   }
   return f.template operator()<float>();
 }

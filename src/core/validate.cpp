@@ -1,7 +1,7 @@
 // Argument validation shared by every entry point. The rules, each with the message it produces:
 //   <arg>: data pointer is null                       (a non-empty view with no data)
 //   <arg>: rank must be R                             (4 for q/k/v/out, 3 for lse)
-//   <arg>: dtype must be f64, f32, bf16 or f16        (a DType value outside the enum)
+//   <arg>: dtype must be f64, f32, bf16 or f16        (a quantized type, or a DType value outside the enum)
 //   <arg>: <dim> must be >= 1                         (seqlen of k and v may be 0: every row is masked)
 //   <arg>: stride[i] must be >= 0
 //   <arg>: sizes overflow                             (element count or byte extent beyond int64)
@@ -45,9 +45,14 @@ std::string number(double x) {
 }  // namespace
 
 // Checks one view on its own and returns its byte span.
-Span check_view(std::string_view who, std::string_view arg, const TensorView& t, int rank, bool allow_empty_seqlen) {
+Span check_view(std::string_view who, std::string_view arg, const TensorView& t, int rank, bool allow_empty_seqlen,
+                bool allow_quantized) {
   if (t.rank != rank) fail(who, arg, "rank must be " + std::to_string(rank) + ", got " + std::to_string(t.rank));
-  if (static_cast<unsigned>(t.dtype) > static_cast<unsigned>(DType::f16))
+  if (is_quantized(t.dtype) && !allow_quantized)
+    fail(who, arg,
+         "dtype must be f64, f32, bf16 or f16, got " + std::string(dtype_name(t.dtype)) +
+             " (quantized types are for attention_decode's cache.k and cache.v only)");
+  if (static_cast<unsigned>(t.dtype) > static_cast<unsigned>(DType::fp8_e5m2))
     fail(who, arg, "dtype must be f64, f32, bf16 or f16, got code " + std::to_string(static_cast<unsigned>(t.dtype)));
   const char* const* names = rank == 4 ? kDimNames4 : kDimNamesLse;
   bool empty = false;
@@ -82,8 +87,15 @@ Span check_view(std::string_view who, std::string_view arg, const TensorView& t,
 // step over the whole extent of the smaller ones (a sufficient rule that accepts every dense or
 // padded layout).
 void check_no_self_alias(std::string_view who, std::string_view arg, const TensorView& t) {
+  if (const int i = aliasing_dim(t); i >= 0)
+    fail(who, arg,
+         "strides make elements alias (stride[" + std::to_string(i) + "] = " + std::to_string(t.strides[i]) +
+             "); outputs need distinct addresses");
+}
+
+int aliasing_dim(const TensorView& t) {
   for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] == 0) return;  // no elements, nothing to alias (a dense [b, 0, h, d] view has stride[0] 0)
+    if (t.shape[i] == 0) return -1;  // no elements, nothing to alias (a dense [b, 0, h, d] view has stride[0] 0)
   int order[TensorView::kMaxRank];
   int n = 0;
   for (int i = 0; i < t.rank; ++i)
@@ -93,12 +105,10 @@ void check_no_self_alias(std::string_view who, std::string_view arg, const Tenso
   std::int64_t reach = 0;  // largest offset covered by the dims so far
   for (int j = 0; j < n; ++j) {
     const int i = order[j];
-    if (t.strides[i] <= reach)
-      fail(who, arg,
-           "strides make elements alias (stride[" + std::to_string(i) + "] = " + std::to_string(t.strides[i]) +
-               "); outputs need distinct addresses");
+    if (t.strides[i] <= reach) return i;
     reach += (t.shape[i] - 1) * t.strides[i];
   }
+  return -1;
 }
 
 bool overlaps(Span a, Span b) { return !a.empty() && !b.empty() && a.lo < b.hi && b.lo < a.hi; }

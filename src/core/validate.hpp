@@ -21,9 +21,13 @@ struct Span {  // byte range [lo, hi) a view may touch
 // Checks one view on its own (rank, sizes >= 1 or, for dim 1 with allow_empty_seqlen, >= 0, strides
 // >= 0, overflow, null data) and returns its byte span. Rank 4 dims are named batch, seqlen, heads,
 // head_dim; rank 3 batch, heads, seqlen_q.
-Span check_view(std::string_view who, std::string_view arg, const TensorView& t, int rank, bool allow_empty_seqlen);
+// The quantized dtypes (i8, fp8) pass only with allow_quantized (decode's cache.k and cache.v).
+Span check_view(std::string_view who, std::string_view arg, const TensorView& t, int rank, bool allow_empty_seqlen,
+                bool allow_quantized = false);
 // Outputs: every element must have its own address.
 void check_no_self_alias(std::string_view who, std::string_view arg, const TensorView& t);
+// The same test without throwing: a dim whose stride lets two elements share an address, or -1.
+int aliasing_dim(const TensorView& t);
 bool overlaps(Span a, Span b);
 // "<arg>: <dim> must equal <other>'s (want), got got".
 void require_equal(std::string_view who, std::string_view arg, const char* dim, std::int64_t got,

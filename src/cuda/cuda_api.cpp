@@ -194,6 +194,9 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   if (cache.batch_idx) fail(who, "cache.batch_idx", "not supported by the CUDA backend yet; must be null");
   if (cache.leftpad) fail(who, "cache.leftpad", "not supported by the CUDA backend yet; must be null");
   if (dec.rotary) fail(who, "rotary", "not supported by the CUDA backend yet; must be null");
+  if (is_quantized(cache.k.dtype))  // the CPU validator would read the scales as host memory
+    fail(who, "cache.k",
+         "quantized caches (" + std::string(dtype_name(cache.k.dtype)) + ") are CPU-only (attn::attention_decode)");
   if (!cache.seqlens) fail(who, "cache.seqlens", "data pointer is null");
   const std::int64_t batch = q.rank == 4 ? q.shape[0] : 0;
   if (batch < 1) detail::check_view(who, "q", q, 4, false);  // throws with the view rule

@@ -1,10 +1,14 @@
 // The in-place append of k_new/v_new into the cache, after validation (CPU; the CUDA backend appends
-// in its decode launch).
+// in its decode launch), quantizing them for an i8 / fp8 cache.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
 #include "core/problem.hpp"
+#include "core/quant.hpp"
 #include "core/rotary.hpp"
 #include "decode/decode_internal.hpp"
 
@@ -32,10 +36,62 @@ void append_rotated_keys(const DecodeProblem& p) {
     }
 }
 
+// One appended row of one kv head, as floats (rotated keys when rotary is on), quantized into the
+// cache by core/quant.hpp's rule: per group, its scale computed from the group's largest magnitude and
+// written (an owned scale view) or read (a shared one).
+void quantize_row(const DecodeProblem& p, const float* row, std::uint8_t* to, const TensorView& scale, bool owned,
+                  std::int64_t scale_at) {
+  const std::int64_t groups = scale.shape[3], size = p.head_dim / groups;
+  for (std::int64_t x = 0; x < groups; ++x) {
+    const float* in = row + x * size;
+    const std::int64_t at = scale_at + x * scale.strides[3];
+    float s = 0;
+    if (owned) {
+      float amax = 0;
+      bool finite = true;
+      for (std::int64_t c = 0; c < size; ++c) {
+        finite = finite && std::isfinite(in[c]);
+        amax = std::max(amax, std::fabs(in[c]));
+      }
+      s = scale_for(p.cache_dtype, finite ? amax : std::numeric_limits<float>::infinity(), scale.dtype);
+      write_scale(scale, at, s);
+    } else {
+      s = read_scale(scale, at);  // validated finite and > 0
+    }
+    for (std::int64_t c = 0; c < size; ++c) to[x * size + c] = quantize_value(p.cache_dtype, in[c], s);
+  }
+}
+
+void append_quantized(const DecodeProblem& p) {
+  std::vector<float> row(static_cast<std::size_t>(p.head_dim));
+  const bool k_side[] = {true, false};
+  for (bool keys : k_side) {
+    const TensorView& src = keys ? *p.k_new : *p.v_new;
+    const TensorView& dst = keys ? p.k : p.v;
+    const TensorView& scale = keys ? p.k_scale : p.v_scale;
+    const bool owned = keys ? p.k_scale_owned : p.v_scale_owned;
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t t = 0; t < p.seqlen_new; ++t) {
+        const std::int64_t pos = p.seqlens[b] + t, at = p.row_offset(dst, b, pos), sat = p.row_offset(scale, b, pos);
+        for (std::int64_t g = 0; g < p.kv_heads; ++g) {
+          dispatch_dtype(src.dtype, [&]<class T>() {
+            const T* from = row_ptr<const T>(src, b, t, g);
+            for (std::int64_t c = 0; c < p.head_dim; ++c)
+              row[static_cast<std::size_t>(c)] = load<float>(from[c * src.strides[3]]);
+          });
+          if (keys && p.rotary) rotate_row(row.data(), *p.rotary, pos);
+          quantize_row(p, row.data(), static_cast<std::uint8_t*>(dst.data) + at + g * dst.strides[2], scale, owned,
+                       sat + g * scale.strides[2]);
+        }
+      }
+  }
+}
+
 }  // namespace
 
 void append_kv(const DecodeProblem& p) {
   if (!p.k_new || p.seqlen_new == 0) return;
+  if (p.quantized()) return append_quantized(p);
   const std::size_t es = dtype_size(p.cache_dtype);
   if (p.rotary) dispatch_dtype(p.cache_dtype, [&]<class T>() { append_rotated_keys<T>(p); });
   for (auto [src, dst] : {std::pair{p.k_new, &p.k}, {p.v_new, &p.v}}) {

@@ -252,6 +252,21 @@ HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, floa
     }
 }
 
+// rows[t][c] *= scales[(t / rows_per_scale) * kChunk + c] for `count` rows of kChunk lanes, c < n: a
+// quantized cache's per-key scales (one row of them per kv head) applied to its dots or weights.
+HWY_INLINE void ScaleLanes(const float* scales, float* rows, std::int64_t count, std::int64_t rows_per_scale,
+                           std::int64_t n) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (std::int64_t t = 0; t < count; ++t) {
+    const float* s = scales + (t / rows_per_scale) * kChunk;
+    float* row = rows + t * kChunk;
+    std::int64_t c = 0;
+    for (; c + N <= n; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, row + c), hn::LoadU(df, s + c)), df, row + c);
+    for (; c < n; ++c) row[c] *= s[c];
+  }
+}
+
 // One chunk, all kv heads: score_keys(dots4) fills the key walk's dots (WalkKeys), which become masked,
 // scaled scores; then per kv head g every row is folded (probabilities in the scratch) and P V is added
 // through pv (PvVisibleKeys).
@@ -263,12 +278,14 @@ HWY_INLINE void RunChunk(const ChunkArgs<float>& a, ScoreKeysFn&& score_keys, Pv
   float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
   score_keys(dots4);
   UntangleDots(a, dots4, scores);
+  if (a.k_scales) ScaleLanes(a.k_scales, scores, a.kv_heads * R, R, a.n);
   TransformScores(a, scores);
   for (std::int64_t g = 0; g < a.kv_heads; ++g) {
     float* st = a.states + g * R * S;
     for (std::int64_t r = 0; r < R; ++r)
       FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2,
               st + r * S + S - 1, d);
+    if (a.v_scales) ScaleLanes(a.v_scales + g * kChunk, probs, R, R, a.n);
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
       PvVisibleKeys(a, g, r0, std::min<std::int64_t>(4, R - r0), probs, st, pv);
   }

@@ -11,7 +11,9 @@
 //   P V:    each V row is loaded once per 4 query rows x a block of output lanes, the o accumulators of
 //           that block held in registers across the whole chunk.
 // Two kernels fill in the dot products and P V:
-//   Chunk<T> (here), any cache type: K and V rows widened to f32 in registers, f32 FMAs.
+//   Chunk<T> (here), any cache type: K and V rows widened to f32 in registers, f32 FMAs; for a quantized
+//           cache with one scale per row (i8 per token, fp8 per kv head) the codes are widened
+//           (decode_quant-inl.h) and RunChunk scales the dots by k's scales and p by v's.
 //   ChunkDp (decode_simd_bf16-inl.h), bf16 caches on AVX512-BF16 CPUs: VDPBF16PS on the bf16 values.
 #include <cstdint>
 #include <cstring>
@@ -30,6 +32,7 @@
 #include "core/element.hpp"
 #include "decode/decode_chunk-inl.h"
 #include "decode/decode_internal.hpp"
+#include "decode/decode_quant-inl.h"
 #include "decode/decode_simd_bf16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -54,6 +57,8 @@ template <class T>
 HWY_INLINE VF LoadRow(DF df, const T* row, std::int64_t x) {
   if constexpr (std::is_same_v<T, float>) {
     return hn::LoadU(df, row + x);
+  } else if constexpr (is_quantized(dtype_of<T>())) {  // the codes, unscaled (RunChunk applies the scales)
+    return LoadStored<dtype_of<T>()>(df, reinterpret_cast<const std::uint8_t*>(row) + x);
   } else {
     using H = typename HwyOf<T>::type;
     const hn::Rebind<H, DF> dh;
@@ -106,15 +111,25 @@ HWY_INLINE void PvSumBlock(const float* p, const T* const* vrows, std::int64_t v
     for (int v = 0; v < NV; ++v) hn::StoreU(acc[r][v], df, o + r * S + x + v * N);
 }
 
-// o_r += sum_{c < n} p[r][c] v_c for NR rows over all of d: blocks of 4 vectors, then single vectors,
-// then lane by lane.
+// Output vectors per P V block: NR x kPvVectors accumulators, kPvVectors V vectors and a broadcast p
+// must fit the register file. x86 up to AVX2 has 16 vector registers: 4 x 4 + 4 + 1 = 21 spilled the
+// accumulators to the stack on every key (seen in perf annotate on Zen 3), 4 x 2 + 2 + 1 = 11 does not;
+// AVX-512 and Arm have 32.
+#if HWY_ARCH_X86 && HWY_TARGET >= HWY_AVX2
+constexpr int kPvVectors = 2;
+#else
+constexpr int kPvVectors = 4;
+#endif
+
+// o_r += sum_{c < n} p[r][c] v_c for NR rows over all of d: blocks of kPvVectors vectors, then single
+// vectors, then lane by lane.
 template <int NR, class T>
 HWY_INLINE void PvSum(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o, std::int64_t S,
                       std::int64_t d) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   std::int64_t x = 0;
-  for (; x + 4 * N <= d; x += 4 * N) PvSumBlock<NR, 4>(p, vrows, vhs, n, o, S, x);
+  for (; x + kPvVectors * N <= d; x += kPvVectors * N) PvSumBlock<NR, kPvVectors>(p, vrows, vhs, n, o, S, x);
   for (; x + N <= d; x += N) PvSumBlock<NR, 1>(p, vrows, vhs, n, o, S, x);
   for (; x < d; ++x)
     for (int r = 0; r < NR; ++r) {
@@ -170,6 +185,12 @@ void ChunkDispatch(const ChunkArgs<float>& a, DType t) {
       return Chunk<bf16_t>(a);
     case DType::f16:
       return Chunk<f16_t>(a);
+    case DType::i8:
+      return Chunk<std::int8_t>(a);
+    case DType::fp8_e4m3:
+      return Chunk<fp8_e4m3_t>(a);
+    case DType::fp8_e5m2:
+      return Chunk<fp8_e5m2_t>(a);
     default:
       return Chunk<float>(a);
   }

@@ -72,9 +72,10 @@ std::int64_t decode_num_splits(std::int64_t keys, std::int64_t batch, std::int64
   if (batch < 1) detail::fail(who, "batch", "must be >= 1, got " + std::to_string(batch));
   if (kv_heads < 1) detail::fail(who, "kv_heads", "must be >= 1, got " + std::to_string(kv_heads));
   if (head_dim < 1) detail::fail(who, "head_dim", "must be >= 1, got " + std::to_string(head_dim));
-  if (static_cast<unsigned>(cache_dtype) > static_cast<unsigned>(DType::f16))
+  if (static_cast<unsigned>(cache_dtype) > static_cast<unsigned>(DType::fp8_e5m2))
     detail::fail(who, "cache_dtype",
-                 "must be f64, f32, bf16 or f16, got code " + std::to_string(static_cast<unsigned>(cache_dtype)));
+                 "must be f64, f32, bf16, f16, i8, fp8_e4m3 or fp8_e5m2, got code " +
+                     std::to_string(static_cast<unsigned>(cache_dtype)));
   if (keys <= 0) return 1;
   constexpr double kSliceBytes = 2.0 * 1024 * 1024;  // K and V read per slice, all kv heads
   constexpr std::int64_t kMinItems = 32, kMinKeys = 128;

@@ -398,6 +398,8 @@ void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, i
       return HWY_DYNAMIC_DISPATCH(tiled_simd::RunBF16)(problems, plans, first_task, threads);
     case DType::f16:
       return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF16)(problems, plans, first_task, threads);
+    default:  // the quantized cache types: validation admits them in decode only
+      break;
   }
 }
 

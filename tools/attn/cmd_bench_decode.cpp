@@ -3,7 +3,11 @@
 //
 // Decode reads every K and V element of the cache once, so its floor is
 //   bytes = 2 x cache_len x kv_heads x head_dim x element bytes   (summed over the batch)
+//           + the scales a quantized cache reads per key (int8: 4 bytes per key and kv head, q8_0: 2
+//           per 32 elements; fp8's per-kv-head scales: none to speak of)
 //   seconds >= bytes / read bandwidth.
+// --dtype takes a list (e.g. bf16,int8,q8_0,fp8): each case runs once per cache type, and the table
+// gives tokens per second and the speed against the first type of the list, measured in the same run.
 // Each case reports the median seconds of attention_decode, its GB/s of KV read, the probe's GB/s
 // (read_bandwidth_gbps, mean of one probe right before and one right after the case) and the ratio,
 // then the layout probe: the same K and V rows summed in the order the kernel reads them (every key's
@@ -56,11 +60,36 @@ struct Args {
   std::string threads = "1,2", dtype = "bf16", num_splits = "0", seq_q = "1", cache, layout = "keys";
 };
 
-DType parse_dtype(const std::string& s) {
-  if (s == "bf16") return DType::bf16;
-  if (s == "f16") return DType::f16;
-  if (s == "f32") return DType::f32;
-  throw UsageError("--dtype: must be bf16, f16 or f32, got '" + s + "'");
+// A cache format: the stored type and, for the quantized ones, the scales' layout (include/attn/decode.hpp):
+// groups per (key, kv head) row (0 = one scale per kv head, shared by every key) and their type.
+struct Format {
+  std::string name;
+  DType type;
+  std::int64_t groups = 0;
+  DType scale_type = DType::f32;
+  std::size_t scale_bytes(std::int64_t keys, std::int64_t kv_heads) const {  // read per K or V
+    return groups > 0 ? static_cast<std::size_t>(keys * kv_heads * groups) * dtype_size(scale_type) : 0;
+  }
+};
+
+Format parse_format(const std::string& s, std::int64_t head_dim) {
+  if (s == "bf16") return {s, DType::bf16};
+  if (s == "f16") return {s, DType::f16};
+  if (s == "f32") return {s, DType::f32};
+  if (s == "int8") return {s, DType::i8, 1, DType::f32};                    // one f32 scale per key and kv head
+  if (s == "q8_0") return {s, DType::i8, head_dim / 32, DType::f16};        // llama.cpp's blocks of 32
+  if (s == "fp8" || s == "fp8_e4m3") return {"fp8_e4m3", DType::fp8_e4m3};  // one scale per kv head
+  if (s == "fp8_e5m2") return {s, DType::fp8_e5m2};
+  throw UsageError("--dtype: each must be bf16, f16, f32, int8, q8_0, fp8 (= fp8_e4m3) or fp8_e5m2, got '" + s + "'");
+}
+
+std::vector<Format> parse_formats(const std::string& s, std::int64_t head_dim) {
+  std::vector<Format> r;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) r.push_back(parse_format(item, head_dim));
+  if (r.empty()) throw UsageError("--dtype: empty list");
+  return r;
 }
 
 std::vector<int> parse_threads(const std::string& s) {
@@ -98,6 +127,9 @@ void fill(void* data, std::size_t count, DType t, std::uint64_t seed) {
         const float f = static_cast<float>(static_cast<std::int32_t>(x >> 40) - (1 << 23)) / float(1 << 23);
         if (t == DType::f32) {
           static_cast<float*>(data)[i] = f;
+        } else if (is_quantized(t)) {  // random codes; fp8 with exponent bit 6 clear: finite, |x| < 2
+          static_cast<std::uint8_t*>(data)[i] =
+              static_cast<std::uint8_t>(t == DType::i8 ? (x >> 32) : ((x >> 32) & 0xBF));
         } else if (t == DType::bf16) {
           std::uint32_t u;
           std::memcpy(&u, &f, 4);
@@ -130,10 +162,26 @@ TensorView view4(void* data, DType t, std::int64_t a, std::int64_t b, std::int64
   return v;
 }
 
-void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>& threads, std::int64_t splits,
-              std::int64_t seq_q) {
+// A quantized cache's scale view over `rows` cache rows of `slots` keys: dense per-row groups, or one
+// scale per kv head (strides 0 over rows and keys). Values 1/64: the codes' dequantized values stay in
+// the range of the float formats' random data.
+TensorView scale_view(const Format& f, Buffer& buf, std::int64_t rows, std::int64_t slots, std::int64_t kv_heads) {
+  const std::int64_t g = std::max<std::int64_t>(f.groups, 1), n = f.groups > 0 ? rows * slots * kv_heads * g : kv_heads;
+  for (std::int64_t i = 0; i < n; ++i)
+    if (f.scale_type == DType::f16)
+      static_cast<std::uint16_t*>(buf.get())[i] = 0x2400;  // 2^-6
+    else
+      static_cast<float*>(buf.get())[i] = 1.0f / 64;
+  TensorView v = view4(buf.get(), f.scale_type, rows, slots, kv_heads, g);
+  if (f.groups == 0) v.strides = {0, 0, 1, 0};
+  return v;
+}
+
+void run_case(const Case& cs, const Args& args, const Format& fmt, const std::vector<int>& threads, std::int64_t splits,
+              std::int64_t seq_q, std::vector<double>& first_format_s) {
   const std::int64_t H = 32, HK = 8, D = 128, B = cs.batch;
   const bool kv_heads_major = args.layout == "kv-heads";
+  const DType dt = fmt.type, act = is_quantized(dt) ? DType::bf16 : dt;  // quantized caches: bf16 q and out
   const std::size_t es = dtype_size(dt);
   std::int64_t total_keys = 0, max_len = 0, pages = 0;
   for (auto n : cs.lengths) {
@@ -144,11 +192,14 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
   // The cache: contiguous [B, max_len, HK, D] or paged [pages, page_size, HK, D].
   const std::int64_t rows = cs.page_size > 0 ? pages * cs.page_size : B * max_len;
   const std::size_t elems = static_cast<std::size_t>(rows * HK * D);
-  Buffer kbuf(elems * es), vbuf(elems * es), qbuf(static_cast<std::size_t>(B * seq_q * H * D) * es),
-      obuf(static_cast<std::size_t>(B * seq_q * H * D) * es);
+  Buffer kbuf(elems * es), vbuf(elems * es), qbuf(static_cast<std::size_t>(B * seq_q * H * D) * dtype_size(act)),
+      obuf(static_cast<std::size_t>(B * seq_q * H * D) * dtype_size(act));
   fill(kbuf.get(), elems, dt, 1);
   fill(vbuf.get(), elems, dt, 2);
-  fill(qbuf.get(), static_cast<std::size_t>(B * seq_q * H * D), dt, 3);
+  fill(qbuf.get(), static_cast<std::size_t>(B * seq_q * H * D), act, 3);
+  const std::int64_t slots = cs.page_size > 0 ? cs.page_size : max_len;  // keys per page or sequence
+  const std::size_t scale_bytes = fmt.groups > 0 ? fmt.scale_bytes(rows, HK) : HK * sizeof(float);
+  Buffer ksbuf(scale_bytes), vsbuf(scale_bytes);
   std::vector<std::int32_t> seqlens(cs.lengths.begin(), cs.lengths.end());
   std::vector<std::int32_t> table;
   KVCache cache;
@@ -171,12 +222,15 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
     cache.k = view4(kbuf.get(), dt, B, max_len, HK, D, kv_heads_major);
     cache.v = view4(vbuf.get(), dt, B, max_len, HK, D, kv_heads_major);
   }
-  const TensorView q = view4(qbuf.get(), dt, B, seq_q, H, D), out = view4(obuf.get(), dt, B, seq_q, H, D);
+  if (is_quantized(dt)) {
+    cache.k_scale = scale_view(fmt, ksbuf, cache.k.shape[0], slots, HK);
+    cache.v_scale = scale_view(fmt, vsbuf, cache.k.shape[0], slots, HK);
+  }
+  const TensorView q = view4(qbuf.get(), act, B, seq_q, H, D), out = view4(obuf.get(), act, B, seq_q, H, D);
   // The K and V rows in the kernel's order, for the layout probe: key after key, each key's rows of all
   // kv heads (one row of kv_heads x d elements, or, kv-head-major, kv_heads rows of d elements).
   const std::size_t head_bytes = static_cast<std::size_t>(D) * es;
   const std::size_t row_bytes = kv_heads_major ? head_bytes : static_cast<std::size_t>(HK) * head_bytes;
-  const std::int64_t slots = cs.page_size > 0 ? cs.page_size : max_len;  // keys per page or sequence
   std::vector<const void*> kv_rows;
   kv_rows.reserve(static_cast<std::size_t>(2 * total_keys * (kv_heads_major ? HK : 1)));
   auto add = [&](std::int64_t b, std::int64_t j, std::int64_t g) {
@@ -191,12 +245,15 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t j = 0; j < cs.lengths[static_cast<std::size_t>(b)]; ++j)
       for (std::int64_t g = 0; g < (kv_heads_major ? HK : 1); ++g) add(b, j, g);
-  const double bytes = 2.0 * static_cast<double>(total_keys) * HK * D * static_cast<double>(es);
+  // The bytes decode must read: K and V, and the scales of a quantized cache (per-kv-head ones: none to speak of).
+  const double bytes = 2.0 * static_cast<double>(total_keys) * HK * D * static_cast<double>(es) +
+                       2.0 * static_cast<double>(fmt.scale_bytes(total_keys, HK));
   const double flops = 4.0 * static_cast<double>(seq_q * total_keys) * H * D;
   DecodeOptions dec;
   dec.num_splits = splits;
 
-  for (int t : threads) {
+  for (std::size_t ti = 0; ti < threads.size(); ++ti) {
+    const int t = threads[ti];
     AttentionOptions o;
     o.num_threads = t;
     o.causal = seq_q > 1;
@@ -206,6 +263,9 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
     const double bw = 0.5 * (bw_before + read_bandwidth_gbps(t));
     const double layout = rows_read_gbps(kv_rows, row_bytes, t);
     const double gbps = bytes / tm.median_s / 1e9, fraction = gbps / bw;
+    const double tokens_per_s = static_cast<double>(B * seq_q) / tm.median_s;
+    if (first_format_s.size() <= ti) first_format_s.push_back(tm.median_s);
+    const double vs_first = first_format_s[ti] / tm.median_s;
     if (args.json) {
       std::printf("%s\n", nlohmann::json{{"kind", "decode"},
                                          {"case", cs.name},
@@ -216,7 +276,9 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
                                          {"heads", H},
                                          {"kv_heads", HK},
                                          {"head_dim", D},
-                                         {"dtype", std::string(dtype_name(dt))},
+                                         {"dtype", fmt.name},
+                                         {"tokens_per_s", tokens_per_s},
+                                         {"speed_vs_first_dtype", vs_first},
                                          {"causal", o.causal},
                                          {"paged", cs.page_size > 0},
                                          {"layout", args.layout},
@@ -235,9 +297,9 @@ void run_case(const Case& cs, const Args& args, DType dt, const std::vector<int>
                               .dump()
                               .c_str());
     } else {
-      std::printf("%-22s %7d %10.3f ms %8.1f GB/s %8.1f GB/s %7.0f%% %8.1f GB/s %7.0f%%  %6.1f GFLOP/s\n",
-                  cs.name.c_str(), t, tm.median_s * 1e3, gbps, bw, 100 * fraction, layout, 100 * gbps / layout,
-                  flops / tm.median_s / 1e9);
+      std::printf("%-22s %-8s %7d %10.3f ms %8.1f GB/s %8.1f GB/s %7.0f%% %8.1f GB/s %7.0f%% %9.0f %7.2fx\n",
+                  cs.name.c_str(), fmt.name.c_str(), t, tm.median_s * 1e3, gbps, bw, 100 * fraction, layout,
+                  100 * gbps / layout, tokens_per_s, vs_first);
     }
     std::fflush(stdout);
   }
@@ -251,7 +313,11 @@ void add_bench_decode(CLI::App& bench) {
   c->add_flag("--quick", args->quick, "small cases that run in seconds");
   c->add_flag("--json", args->json, "one JSON object per line");
   c->add_option("--threads", args->threads, "comma-separated thread counts")->capture_default_str();
-  c->add_option("--dtype", args->dtype, "cache element type: bf16, f16, f32")->capture_default_str();
+  c->add_option("--dtype", args->dtype,
+                "cache types, comma-separated, compared in one table (the first is the baseline): bf16, f16, f32, "
+                "int8 (f32 scale per key and kv head), q8_0 (i8, f16 scale per 32 dims), fp8 = fp8_e4m3, fp8_e5m2 "
+                "(one scale per kv head); quantized caches run with bf16 q")
+      ->capture_default_str();
   c->add_option("--num-splits", args->num_splits, "key slices per sequence (0 = automatic)")->capture_default_str();
   c->add_option("--seq-q", args->seq_q, "queries per sequence (causal among them when > 1)")->capture_default_str();
   c->add_option("--cache", args->cache, "one case instead of the table: batch 1, a contiguous cache of this many keys");
@@ -259,7 +325,7 @@ void add_bench_decode(CLI::App& bench) {
                 "cache layout: keys ([.., keys, kv_heads, d], flash-attn) or kv-heads ([.., kv_heads, keys, d])")
       ->capture_default_str();
   c->callback([args] {
-    const DType dt = parse_dtype(args->dtype);
+    const std::vector<Format> formats = parse_formats(args->dtype, 128);
     if (args->layout != "keys" && args->layout != "kv-heads")
       throw UsageError("--layout: must be keys or kv-heads, got '" + args->layout + "'");
     const auto threads = parse_threads(args->threads);
@@ -280,14 +346,18 @@ void add_bench_decode(CLI::App& bench) {
       cases.push_back({"b16 1k..64k paged16", 16, spread(16, 1024, 65536), 16});
     }
     if (!args->json) {
-      std::printf("attn bench decode: %s; %s; 32 heads, 8 kv heads, d = 128, %s cache (%s), seq_q = %lld\n",
-                  machine_name().c_str(), kernel_paths().c_str(), std::string(dtype_name(dt)).c_str(),
+      std::printf("attn bench decode: %s; %s; 32 heads, 8 kv heads, d = 128, cache %s, seq_q = %lld\n",
+                  machine_name().c_str(), kernel_paths().c_str(),
                   args->layout == "keys" ? "[.., keys, kv_heads, d]" : "[.., kv_heads, keys, d]",
                   static_cast<long long>(seq_q));
-      std::printf("%-22s %7s %13s %13s %13s %8s %13s %8s\n", "case", "threads", "median", "KV read", "probe read",
-                  "of probe", "layout read", "of layout");
+      std::printf("%-22s %-8s %7s %13s %13s %13s %8s %13s %8s %9s %8s\n", "case", "cache", "threads", "median",
+                  "KV read", "probe read", "of probe", "layout read", "of layout", "tokens/s",
+                  ("vs " + formats[0].name).c_str());
     }
-    for (const auto& cs : cases) run_case(cs, *args, dt, threads, splits, seq_q);
+    for (const auto& cs : cases) {
+      std::vector<double> first_format_s;  // per thread count: the first format's median, the ratios' base
+      for (const Format& f : formats) run_case(cs, *args, f, threads, splits, seq_q, first_format_s);
+    }
   });
 }
 

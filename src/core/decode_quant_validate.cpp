@@ -1,0 +1,113 @@
+// The rules of quantized KV caches (include/attn/decode.hpp, "Quantized caches"), for validate_decode:
+//   q: dtype must be f32, bf16 or f16 for a quantized cache; out: q's (checked by validate_decode)
+//   k_new: dtype must be f32, bf16 or f16; v_new: k_new's
+//   cache.k_scale / cache.v_scale: only for quantized caches; for them required, rank 4, dtype f32 or
+//       f16, [cache rows, slots, kv_heads, groups] like cache.k, groups dividing head_dim
+//   appending with given (shared) scales: each scale used finite and > 0, every appended value finite
+#include <cmath>
+#include <string>
+
+#include "core/decode_problem.hpp"
+#include "core/element.hpp"
+#include "core/problem.hpp"
+#include "core/quant.hpp"
+#include "core/validate.hpp"
+
+namespace attn::detail {
+namespace {
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+std::string name(DType t) { return std::string(dtype_name(t)); }
+
+bool is_activation_type(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+Span check_scale(std::string_view who, const char* arg, const TensorView& s, const KVCache& cache, std::int64_t d) {
+  const bool quantized = is_quantized(cache.k.dtype);
+  if (!quantized) {
+    if (s.data || s.rank != 0) fail(who, arg, "only for quantized caches (cache.k is " + name(cache.k.dtype) + ")");
+    return {};
+  }
+  if (s.rank == 0 && !s.data) fail(who, arg, "required for a quantized cache (cache.k is " + name(cache.k.dtype) + ")");
+  const Span span = check_view(who, arg, s, 4, true);
+  if (s.dtype != DType::f32 && s.dtype != DType::f16) fail(who, arg, "dtype must be f32 or f16, got " + name(s.dtype));
+  static constexpr const char* kDims[] = {"rows", "slots", "kv_heads"};
+  for (int i = 0; i < 3; ++i)
+    if (s.shape[i] != cache.k.shape[i])
+      fail(who, arg,
+           std::string(kDims[i]) + " (shape[" + str(i) + "]) must equal cache.k's (" + str(cache.k.shape[i]) +
+               "), got " + str(s.shape[i]));
+  if (d % s.shape[3] != 0)
+    fail(who, arg, "groups (shape[3] = " + str(s.shape[3]) + ") must divide head_dim (" + str(d) + ")");
+  return span;
+}
+
+}  // namespace
+
+void check_quantized_types(std::string_view who, DType cache_dtype, const TensorView& q, const DecodeOptions& dec) {
+  if (!is_activation_type(q.dtype))
+    fail(who, "q",
+         "dtype must be f32, bf16 or f16 for a quantized cache (cache.k is " + name(cache_dtype) + "), got " +
+             name(q.dtype));
+  if (!dec.k_new) return;
+  if (!is_activation_type(dec.k_new->dtype))
+    fail(who, "k_new",
+         "dtype must be f32, bf16 or f16 (it is quantized into the " + name(cache_dtype) + " cache), got " +
+             name(dec.k_new->dtype));
+  if (dec.v_new->dtype != dec.k_new->dtype)
+    fail(who, "v_new", "dtype must match k_new's (" + name(dec.k_new->dtype) + "), got " + name(dec.v_new->dtype));
+}
+
+CacheScales check_cache_scales(std::string_view who, const KVCache& cache, std::int64_t head_dim) {
+  CacheScales s;
+  s.k_span = check_scale(who, "cache.k_scale", cache.k_scale, cache, head_dim);
+  s.v_span = check_scale(who, "cache.v_scale", cache.v_scale, cache, head_dim);
+  if (!is_quantized(cache.k.dtype)) return s;
+  s.k = cache.k_scale;
+  s.v = cache.v_scale;
+  s.k_owned = aliasing_dim(s.k) < 0;
+  s.v_owned = aliasing_dim(s.v) < 0;
+  return s;
+}
+
+void check_quantized_append(std::string_view who, const DecodeProblem& p) {
+  if (!p.quantized() || p.seqlen_new == 0) return;
+  struct Side {
+    const char* scale_arg;
+    const char* new_arg;
+    const TensorView& scale;
+    bool owned;
+    const TensorView& values;
+  };
+  const Side sides[] = {{"cache.k_scale", "k_new", p.k_scale, p.k_scale_owned, *p.k_new},
+                        {"cache.v_scale", "v_new", p.v_scale, p.v_scale_owned, *p.v_new}};
+  for (const Side& side : sides) {
+    if (side.owned) continue;  // computed from the values
+    const std::int64_t groups = side.scale.shape[3];
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t t = 0; t < p.seqlen_new; ++t) {
+        const std::int64_t pos = std::int64_t{p.seqlens[b]} + t;
+        for (std::int64_t g = 0; g < p.kv_heads; ++g) {
+          for (std::int64_t x = 0; x < groups; ++x) {
+            const float s = read_scale(
+                side.scale, p.row_offset(side.scale, b, pos) + g * side.scale.strides[2] + x * side.scale.strides[3]);
+            if (!(std::isfinite(s) && s > 0))
+              fail(who, side.scale_arg,
+                   "a given (shared) scale must be finite and > 0 to quantize the appended values, got " +
+                       std::to_string(s) + " for sequence " + str(b) + ", position " + str(pos) + ", kv head " +
+                       str(g));
+          }
+          dispatch_dtype(side.values.dtype, [&]<class T>() {
+            const T* row = static_cast<const T*>(side.values.data) + b * side.values.strides[0] +
+                           t * side.values.strides[1] + g * side.values.strides[2];
+            for (std::int64_t c = 0; c < p.head_dim; ++c)
+              if (!std::isfinite(load<float>(row[c * side.values.strides[3]])))
+                fail(who, side.new_arg,
+                     "a non-finite value cannot be quantized with a given (shared) scale (sequence " + str(b) +
+                         ", row " + str(t) + ", kv head " + str(g) + ", element " + str(c) + ")");
+          });
+        }
+      }
+  }
+}
+
+}  // namespace attn::detail

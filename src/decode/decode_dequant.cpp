@@ -1,0 +1,65 @@
+// Dequantizing a chunk of a quantized cache's rows to f32 (Highway, every target, dispatched at run
+// time): out = float(stored) * scale, the rule of core/quant.hpp, with decode_quant-inl.h's conversions
+// (tests/test_decode_quantized.cpp checks every code of every type). Used for caches whose scales
+// change within a row (q8_0's blocks of 32): the f32 chunk kernel then runs on the rows, one kv head at
+// a time. Caches with one scale per row read their codes in registers instead (decode_simd.cpp).
+#include <cmath>
+#include <cstdint>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "decode/decode_dequant.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/highway.h>
+
+#include "core/quant.hpp"
+#include "decode/decode_internal.hpp"
+#include "decode/decode_quant-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+template <DType kType>
+void DequantizeRows(const QuantRows& r) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), size = r.head_dim / r.groups;
+  for (std::int64_t c = 0; c < r.n; ++c) {
+    const std::uint8_t* row = r.rows[c];
+    float* out = r.out + c * r.head_dim;
+    for (std::int64_t x = 0; x < r.groups; ++x) {
+      const float s = r.scales[c * r.groups + x];
+      const VF vs = hn::Set(df, s);
+      std::int64_t e = x * size;
+      const std::int64_t end = e + size;
+      for (; e + N <= end; e += N) hn::StoreU(hn::Mul(LoadStored<kType>(df, row + e), vs), df, out + e);
+      for (; e < end; ++e) out[e] = stored_value(kType, row[e]) * s;
+    }
+  }
+}
+
+void DequantizeDispatch(const QuantRows& r, DType t) {
+  switch (t) {
+    case DType::i8:
+      return DequantizeRows<DType::i8>(r);
+    case DType::fp8_e4m3:
+      return DequantizeRows<DType::fp8_e4m3>(r);
+    default:
+      return DequantizeRows<DType::fp8_e5m2>(r);
+  }
+}
+
+}  // namespace attn::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::detail {
+HWY_EXPORT(DequantizeDispatch);
+void dequantize_rows(const QuantRows& r, DType cache_dtype) {
+  HWY_DYNAMIC_DISPATCH(DequantizeDispatch)(r, cache_dtype);
+}
+}  // namespace attn::detail
+#endif

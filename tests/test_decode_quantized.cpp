@@ -1,0 +1,473 @@
+// Quantized KV caches in attention_decode (i8 per token and kv head, i8 in blocks of 32 with f16 scales
+// -- llama.cpp's q8_0 numerics --, fp8 e4m3 / e5m2 with one scale per kv head): the stored types'
+// conversions on every code, the append's quantization, accuracy against the f64 oracle on the
+// dequantized cache (within twice the f32 textbook's error), the quantization error itself against the
+// unquantized cache (reported), bitwise results for any thread count, and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "attn/decode.hpp"
+#include "core/quant.hpp"
+#include "decode/decode_internal.hpp"
+#include "support.hpp"
+
+namespace attn {
+namespace {
+
+using detail::quantize_value;
+using detail::stored_value;
+using test::max_abs_diff;
+using test::random_tensor;
+
+// ---- The stored types ----
+
+// e5m2 from its definition: (-1)^s 2^(e - 15) (1 + m / 4), subnormals 2^-14 m / 4, e = 31 Inf/NaN.
+double e5m2_by_definition(int b) {
+  const int s = b >> 7, e = (b >> 2) & 31, m = b & 3;
+  const double sign = s ? -1 : 1;
+  if (e == 31) return m ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
+  return sign * (e == 0 ? std::ldexp(m / 4.0, -14) : std::ldexp(1 + m / 4.0, e - 15));
+}
+double e4m3_by_definition(int b) {
+  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
+  return (s ? -1 : 1) * (e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1 + m / 8.0, e - 7));
+}
+
+bool same_value(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+TEST(QuantizedTypes, EveryCodeDecodesToItsDefinitionAndRoundTrips) {
+  for (int b = 0; b < 256; ++b) {
+    const double e4 = detail::fp8_e4m3_to_float(static_cast<std::uint8_t>(b));
+    const double e5 = detail::fp8_e5m2_to_float(static_cast<std::uint8_t>(b));
+    EXPECT_TRUE(same_value(e4, e4m3_by_definition(b))) << "e4m3 code " << b;
+    EXPECT_TRUE(same_value(e5, e5m2_by_definition(b))) << "e5m2 code " << b;
+    if (!std::isnan(e4) && b != 0x80)  // -0 encodes as 0x80 too, but 0x80 == 0 compares equal anyway
+      EXPECT_EQ(detail::float_to_fp8_e4m3(static_cast<float>(e4)), b) << "e4m3 code " << b;
+    if (!std::isnan(e5)) EXPECT_EQ(detail::float_to_fp8_e5m2(static_cast<float>(e5)), b) << "e5m2 code " << b;
+  }
+}
+
+TEST(QuantizedTypes, RoundingIsToNearestEvenAndSaturates) {
+  // Between consecutive positive codes: the midpoint goes to the even code, a hair either side to the nearer.
+  for (int b = 0; b < 0x7e; ++b) {
+    const float lo = detail::fp8_e4m3_to_float(static_cast<std::uint8_t>(b));
+    const float hi = detail::fp8_e4m3_to_float(static_cast<std::uint8_t>(b + 1));
+    const float mid = (lo + hi) / 2;
+    EXPECT_EQ(detail::float_to_fp8_e4m3(mid), b % 2 == 0 ? b : b + 1) << "e4m3 midpoint after code " << b;
+    EXPECT_EQ(detail::float_to_fp8_e4m3(std::nextafter(mid, 0.0f)), b);
+    EXPECT_EQ(detail::float_to_fp8_e4m3(std::nextafter(mid, 1e9f)), b + 1);
+  }
+  EXPECT_EQ(detail::float_to_fp8_e4m3(1e6f), 0x7e);  // 448
+  EXPECT_EQ(detail::float_to_fp8_e4m3(-470.0f), 0xfe);
+  EXPECT_EQ(detail::float_to_fp8_e5m2(1e9f), 0x7b);  // 57344, not Inf
+  EXPECT_EQ(detail::float_to_fp8_e5m2(INFINITY), 0x7c);
+  EXPECT_EQ(detail::float_to_fp8_e4m3(INFINITY), 0x7f);  // no Inf in e4m3: NaN
+  EXPECT_EQ(quantize_value(DType::i8, 300.0f, 1.0f), 127);
+  EXPECT_EQ(static_cast<std::int8_t>(quantize_value(DType::i8, -300.0f, 1.0f)), -127);
+  EXPECT_EQ(quantize_value(DType::i8, 2.5f, 1.0f), 2);  // ties to even
+  EXPECT_EQ(quantize_value(DType::i8, 3.5f, 1.0f), 4);
+}
+
+// The SIMD dequantization (every target) gives stored_value x scale for every code, in every lane.
+TEST(QuantizedTypes, SimdDequantizationMatchesTheScalarRuleOnEveryCode) {
+  std::vector<std::uint8_t> codes(256 * 2);
+  std::iota(codes.begin(), codes.begin() + 256, 0);
+  std::iota(codes.begin() + 256, codes.end(), 0);
+  const std::uint8_t* rows[4] = {codes.data(), codes.data() + 128, codes.data() + 256, codes.data() + 384};
+  const float scales[8] = {1.0f, 0.37f, 3.0f, 1e-3f, 0.5f, 2.0f, -1.25f, 7.0f};
+  for (DType t : {DType::i8, DType::fp8_e4m3, DType::fp8_e5m2})
+    test::for_each_simd_target("dequantize", nullptr, [&](std::int64_t) {
+      std::vector<float> out(4 * 128);
+      detail::dequantize_rows(detail::QuantRows{4, 128, 2, rows, scales, out.data()}, t);
+      for (int c = 0; c < 4; ++c)
+        for (int e = 0; e < 128; ++e) {
+          const float want = stored_value(t, rows[c][e]) * scales[c * 2 + e / 64];
+          const float got = out[static_cast<std::size_t>(c * 128 + e)];
+          EXPECT_TRUE(same_value(got, want)) << dtype_name(t) << " code " << int(rows[c][e]) << " got " << got;
+        }
+    });
+}
+
+// ---- Decode on a quantized cache ----
+
+// A cache format: the stored type, scale groups per row (0: one shared scale per kv head), scale dtype.
+struct Format {
+  const char* name;
+  DType type;
+  std::int64_t groups;  // 1: per (token, kv head); d / 32: q8_0 blocks; 0: shared per kv head
+  DType scale_dtype;
+};
+const Format kFormats[] = {{"int8 per token", DType::i8, 1, DType::f32},
+                           {"q8_0 (blocks of 32, f16 scales)", DType::i8, 4, DType::f16},
+                           {"fp8 e4m3 per kv head", DType::fp8_e4m3, 0, DType::f32},
+                           {"fp8 e5m2 per kv head", DType::fp8_e5m2, 0, DType::f32}};
+
+// Sequences of random keys and values (f32), and the same as a quantized cache, contiguous
+// [B, cap, HK, D] or paged (pages of `page` slots, shuffled), with its scales.
+struct QuantCache {
+  static constexpr std::int64_t HK = 2, D = 128;
+  Format f;
+  std::int64_t B, cap, page, rows, slots;
+  std::vector<std::int64_t> lens;
+  std::vector<test::Tensor<float>> K, V;  // [1, len, HK, D]
+  std::vector<std::uint8_t> kc, vc;
+  std::vector<float> ks32, vs32;  // scales (f32 or f16 storage)
+  std::vector<f16_t> ks16, vs16;
+  std::vector<std::int32_t> seqlens, table;
+  std::int64_t max_pages = 0;
+
+  QuantCache(Format fmt, std::vector<std::int64_t> l, std::int64_t page_size, std::uint64_t seed)
+      : f(fmt), B(static_cast<std::int64_t>(l.size())), page(page_size), lens(std::move(l)) {
+    cap = *std::max_element(lens.begin(), lens.end()) + 3;
+    if (page > 0) {
+      max_pages = (cap + page - 1) / page;
+      rows = B * max_pages + 2;
+      slots = page;
+      std::vector<std::int32_t> order(static_cast<std::size_t>(rows));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(seed)));
+      table.assign(order.begin(), order.begin() + B * max_pages);
+    } else {
+      rows = B;
+      slots = cap;
+    }
+    kc.assign(static_cast<std::size_t>(rows * slots * HK * D), 0);
+    vc = kc;
+    const std::size_t nscale = static_cast<std::size_t>(f.groups ? rows * slots * HK * f.groups : HK);
+    ks32.assign(nscale, 0.0f), vs32 = ks32;
+    ks16.assign(nscale, f16_t{0}), vs16 = ks16;
+    if (f.groups == 0)  // shared per kv head: fixed scales that put the data near the type's range
+      for (std::int64_t g = 0; g < HK; ++g) {
+        ks32[static_cast<std::size_t>(g)] = 2.0f / detail::quant_max(f.type) * (1 + g);
+        vs32[static_cast<std::size_t>(g)] = 1.0f / detail::quant_max(f.type) * (1 + g);
+      }
+    for (std::int64_t b = 0; b < B; ++b) {
+      K.push_back(random_tensor<float>(1, lens[b], HK, D, seed * 100 + 2 * b + 1, 2.0));
+      V.push_back(random_tensor<float>(1, lens[b], HK, D, seed * 100 + 2 * b + 2));
+      seqlens.push_back(static_cast<std::int32_t>(lens[b]));
+      for (std::int64_t j = 0; j < lens[b]; ++j)
+        for (std::int64_t g = 0; g < HK; ++g) {
+          store_row(kc, k_scale(), &K[b].at(0, j, g, 0), b, j, g);
+          store_row(vc, v_scale(), &V[b].at(0, j, g, 0), b, j, g);
+        }
+    }
+  }
+  std::int64_t row_of(std::int64_t b, std::int64_t j) const {  // (cache row, slot) of key j of sequence b
+    return page > 0 ? table[static_cast<std::size_t>(b * max_pages + j / page)] * page + j % page : b * cap + j;
+  }
+  TensorView scale_view(std::vector<float>& s32, std::vector<f16_t>& s16) const {
+    TensorView v;
+    v.data = f.scale_dtype == DType::f16 ? static_cast<void*>(s16.data()) : static_cast<void*>(s32.data());
+    v.dtype = f.scale_dtype;
+    v.rank = 4;
+    v.shape = {rows, slots, HK, f.groups ? f.groups : 1};
+    if (f.groups)
+      v.strides = {slots * HK * f.groups, HK * f.groups, f.groups, 1};
+    else
+      v.strides = {0, 0, 1, 0};
+    return v;
+  }
+  TensorView k_scale() { return scale_view(ks32, ks16); }
+  TensorView v_scale() { return scale_view(vs32, vs16); }
+  std::int64_t scale_at(const TensorView& s, std::int64_t b, std::int64_t j, std::int64_t g, std::int64_t x) const {
+    const std::int64_t r = row_of(b, j);
+    return (r / slots) * s.strides[0] + (r % slots) * s.strides[1] + g * s.strides[2] + x * s.strides[3];
+  }
+  // Quantizes one row by core/quant.hpp's rule (owned scales computed from the group's amax).
+  void store_row(std::vector<std::uint8_t>& dst, const TensorView& s, const float* x, std::int64_t b, std::int64_t j,
+                 std::int64_t g) {
+    const std::int64_t groups = s.shape[3], size = D / groups;
+    for (std::int64_t e = 0; e < groups; ++e) {
+      const std::int64_t at = scale_at(s, b, j, g, e);
+      if (f.groups) {
+        float amax = 0;
+        for (std::int64_t c = 0; c < size; ++c) amax = std::max(amax, std::fabs(x[e * size + c]));
+        detail::write_scale(s, at, detail::scale_for(f.type, amax, f.scale_dtype));
+      }
+      const float sc = detail::read_scale(s, at);
+      for (std::int64_t c = 0; c < size; ++c)
+        dst[static_cast<std::size_t>(row_of(b, j) * HK * D + g * D + e * size + c)] =
+            quantize_value(f.type, x[e * size + c], sc);
+    }
+  }
+  // The cache's values dequantized (stored x scale, in f32), per sequence.
+  std::vector<test::Tensor<float>> dequantized(bool keys) {
+    std::vector<test::Tensor<float>> out;
+    const TensorView s = keys ? k_scale() : v_scale();
+    const auto& c = keys ? kc : vc;
+    for (std::int64_t b = 0; b < B; ++b) {
+      test::Tensor<float> t(1, lens[b], HK, D);
+      for (std::int64_t j = 0; j < lens[b]; ++j)
+        for (std::int64_t g = 0; g < HK; ++g)
+          for (std::int64_t e = 0; e < D; ++e)
+            t.at(0, j, g, e) = stored_value(f.type, c[static_cast<std::size_t>(row_of(b, j) * HK * D + g * D + e)]) *
+                               detail::read_scale(s, scale_at(s, b, j, g, e / (D / s.shape[3])));
+      out.push_back(std::move(t));
+    }
+    return out;
+  }
+  KVCache cache() {
+    KVCache c;
+    auto view = [&](std::vector<std::uint8_t>& v) {  // bytes as the format's type (int8_t for i8: same layout)
+      TensorView t = TensorView::contiguous(reinterpret_cast<std::int8_t*>(v.data()), rows, slots, HK, D);
+      t.dtype = f.type;
+      return t;
+    };
+    c.k = view(kc);
+    c.v = view(vc);
+    c.k_scale = k_scale();
+    c.v_scale = v_scale();
+    c.seqlens = seqlens.data();
+    if (page > 0) {
+      c.block_table = table.data();
+      c.max_pages = max_pages;
+    }
+    return c;
+  }
+};
+
+// attention_reference per sequence over (q rows of sequence b, K[b], V[b]) in type U.
+template <class U>
+std::vector<U> reference(const test::Tensor<float>& q, const std::vector<test::Tensor<float>>& K,
+                         const std::vector<test::Tensor<float>>& V, const AttentionOptions& o) {
+  const std::int64_t SQ = q.s, H = q.h, D = q.d;
+  std::vector<U> out(q.data.size());
+  for (std::size_t b = 0; b < K.size(); ++b) {
+    auto conv = [](const test::Tensor<float>& t, std::int64_t off, std::int64_t s) {
+      test::Tensor<U> r(1, s, t.h, t.d);
+      for (std::size_t i = 0; i < r.data.size(); ++i)
+        r.data[i] = detail::store<U>(t.data[static_cast<std::size_t>(off) + i]);
+      return r;
+    };
+    const auto qb = conv(q, static_cast<std::int64_t>(b) * SQ * H * D, SQ), kb = conv(K[b], 0, K[b].s),
+               vb = conv(V[b], 0, V[b].s);
+    attention_reference(qb.view(), kb.view(), vb.view(),
+                        TensorView::contiguous(out.data() + b * SQ * H * D, 1, SQ, H, D), o);
+  }
+  return out;
+}
+
+std::vector<float> decode(QuantCache& c, const test::Tensor<float>& q, const AttentionOptions& o) {
+  std::vector<float> out(q.data.size(), 42.0f);
+  attention_decode(q.view(), c.cache(), TensorView::contiguous(out.data(), q.b, q.s, q.h, q.d), o);
+  return out;
+}
+
+// Against the f64 oracle on the dequantized cache: within twice the f32 textbook's error there, on
+// every SIMD target; and the error the quantization itself adds, against the unquantized keys and
+// values, printed and bounded by what the type's precision allows.
+TEST(DecodeQuantized, WithinTwiceTheTextbookErrorOnTheDequantizedCache) {
+  const std::int64_t n = test::full_or_sanitized(700, 250);
+  for (const Format& f : kFormats)
+    for (std::int64_t page : {0, 16}) {
+      QuantCache c(f, {n, 129}, page, 7);
+      const auto q = random_tensor<float>(c.B, 2, 8, QuantCache::D, 3, 2.0);
+      const auto Kd = c.dequantized(true), Vd = c.dequantized(false);
+      for (bool causal : {false, true}) {
+        AttentionOptions o;
+        o.causal = causal;
+        const auto oracle = reference<double>(q, Kd, Vd, o);
+        const auto textbook = reference<float>(q, Kd, Vd, o);
+        const double base = max_abs_diff(textbook, oracle);
+        test::for_each_simd_target("decode", nullptr, [&](std::int64_t) {
+          const double err = max_abs_diff(decode(c, q, o), oracle);
+          EXPECT_LE(err, 2 * base + 1e-6) << f.name << " page " << page << " causal " << causal << " textbook " << base;
+        });
+        const double quant_err = max_abs_diff(decode(c, q, o), reference<double>(q, c.K, c.V, o));
+        const double bound = f.type == DType::i8         ? 0.01
+                             : f.type == DType::fp8_e4m3 ? 0.06
+                                                         : 0.12;  // 2.5x what was measured
+        std::printf("%-32s page %2lld causal %d: |out - unquantized oracle| %.4f (f32 textbook %.2e)\n", f.name,
+                    static_cast<long long>(page), causal, quant_err, base);
+        EXPECT_LE(quant_err, bound) << f.name;
+      }
+    }
+}
+
+TEST(DecodeQuantized, BitwiseIdenticalForAnyThreadCount) {
+  QuantCache c(kFormats[1], {test::full_or_sanitized(1500, 400), 300, 9}, 16, 5);
+  const auto q = random_tensor<float>(c.B, 1, 8, QuantCache::D, 4, 2.0);
+  AttentionOptions o;
+  o.num_threads = 1;
+  const auto one = decode(c, q, o);
+  for (int t : {2, 3}) {
+    o.num_threads = t;
+    EXPECT_EQ(decode(c, q, o), one) << t << " threads";
+  }
+}
+
+// Appending through attention_decode writes exactly what the rule of core/quant.hpp gives (bytes and
+// scales), for owned scales (computed) and shared ones (read), and the result attends over them.
+TEST(DecodeQuantized, TheAppendQuantizesByTheRule) {
+  for (const Format& f : kFormats)
+    for (std::int64_t page : {0, 5}) {
+      QuantCache want(f, {40, 17}, page, 11);  // quantized on the host, keys 0 .. len - 1
+      QuantCache got(f, {40, 17}, page, 11);
+      const std::int64_t tail = 6, HK = QuantCache::HK, D = QuantCache::D;
+      test::Tensor<float> kn(2, tail, HK, D), vn(2, tail, HK, D);
+      for (std::int64_t b = 0; b < 2; ++b) {
+        got.seqlens[static_cast<std::size_t>(b)] -= static_cast<std::int32_t>(tail);
+        for (std::int64_t j = got.lens[b] - tail; j < got.lens[b]; ++j)
+          for (std::int64_t g = 0; g < HK; ++g)
+            for (std::int64_t e = 0; e < D; ++e) {
+              kn.at(b, j - (got.lens[b] - tail), g, e) = got.K[b].at(0, j, g, e);
+              vn.at(b, j - (got.lens[b] - tail), g, e) = got.V[b].at(0, j, g, e);
+              for (auto* v : {&got.kc, &got.vc})
+                (*v)[static_cast<std::size_t>(got.row_of(b, j) * HK * D + g * D + e)] = 0x55;
+              if (f.groups && e % (D / f.groups) == 0)  // computed scales: poisoned, so they must be rewritten
+                for (const TensorView& s : {got.k_scale(), got.v_scale()})
+                  detail::write_scale(s, got.scale_at(s, b, j, g, e / (D / f.groups)), 123.0f);
+            }
+      }
+      const auto q = random_tensor<float>(2, 1, 4, D, 5);
+      std::vector<float> out(q.data.size());
+      const TensorView knv = kn.view(), vnv = vn.view();
+      DecodeOptions dec;
+      dec.k_new = &knv;
+      dec.v_new = &vnv;
+      attention_decode(q.view(), got.cache(), TensorView::contiguous(out.data(), 2, 1, 4, D), {}, dec);
+      EXPECT_EQ(got.kc, want.kc) << f.name << " page " << page;
+      EXPECT_EQ(got.vc, want.vc) << f.name << " page " << page;
+      EXPECT_EQ(got.ks32, want.ks32) << f.name;
+      EXPECT_EQ(std::memcmp(got.ks16.data(), want.ks16.data(), 2 * got.ks16.size()), 0) << f.name;
+      EXPECT_EQ(out, decode(want, q, {})) << f.name << " page " << page;
+    }
+}
+
+// A NaN appended under computed scales makes its group's scale NaN: the rows that see the key get NaN,
+// as with an unquantized cache.
+TEST(DecodeQuantized, ANonFiniteAppendedValuePoisonsTheRowsThatSeeIt) {
+  QuantCache c(kFormats[0], {8, 8}, 0, 3);
+  const std::int64_t HK = QuantCache::HK, D = QuantCache::D;
+  test::Tensor<float> kn(2, 1, HK, D), vn(2, 1, HK, D);
+  kn.at(0, 0, 1, 7) = std::numeric_limits<float>::quiet_NaN();
+  const TensorView knv = kn.view(), vnv = vn.view();
+  DecodeOptions dec;
+  dec.k_new = &knv;
+  dec.v_new = &vnv;
+  const auto q = random_tensor<float>(2, 1, 4, D, 5);
+  std::vector<float> out(q.data.size());
+  attention_decode(q.view(), c.cache(), TensorView::contiguous(out.data(), 2, 1, 4, D), {}, dec);
+  for (std::int64_t h = 0; h < 4; ++h)
+    for (std::int64_t b = 0; b < 2; ++b)
+      EXPECT_EQ(std::isnan(out[static_cast<std::size_t>((b * 4 + h) * D)]), b == 0 && h >= 2)
+          << "sequence " << b << " head " << h;
+}
+
+// ---- Bad input ----
+
+struct BadQuant {
+  const char* arg;
+  std::function<void(KVCache&, TensorView& q, DecodeOptions&)> spoil;
+  const char* rule;
+};
+
+TEST(DecodeQuantized, BadInputIsRejectedByNameAndNothingIsWritten) {
+  QuantCache c(kFormats[1], {20, 10}, 0, 3);
+  const std::int64_t HK = QuantCache::HK, D = QuantCache::D;
+  auto q = random_tensor<float>(2, 1, 4, D, 5);
+  test::Tensor<float> kn(2, 1, HK, D), vn(2, 1, HK, D);
+  std::vector<std::int8_t> i8(2 * 4 * D);
+  std::vector<double> f64(2 * 4 * D);
+  static const float zero = 0.0f, nan = std::nanf("");
+  const BadQuant cases[] = {
+      {"cache.k_scale", [](KVCache& k, auto&, auto&) { k.k_scale = {}; }, "required for a quantized cache"},
+      {"cache.v_scale", [](KVCache& k, auto&, auto&) { k.v_scale.dtype = DType::bf16; }, "dtype must be f32 or f16"},
+      {"cache.k_scale", [](KVCache& k, auto&, auto&) { k.k_scale.shape[3] = 3; }, "must divide head_dim"},
+      {"cache.k_scale", [](KVCache& k, auto&, auto&) { k.k_scale.shape[2] = 1; }, "kv_heads"},
+      {"cache.v_scale", [](KVCache& k, auto&, auto&) { k.v_scale.rank = 3; }, "rank must be 4"},
+      {"q", [&](auto&, TensorView& qv, auto&) { qv = TensorView::contiguous(i8.data(), 2, 1, 4, D); },
+       "quantized types are for attention_decode's cache.k and cache.v only"},
+      {"q", [&](auto&, TensorView& qv, auto&) { qv = TensorView::contiguous(f64.data(), 2, 1, 4, D); },
+       "f32, bf16 or f16 for a quantized cache"},
+      {"cache.v", [](KVCache& k, auto&, auto&) { k.v.dtype = DType::fp8_e4m3; }, "must match cache.k's"},
+      {"k_new",
+       [&](auto&, auto&, DecodeOptions& d) {
+         static TensorView bad;
+         bad = TensorView::contiguous(i8.data(), 2, 1, HK, D);
+         d.k_new = &bad;
+       },
+       "quantized types are for"},
+      {"cache.k_scale",
+       [](KVCache& k, auto&, DecodeOptions&) {
+         k.k_scale = TensorView::strided(&zero, {k.k.shape[0], k.k.shape[1], 2, 1}, {0, 0, 0, 0});
+       },
+       "must be finite and > 0"},
+      {"cache.v_scale",
+       [](KVCache& k, auto&, DecodeOptions&) {
+         k.v_scale = TensorView::strided(&nan, {k.k.shape[0], k.k.shape[1], 2, 1}, {0, 0, 0, 0});
+       },
+       "must be finite and > 0"},
+  };
+  for (const BadQuant& bad : cases) {
+    KVCache cache = c.cache();
+    TensorView qv = q.view();
+    const TensorView knv = kn.view(), vnv = vn.view();
+    DecodeOptions dec;
+    dec.k_new = &knv;
+    dec.v_new = &vnv;
+    for (auto& s : c.seqlens) --s;  // room for the append
+    bad.spoil(cache, qv, dec);
+    const auto kc = c.kc, vc = c.vc;
+    const auto ks = c.ks16;
+    std::vector<float> out(q.data.size(), 7.0f);
+    try {
+      attention_decode(qv, cache, TensorView::contiguous(out.data(), 2, 1, 4, D), {}, dec);
+      ADD_FAILURE() << bad.arg << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(std::string(bad.arg) + ":"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(bad.rule), std::string::npos) << msg;
+    }
+    for (auto& s : c.seqlens) ++s;
+    EXPECT_EQ(c.kc, kc) << bad.arg;
+    EXPECT_EQ(c.vc, vc) << bad.arg;
+    EXPECT_EQ(std::memcmp(c.ks16.data(), ks.data(), 2 * ks.size()), 0) << bad.arg;
+    for (float x : out) ASSERT_EQ(x, 7.0f) << bad.arg;
+  }
+}
+
+TEST(DecodeQuantized, ScalesOnAnUnquantizedCacheAndQuantizedViewsElsewhereAreRejected) {
+  auto q = random_tensor<float>(1, 1, 2, 8, 1), k = random_tensor<float>(1, 4, 1, 8, 2);
+  std::vector<float> out(q.data.size(), 7.0f), s(4, 1.0f);
+  std::vector<std::int32_t> seqlens{4};
+  KVCache cache;
+  cache.k = cache.v = k.view();
+  cache.seqlens = seqlens.data();
+  cache.k_scale = TensorView::contiguous(s.data(), 1, 4, 1, 1);
+  EXPECT_THROW(
+      {
+        try {
+          attention_decode(q.view(), cache, TensorView::contiguous(out.data(), 1, 1, 2, 8));
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("cache.k_scale: only for quantized caches"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  std::vector<std::int8_t> i8(32);
+  TensorView kq = TensorView::contiguous(i8.data(), 1, 4, 1, 8);
+  try {
+    attention_tiled(q.view(), kq, kq, TensorView::contiguous(out.data(), 1, 1, 2, 8));
+    ADD_FAILURE() << "attention_tiled accepted an i8 k";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("k: dtype must be f64, f32, bf16 or f16, got i8"), std::string::npos)
+        << e.what();
+  }
+  for (float x : out) ASSERT_EQ(x, 7.0f);
+}
+
+}  // namespace
+}  // namespace attn
