@@ -22,9 +22,20 @@ FUZZ_SECONDS     ?= 60
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
 ATTN_CUDA        ?= AUTO
-FUZZERS          := reference tiled splitk splitk_partials varlen decode backward
+FUZZERS          := reference tiled splitk splitk_partials varlen decode decode_quantized backward
 LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
 TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
+
+# ccache (scripts/setup-deps installs it), for every compile: `pip install .` (the Python stage)
+# compiles libattn with the same commands as the release build, so it takes the release build's objects
+# from the cache instead of compiling the Highway kernels again (minutes on 2 cores). The cache lives
+# in $(BUILD)/ccache, so a fresh clone starts empty. Each stage is a make of its own (below), so a stage
+# after `deps` finds ccache even on a machine that had none.
+CCACHE := $(shell command -v ccache 2>/dev/null)
+ifneq ($(CCACHE),)
+export CMAKE_CXX_COMPILER_LAUNCHER ?= $(CCACHE)
+export CCACHE_DIR ?= $(CURDIR)/$(BUILD)/ccache
+endif
 
 # Within `make test` each stage is a make of its own, run after the stages before it: NODEPS=1 drops
 # the prerequisites those stages made, so that each stage's time is its own work.

@@ -217,8 +217,8 @@ inline bool apply_view_corruption(ViewFault kind, TensorView& t, int amount) {
     case ViewFault::kDtypeMismatch:  // one of the four dtypes, but not its own (which others must share)
       t.dtype = static_cast<DType>((static_cast<int>(t.dtype) + 1 + amount % 3) & 3);
       break;
-    case ViewFault::kBadDtype:
-      t.dtype = static_cast<DType>(4 + amount % 200);
+    case ViewFault::kBadDtype:  // a code outside the enum (the quantized ones, 4..6, are valid in places)
+      t.dtype = static_cast<DType>(7 + amount % 200);
       break;
     case ViewFault::kNullData:
       for (int i = 0; i < t.rank; ++i)
