@@ -102,6 +102,7 @@ TEST(QuantizedTypes, SimdDequantizationMatchesTheScalarRuleOnEveryCode) {
 // ---- Decode on a quantized cache ----
 
 // A cache format: the stored type, scale groups per row (0: one shared scale per kv head), scale dtype.
+// Blocks of 16 do not fill AVX2's two-vector P V block, so the one-vector path runs too.
 struct Format {
   const char* name;
   DType type;
@@ -110,6 +111,7 @@ struct Format {
 };
 const Format kFormats[] = {{"int8 per token", DType::i8, 1, DType::f32},
                            {"q8_0 (blocks of 32, f16 scales)", DType::i8, 4, DType::f16},
+                           {"int8 in blocks of 16 (f32 scales)", DType::i8, 8, DType::f32},
                            {"fp8 e4m3 per kv head", DType::fp8_e4m3, 0, DType::f32},
                            {"fp8 e5m2 per kv head", DType::fp8_e5m2, 0, DType::f32}};
 

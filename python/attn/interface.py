@@ -130,7 +130,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
-                            sinks=None, keys_per_split=0):
+                            sinks=None, keys_per_split=0, k_scale=None, v_scale=None):
     """Decode over a KV cache: q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch, seqlen_cache,
     nheads_k, headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table int32 (batch,
     max_blocks) for any page_size >= 1; k, v (batch, seqlen_new, nheads_k, headdim) are written into the
@@ -143,10 +143,28 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     flash-attn. Returns out like q, or (out, softmax_lse (batch, nheads, seqlen_q)). Not differentiable,
     as in flash-attn. attn's additions: sinks (float32 (nheads,)), and keys_per_split > 0 for
     batch-invariant decode (each sequence's slices depend on its own length only, so its output is
-    bitwise the same in any batch; docs/decode.md)."""
+    bitwise the same in any batch; docs/decode.md).
+
+    Quantized caches: k_cache, v_cache of dtype torch.int8, torch.float8_e4m3fn or torch.float8_e5m2 with
+    k_scale, v_scale (float32 or float16): a code stands for float(code) * scale. A scale tensor is
+    (rows, slots, nheads_k, groups) like the cache's first three dims (groups dividing headdim: 1 per
+    token, headdim / 32 for llama.cpp's q8_0 blocks), or (rows, slots, nheads_k) (per token), or
+    (nheads_k,) (per kv head, vLLM's and FA3's convention), or a 0-d tensor (per tensor); the last two
+    are shared, and k, v are quantized with them; per-token scales of the appended positions are
+    computed (amax / 127, 448, 57344) and written into k_scale, v_scale (docs/decode.md)."""
     import torch
     from . import _ops
     _ops.require_cpu("attn.flash_attn_with_kvcache", q, k_cache, v_cache)
+    cache_type = _QUANTIZED.get(k_cache.dtype, "")
+    if cache_type:
+        if k_scale is None or v_scale is None:
+            raise _C.AttnError("attn.flash_attn_with_kvcache: " + ("k_scale" if k_scale is None else "v_scale") +
+                            ": required for a quantized cache (k_cache is " + str(k_cache.dtype) + ")")
+        if v_cache.dtype != k_cache.dtype:
+            raise _C.AttnError("attn.flash_attn_with_kvcache: v_cache: dtype must match k_cache's (" +
+                            str(k_cache.dtype) + "), got " + str(v_cache.dtype))
+        k_scale, v_scale = _scale_view(k_scale, k_cache), _scale_view(v_scale, k_cache)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     table = torch.float64 if k_cache.dtype == torch.float64 else torch.float32
     to_table = lambda t: None if t is None else t.detach().to(table).contiguous()
     batch, seqlen_q, heads, _ = q.shape
@@ -165,5 +183,38 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                keys_per_split=int(keys_per_split),
                softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
                window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
-               num_threads=get_num_threads(), sinks=detach(sinks))
+               num_threads=get_num_threads(), sinks=detach(sinks), k_scale=k_scale, v_scale=v_scale,
+               cache_type=cache_type)
     return (out, lse) if return_softmax_lse else out
+
+
+def _quantized_types():
+    import torch
+    types = {torch.int8: "i8"}
+    for name, code in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2")):
+        if hasattr(torch, name):
+            types[getattr(torch, name)] = code
+    return types
+
+
+class _LazyQuantized(dict):  # torch is imported on first use, as everywhere in this module
+    def get(self, key, default=None):
+        if not self:
+            self.update(_quantized_types())
+        return dict.get(self, key, default)
+
+
+_QUANTIZED = _LazyQuantized()
+
+
+def _scale_view(s, k_cache):
+    """A scale tensor as attn's rank-4 view [rows, slots, nheads_k, groups] (0 strides where shared)."""
+    rows, slots, kv_heads = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+    s = s.detach()
+    if s.dim() == 0:
+        return s.reshape(1, 1, 1, 1).expand(rows, slots, kv_heads, 1)
+    if s.dim() == 1 and s.shape[0] == kv_heads:
+        return s.reshape(1, 1, kv_heads, 1).expand(rows, slots, kv_heads, 1)
+    if s.dim() == 3:
+        return s.unsqueeze(-1)
+    return s

@@ -71,6 +71,27 @@ TensorView view_of(const char* who, const char* arg, const Array& a, int rank, b
   return v;
 }
 
+// A quantized cache's codes: a 4-D uint8 array (the Python layer views torch's int8 and float8 tensors
+// as uint8, which every DLPack exporter supports) and the type they hold ("i8", "fp8_e4m3", "fp8_e5m2").
+TensorView quantized_view_of(const char* who, const char* arg, const Array& a, const std::string& type) {
+  if (a.dtype() != nb::dtype<std::uint8_t>()) reject(who, arg, "a quantized cache's codes must come as uint8");
+  const attn::DType t = type == "i8"         ? attn::DType::i8
+                        : type == "fp8_e4m3" ? attn::DType::fp8_e4m3
+                        : type == "fp8_e5m2" ? attn::DType::fp8_e5m2
+                                             : (reject(who, "cache_type", "must be i8, fp8_e4m3 or fp8_e5m2, got " + type),
+                                                attn::DType::i8);
+  if (a.ndim() != 4) reject(who, arg, "must have 4 dimensions, got " + std::to_string(a.ndim()));
+  TensorView v;
+  v.dtype = t;
+  v.data = a.data();
+  v.rank = 4;
+  for (int i = 0; i < 4; ++i) {
+    v.shape[i] = static_cast<std::int64_t>(a.shape(i));
+    v.strides[i] = a.stride(i);
+  }
+  return v;
+}
+
 // `want_name` says what `want` counts ("batch", "batch + 1").
 const std::int32_t* int32_data(const char* who, const char* arg, const Array& a, std::int64_t want,
                                const char* want_name = "batch") {
@@ -287,15 +308,23 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
              std::optional<Array> rotary_cos, std::optional<Array> rotary_sin, bool rotary_interleaved,
              std::int64_t num_splits, std::int64_t keys_per_split, std::optional<double> scale, bool causal,
              std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
-             std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks) {
+             std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks,
+             std::optional<Array> k_scale, std::optional<Array> v_scale, std::string cache_type) {
   const char* who = "attn.kvcache";
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
   const TensorView qv = view_of(who, "q", q, 4), ov = view_of(who, "out", out, 4);
   attn::KVCache cache;
-  cache.k = view_of(who, "k_cache", k_cache, 4);
-  cache.v = view_of(who, "v_cache", v_cache, 4);
+  if (cache_type.empty()) {
+    cache.k = view_of(who, "k_cache", k_cache, 4);
+    cache.v = view_of(who, "v_cache", v_cache, 4);
+  } else {  // a quantized cache: its bytes (torch's int8 / float8 tensors viewed as uint8) and their type
+    cache.k = quantized_view_of(who, "k_cache", k_cache, cache_type);
+    cache.v = quantized_view_of(who, "v_cache", v_cache, cache_type);
+  }
+  if (k_scale) cache.k_scale = view_of(who, "k_scale", *k_scale, 4);
+  if (v_scale) cache.v_scale = view_of(who, "v_scale", *v_scale, 4);
   cache.seqlens = int32_data(who, "cache_seqlens", cache_seqlens, qv.shape[0]);
   if (block_table) {
     const attn::VarlenPages t = pages_of(who, *block_table, qv.shape[0]);
@@ -436,8 +465,10 @@ NB_MODULE(_C, m) {
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved") = false,
-        nb::arg("num_splits") = 0, nb::arg("keys_per_split") = 0, ATTN_OPTION_ARGS,
-        "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place.");
+        nb::arg("num_splits") = 0, nb::arg("keys_per_split") = 0, ATTN_OPTION_ARGS, nb::arg("k_scale").none() = nb::none(),
+        nb::arg("v_scale").none() = nb::none(), nb::arg("cache_type") = "",
+        "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place; a quantized "
+        "cache comes as uint8 with cache_type and k_scale, v_scale.");
   m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),
         "attn::merge_states: parts [rows, states, heads, d], parts_lse [rows, states, heads] into out "
         "[rows, 1, heads, d], lse [rows, 1, heads].");

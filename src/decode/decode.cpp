@@ -182,10 +182,10 @@ PackedQueries<A> pack_queries(const DecodeProblem& p) {
 template <class A>
 class ItemWorker {
  public:
-  // rows: kRowPointers pointers; dequant (quantized caches): dequant_size(head_dim, kv_heads) floats.
+  // rows: 2 kChunk pointers; scales (quantized caches): scales_size(p) floats.
   ItemWorker(const DecodeProblem& p, const DecodePlan& plan, const PackedQueries<A>& pq, A* scratch, const void** rows,
-             float* dequant)
-      : p_(p), plan_(plan), pq_(pq), rows_(rows), deq_(dequant) {
+             float* scales)
+      : p_(p), plan_(plan), pq_(pq), rows_(rows), scales_(scales) {
     a_.k_head_stride = p.k.strides[2];
     a_.v_head_stride = p.v.strides[2];
     a_.kv_heads = p.kv_heads;
@@ -224,72 +224,31 @@ class ItemWorker {
       point_at_rows(b, j0, a_.n);
       if constexpr (std::is_same_v<A, double>) {
         decode_chunk_f64(a_);
-      } else if (p_.quantized() && !row_scales()) {
-        dequantized_chunk(b);
       } else {
         if (p_.quantized()) point_at_scales(b);
         decode_chunk_simd(a_, p_.cache_dtype);
       }
     }
-    if constexpr (std::is_same_v<A, float>) decode_finish_simd(a_, kernel_dtype());
+    if constexpr (std::is_same_v<A, float>) decode_finish_simd(a_, p_.cache_dtype);
   }
 
  private:
-  // Quantized caches whose K and V scales are one per (key, kv head) -- per token, per kv head or per
-  // tensor -- run the chunk kernel on the codes; finer scales (q8_0's groups) dequantize first.
-  bool row_scales() const { return p_.k_scale.shape[3] == 1 && p_.v_scale.shape[3] == 1; }
-  DType kernel_dtype() const { return p_.quantized() && !row_scales() ? DType::f32 : p_.cache_dtype; }
-
-  // The chunk's K and V scales, [kv_heads][kChunk] each, after the dequantization buffers.
+  // A quantized cache's scales for the chunk's keys, [kv_heads][kChunk][groups] for K and for V, in
+  // the scale buffer (the kernel applies them: decode_internal.hpp).
   void point_at_scales(std::int64_t b) {
-    float* ks = deq_ + 3 * kChunk * p_.head_dim;
-    float* vs = ks + p_.kv_heads * kChunk;
+    float* dst = scales_;
     for (int side = 0; side < 2; ++side) {
       const TensorView& sv = side == 0 ? p_.k_scale : p_.v_scale;
-      float* dst = side == 0 ? ks : vs;
+      const std::int64_t groups = sv.shape[3];
+      (side == 0 ? a_.k_scales : a_.v_scales) = dst;
+      (side == 0 ? a_.k_groups : a_.v_groups) = groups;
       for (std::int64_t c = 0; c < a_.n; ++c) {
         const std::int64_t at = p_.key_offset(sv, b, a_.j0 + c);
-        for (std::int64_t g = 0; g < p_.kv_heads; ++g) dst[g * kChunk + c] = read_scale(sv, at + g * sv.strides[2]);
+        for (std::int64_t g = 0; g < p_.kv_heads; ++g)
+          for (std::int64_t x = 0; x < groups; ++x)
+            dst[(g * kChunk + c) * groups + x] = read_scale(sv, at + g * sv.strides[2] + x * sv.strides[3]);
       }
-    }
-    a_.k_scales = ks;
-    a_.v_scales = vs;
-  }
-
-  // A quantized cache's chunk, one kv head at a time: its K and V rows dequantized to f32 (64 keys x
-  // head_dim x 2, in L1/L2), then the f32 chunk kernel on them with that head's queries and states.
-  void dequantized_chunk(std::int64_t b) {
-    const std::int64_t d = p_.head_dim, R = p_.group() * p_.seqlen_q, n = a_.n;
-    float* kbuf = deq_;
-    float* vbuf = deq_ + kChunk * d;
-    float* scales = deq_ + 2 * kChunk * d;  // [kChunk][groups]
-    const void** frows = rows_ + 2 * kChunk;
-    const auto** qrows = reinterpret_cast<const std::uint8_t**>(rows_ + 4 * kChunk);
-    ChunkArgs<float> h = a_;
-    h.kv_heads = 1;
-    h.q_hi = h.q_lo = nullptr;
-    h.k_rows = frows;
-    h.v_rows = frows + kChunk;
-    for (std::int64_t c = 0; c < n; ++c) {
-      frows[c] = kbuf + c * d;
-      frows[kChunk + c] = vbuf + c * d;
-    }
-    for (std::int64_t g = 0; g < p_.kv_heads; ++g) {
-      for (int side = 0; side < 2; ++side) {
-        const TensorView& t = side == 0 ? p_.k : p_.v;
-        const TensorView& sv = side == 0 ? p_.k_scale : p_.v_scale;
-        const std::int64_t groups = sv.shape[3];
-        for (std::int64_t c = 0; c < n; ++c) {
-          qrows[c] = static_cast<const std::uint8_t*>(rows_[side * kChunk + c]) + g * t.strides[2];
-          const std::int64_t at = p_.key_offset(sv, b, a_.j0 + c) + g * sv.strides[2];
-          for (std::int64_t x = 0; x < groups; ++x) scales[c * groups + x] = read_scale(sv, at + x * sv.strides[3]);
-        }
-        dequantize_rows(QuantRows{n, d, groups, qrows, scales, side == 0 ? kbuf : vbuf}, p_.cache_dtype);
-      }
-      h.q = a_.q + g * R * d;
-      h.slopes = a_.slopes + g * p_.group();
-      h.states = a_.states + g * R * a_.state_stride;
-      decode_chunk_simd(h, DType::f32);
+      dst += p_.kv_heads * kChunk * groups;
     }
   }
 
@@ -308,15 +267,12 @@ class ItemWorker {
   const DecodePlan& plan_;
   const PackedQueries<A>& pq_;
   const void** rows_;
-  float* deq_;
+  float* scales_;
   ChunkArgs<A> a_{};
 };
-// K and V rows, then for quantized caches the f32 rows' K and V pointers and the stored rows of one side.
-constexpr std::int64_t kRowPointers = 5 * kChunk;
-// A chunk's dequantized K and V rows and their scales (at most one per element), then the per-row
-// scales of K and V ([kv_heads][kChunk] each).
-constexpr std::int64_t dequant_size(std::int64_t head_dim, std::int64_t kv_heads) {
-  return 3 * kChunk * head_dim + 2 * kv_heads * kChunk;
+// A quantized cache's scales of one chunk, K's then V's (see point_at_scales).
+std::int64_t scales_size(const DecodeProblem& p) {
+  return p.quantized() ? p.kv_heads * kChunk * (p.k_scale.shape[3] + p.v_scale.shape[3]) : 0;
 }
 
 // Step 5: the merged state of query row `row` (= hk * R + hh * seqlen_q + i: query head hk * group + hh,
@@ -364,13 +320,13 @@ void run(const DecodeProblem& p) {
     // otherwise spend a fifth of its time allocating and zeroing them.
     static thread_local std::vector<const void*> row_ptrs;
     static thread_local std::vector<A> scratch;
-    static thread_local std::vector<float> dequant;
-    row_ptrs.resize(kRowPointers);
+    static thread_local std::vector<float> scales;
+    row_ptrs.resize(2 * kChunk);
     const auto scratch_size = static_cast<std::size_t>(chunk_scratch_size(p.kv_heads, p.group() * p.seqlen_q, d));
     if (scratch.size() < scratch_size) scratch.resize(scratch_size);
-    if (p.quantized() && dequant.size() < static_cast<std::size_t>(dequant_size(d, p.kv_heads)))
-      dequant.resize(static_cast<std::size_t>(dequant_size(d, p.kv_heads)));
-    ItemWorker<A> worker(p, plan, pq, scratch.data(), row_ptrs.data(), dequant.data());
+    if (scales.size() < static_cast<std::size_t>(scales_size(p)))
+      scales.resize(static_cast<std::size_t>(scales_size(p)));
+    ItemWorker<A> worker(p, plan, pq, scratch.data(), row_ptrs.data(), scales.data());
     run_slice_groups(
         plan.items, G, p.batch * rows,
         [&](std::int64_t it, std::int64_t slot) { worker.run(it, partial.get() + slot * rows * state_stride); },

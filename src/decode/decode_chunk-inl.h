@@ -216,8 +216,9 @@ HWY_INLINE void PrefetchV(const ChunkArgs<float>& a, std::int64_t c, std::int64_
 //
 // Output layout: the dots of query rows 4b .. 4b + 3 of kv head g with key c are one 4-float group at
 // dots4[((g * RB + b) * kChunk + c) * 4], RB = ceil(R / 4), written by
-//   dots(nr, row, k, dst):  dst[t] = q_{row + t} . k for t < nr, dst[nr ..] = 0
-// where row = g * R + 4 b is the first of the nr <= 4 query rows and k is kv head g's K row of key c.
+//   dots(nr, row, k, dst, c, g):  dst[t] = q_{row + t} . k for t < nr, dst[nr ..] = 0
+// where row = g * R + 4 b is the first of the nr <= 4 query rows and k is kv head g's K row of key c
+// (c and g locate the key's scales in a quantized cache with scales per block of dims).
 // Kernels form the row pointers in dots and pass them, through WithRowCount, to a lambda that captures
 // nothing: GCC then compiles the walk as tightly as a loop nest written out by hand (an inner lambda
 // that captures them costs several instructions per block).
@@ -230,7 +231,7 @@ HWY_INLINE void WalkKeys(const ChunkArgs<float>& a, float* dots4, DotsFn&& dots)
       PrefetchV<T>(a, c, g);
       const T* kr = krows[c] + g * a.k_head_stride;
       for (std::int64_t b = 0; b < RB; ++b)
-        dots(std::min<std::int64_t>(4, R - 4 * b), g * R + 4 * b, kr, dots4 + ((g * RB + b) * kChunk + c) * 4);
+        dots(std::min<std::int64_t>(4, R - 4 * b), g * R + 4 * b, kr, dots4 + ((g * RB + b) * kChunk + c) * 4, c, g);
     }
 }
 
@@ -278,14 +279,14 @@ HWY_INLINE void RunChunk(const ChunkArgs<float>& a, ScoreKeysFn&& score_keys, Pv
   float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
   score_keys(dots4);
   UntangleDots(a, dots4, scores);
-  if (a.k_scales) ScaleLanes(a.k_scales, scores, a.kv_heads * R, R, a.n);
+  if (a.k_scales && a.k_groups == 1) ScaleLanes(a.k_scales, scores, a.kv_heads * R, R, a.n);
   TransformScores(a, scores);
   for (std::int64_t g = 0; g < a.kv_heads; ++g) {
     float* st = a.states + g * R * S;
     for (std::int64_t r = 0; r < R; ++r)
       FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2,
               st + r * S + S - 1, d);
-    if (a.v_scales) ScaleLanes(a.v_scales + g * kChunk, probs, R, R, a.n);
+    if (a.v_scales && a.v_groups == 1) ScaleLanes(a.v_scales + g * kChunk, probs, R, R, a.n);
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
       PvVisibleKeys(a, g, r0, std::min<std::int64_t>(4, R - r0), probs, st, pv);
   }

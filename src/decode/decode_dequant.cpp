@@ -1,8 +1,8 @@
-// Dequantizing a chunk of a quantized cache's rows to f32 (Highway, every target, dispatched at run
-// time): out = float(stored) * scale, the rule of core/quant.hpp, with decode_quant-inl.h's conversions
-// (tests/test_decode_quantized.cpp checks every code of every type). Used for caches whose scales
-// change within a row (q8_0's blocks of 32): the f32 chunk kernel then runs on the rows, one kv head at
-// a time. Caches with one scale per row read their codes in registers instead (decode_simd.cpp).
+// Dequantizing rows of a quantized cache to f32 (Highway, every target, dispatched at run time): out =
+// float(stored) * scale, the rule of core/quant.hpp, with the conversions of decode_quant-inl.h that the
+// decode kernel uses in registers. The kernel never needs whole f32 rows; this is the conversions'
+// test hook (tests/test_decode_quantized.cpp checks every code of every type on every SIMD target
+// against the scalar rule) and a tool for callers that want the cache's values.
 #include <cmath>
 #include <cstdint>
 

@@ -45,11 +45,13 @@ struct ChunkArgs {
   // The output is bf16: that path may also round p to bf16 for P V (flash-attn's rule; l stays the
   // sum of the f32 p, so the LSE keeps f32 accuracy).
   bool bf16_out = false;
-  // Quantized caches with one scale per (key, kv head): [kv_heads][kChunk] scales of the chunk's keys.
-  // The kernel dots q with the codes and multiplies by k_scales (q . (s k) = s (q . k)), and weights
-  // the codes of V with p * v_scales (l stays the sum of p). nullptr: unquantized.
+  // Quantized caches: the chunk's keys' scales, [kv_heads][kChunk][k_groups] and [..][v_groups] (groups
+  // of head_dim / groups dims; 1: one per row). The kernel dots q with the codes and multiplies by the
+  // scales (q . (s k) = s (q . k), per group), and weights the codes of V with p * v_scales (l stays the
+  // sum of p). nullptr: unquantized.
   const float* k_scales = nullptr;
   const float* v_scales = nullptr;
+  std::int64_t k_groups = 1, v_groups = 1;
 };
 
 inline std::int64_t state_stride_for(std::int64_t head_dim) { return (head_dim + 15) / 16 * 16 + 16; }
@@ -70,9 +72,8 @@ inline std::int64_t chunk_scratch_size(std::int64_t kv_heads, std::int64_t R, st
 void decode_chunk_simd(const ChunkArgs<float>& a, DType cache_dtype);
 void decode_finish_simd(const ChunkArgs<float>& a, DType cache_dtype);
 
-// Quantized caches (i8, fp8): n rows of one kv head dequantized to out[c][head_dim] with the scales
-// scales[c][groups] (core/quant.hpp's rule; decode_dequant.cpp, Highway). The chunk kernel then runs
-// on the f32 rows, one kv head at a time.
+// Quantized caches (i8, fp8): n rows dequantized to out[c][head_dim] with the scales scales[c][groups]
+// (core/quant.hpp's rule, the kernel's SIMD conversions; decode_dequant.cpp).
 struct QuantRows {
   std::int64_t n, head_dim, groups;
   const std::uint8_t* const* rows;

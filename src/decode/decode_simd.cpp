@@ -12,8 +12,10 @@
 //           that block held in registers across the whole chunk.
 // Two kernels fill in the dot products and P V:
 //   Chunk<T> (here), any cache type: K and V rows widened to f32 in registers, f32 FMAs; for a quantized
-//           cache with one scale per row (i8 per token, fp8 per kv head) the codes are widened
-//           (decode_quant-inl.h) and RunChunk scales the dots by k's scales and p by v's.
+//           cache the codes are widened (decode_quant-inl.h); with one scale per row (i8 per token,
+//           fp8 per kv head) RunChunk scales the dots by K's scales and p by V's, with scales per
+//           block of dims (q8_0) the dots sum the blocks' partial dots times their scales and P V
+//           weights each block by p times its scale (Dots4Grouped, PvSumGrouped).
 //   ChunkDp (decode_simd_bf16-inl.h), bf16 caches on AVX512-BF16 CPUs: VDPBF16PS on the bf16 values.
 #include <cstdint>
 #include <cstring>
@@ -89,10 +91,11 @@ HWY_INLINE void Dots4(const float* q, std::int64_t d, const T* k, float* dst) {
   }
 }
 
-// o_r[x .. x + NV*N) += sum_c p[r][c] v_c[x ..] for NR rows (states stride S, p stride kChunk).
-template <int NR, int NV, class T>
+// o_r[x .. x + NV*N) += sum_c p[r][c] v_c[x ..] for NR rows (states stride S, p stride kChunk); with
+// kScaled, p[r][c] times key c's scale vs[c * vs_stride] (a quantized cache's scale of this block).
+template <int NR, int NV, class T, bool kScaled = false>
 HWY_INLINE void PvSumBlock(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
-                           std::int64_t S, std::int64_t x) {
+                           std::int64_t S, std::int64_t x, const float* vs = nullptr, std::int64_t vs_stride = 0) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   VF acc[NR][NV];
@@ -103,7 +106,7 @@ HWY_INLINE void PvSumBlock(const float* p, const T* const* vrows, std::int64_t v
     VF vv[NV];
     for (int v = 0; v < NV; ++v) vv[v] = LoadRow(df, vr, x + v * N);
     for (int r = 0; r < NR; ++r) {
-      const VF pr = hn::Set(df, p[r * kChunk + c]);
+      const VF pr = hn::Set(df, kScaled ? p[r * kChunk + c] * vs[c * vs_stride] : p[r * kChunk + c]);
       for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(pr, vv[v], acc[r][v]);
     }
   }
@@ -145,18 +148,89 @@ void ScoreKeys(const ChunkArgs<float>& a, float* dots4) {
   const auto dots = [](auto rows, const float* q, std::int64_t d, const T* k, float* dst) {
     Dots4<decltype(rows)::value, D>(q, d, k, dst);
   };
-  WalkKeys<T>(a, dots4, [&](std::int64_t nr, std::int64_t row, const T* k, float* dst) {
+  WalkKeys<T>(a, dots4, [&](std::int64_t nr, std::int64_t row, const T* k, float* dst, std::int64_t, std::int64_t) {
     const std::int64_t d = D > 0 ? D : a.head_dim;
     WithRowCount(nr, dots, a.q + row * d, d, k, dst);
   });
 }
 
+// ---- Quantized caches with scales per block of G dims (llama.cpp's q8_0: G = 32) ----
+
+// dst[r] = sum over blocks b of s[b] (q_r . k) over the block's dims, for NR <= 4 rows.
+template <int NR, class T>
+HWY_INLINE void Dots4Grouped(const float* q, std::int64_t d, const T* k, const float* s, std::int64_t G, float* dst) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  VF acc[4];
+  float tail[4] = {0, 0, 0, 0};
+  for (int r = 0; r < 4; ++r) acc[r] = hn::Zero(df);
+  for (std::int64_t x0 = 0, b = 0; x0 < d; x0 += G, ++b) {
+    VF part[NR];
+    for (int r = 0; r < NR; ++r) part[r] = hn::Zero(df);
+    std::int64_t x = x0;
+    for (; x + N <= x0 + G; x += N) {
+      const VF kv = LoadRow(df, k, x);
+      for (int r = 0; r < NR; ++r) part[r] = hn::MulAdd(hn::LoadU(df, q + r * d + x), kv, part[r]);
+    }
+    const VF vs = hn::Set(df, s[b]);
+    for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(part[r], vs, acc[r]);
+    for (; x < x0 + G; ++x)
+      for (int r = 0; r < NR; ++r) tail[r] += q[r * d + x] * (load<float>(k[x]) * s[b]);
+  }
+  StoreSum4(df, acc[0], acc[1], acc[2], acc[3], dst);
+  for (int r = 0; r < NR; ++r) dst[r] += tail[r];
+}
+
+template <class T>
+void ScoreKeysGrouped(const ChunkArgs<float>& a, float* dots4) {
+  const std::int64_t d = a.head_dim, G = d / a.k_groups;
+  const auto dots = [](auto rows, const float* q, std::int64_t d, const T* k, const float* s, std::int64_t G,
+                       float* dst) { Dots4Grouped<decltype(rows)::value>(q, d, k, s, G, dst); };
+  WalkKeys<T>(a, dots4, [&](std::int64_t nr, std::int64_t row, const T* k, float* dst, std::int64_t c, std::int64_t g) {
+    WithRowCount(nr, dots, a.q + row * d, d, k, a.k_scales + (g * kChunk + c) * a.k_groups, G, dst);
+  });
+}
+
+// PvSum with key c's scale of block b at vs[c * groups + b].
+template <int NR, class T>
+HWY_INLINE void PvSumGrouped(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
+                             std::int64_t S, std::int64_t d, const float* vs, std::int64_t groups) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), G = d / groups;
+  for (std::int64_t b = 0; b < groups; ++b) {
+    const float* vsb = vs + b;
+    std::int64_t x = b * G;
+    const std::int64_t end = x + G;
+    for (; x + kPvVectors * N <= end; x += kPvVectors * N)
+      PvSumBlock<NR, kPvVectors, T, true>(p, vrows, vhs, n, o, S, x, vsb, groups);
+    for (; x + N <= end; x += N) PvSumBlock<NR, 1, T, true>(p, vrows, vhs, n, o, S, x, vsb, groups);
+    for (; x < end; ++x)
+      for (int r = 0; r < NR; ++r) {
+        float acc = o[r * S + x];
+        for (std::int64_t c = 0; c < n; ++c)
+          acc += p[r * kChunk + c] * vsb[c * groups] * load<float>(vrows[c][vhs + x]);
+        o[r * S + x] = acc;
+      }
+  }
+}
+
 template <class T>
 void Chunk(const ChunkArgs<float>& a) {
+  constexpr bool kQuantized = is_quantized(dtype_of<T>());
   const T* const* vrows = reinterpret_cast<const T* const*>(a.v_rows);
   RunChunk(
-      a, [&](float* dots4) { WithHeadDim(a.head_dim, [&](auto D) { ScoreKeys<T, decltype(D)::value>(a, dots4); }); },
+      a,
+      [&](float* dots4) {
+        if constexpr (kQuantized)
+          if (a.k_groups > 1) return ScoreKeysGrouped<T>(a, dots4);
+        WithHeadDim(a.head_dim, [&](auto D) { ScoreKeys<T, decltype(D)::value>(a, dots4); });
+      },
       [&](auto nr, std::int64_t g, const float* p, std::int64_t c0, std::int64_t m, float* o) {
+        if constexpr (kQuantized)
+          if (a.v_groups > 1)
+            return PvSumGrouped<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride,
+                                                     a.head_dim, a.v_scales + (g * kChunk + c0) * a.v_groups,
+                                                     a.v_groups);
         PvSum<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim);
       });
 }

@@ -137,10 +137,12 @@ template <int D, bool kLo>
 ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
   const auto dots = [](auto rows, const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d, const bf16_t* k,
                        float* dst) ATTN_DPBF16_ATTR { DotsDp<decltype(rows)::value, D, kLo>(qh, ql, d, k, dst); };
-  WalkKeys<bf16_t>(a, dots4, [&](std::int64_t nr, std::int64_t row, const bf16_t* k, float* dst) ATTN_DPBF16_ATTR {
-    const std::int64_t d = D > 0 ? D : a.head_dim;
-    WithRowCount(nr, dots, a.q_hi + row * d, kLo ? a.q_lo + row * d : nullptr, d, k, dst);
-  });
+  WalkKeys<bf16_t>(a, dots4,
+                   [&](std::int64_t nr, std::int64_t row, const bf16_t* k, float* dst, std::int64_t, std::int64_t)
+                       ATTN_DPBF16_ATTR {
+                         const std::int64_t d = D > 0 ? D : a.head_dim;
+                         WithRowCount(nr, dots, a.q_hi + row * d, kLo ? a.q_lo + row * d : nullptr, d, k, dst);
+                       });
 }
 
 ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
