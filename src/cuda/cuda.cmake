@@ -53,8 +53,10 @@ if(ATTN_WITH_CUDA)
   # (without them a fresh configure fails: empty CUDA_ARCHITECTURES, and CUDA20 from CMAKE_CXX_STANDARD).
   set_target_properties(attn PROPERTIES CUDA_RUNTIME_LIBRARY Shared CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
     CUDA_STANDARD 17)
-  target_link_libraries(attn PRIVATE CUDA::cudart)
-  target_compile_definitions(attn PUBLIC ATTN_HAS_CUDA)
+  # Link-only and interface-only: attn's own C++ sources then compile with exactly the commands of a
+  # build without CUDA (the Python package's), so that ccache serves one from the other (Makefile).
+  target_link_libraries(attn PRIVATE $<LINK_ONLY:CUDA::cudart>)
+  target_compile_definitions(attn INTERFACE ATTN_HAS_CUDA)
 endif()
 
 # The GPU benchmark (bench/gpu/, run by scripts/gpu-check). ATTN_GPU_VARIANTS=ON also compiles the kernel
