@@ -75,11 +75,12 @@ TensorView view_of(const char* who, const char* arg, const Array& a, int rank, b
 // as uint8, which every DLPack exporter supports) and the type they hold ("i8", "fp8_e4m3", "fp8_e5m2").
 TensorView quantized_view_of(const char* who, const char* arg, const Array& a, const std::string& type) {
   if (a.dtype() != nb::dtype<std::uint8_t>()) reject(who, arg, "a quantized cache's codes must come as uint8");
-  const attn::DType t = type == "i8"         ? attn::DType::i8
-                        : type == "fp8_e4m3" ? attn::DType::fp8_e4m3
-                        : type == "fp8_e5m2" ? attn::DType::fp8_e5m2
-                                             : (reject(who, "cache_type", "must be i8, fp8_e4m3 or fp8_e5m2, got " + type),
-                                                attn::DType::i8);
+  const attn::DType t =
+      type == "i8"         ? attn::DType::i8
+      : type == "fp8_e4m3" ? attn::DType::fp8_e4m3
+      : type == "fp8_e5m2"
+          ? attn::DType::fp8_e5m2
+          : (reject(who, "cache_type", "must be i8, fp8_e4m3 or fp8_e5m2, got " + type), attn::DType::i8);
   if (a.ndim() != 4) reject(who, arg, "must have 4 dimensions, got " + std::to_string(a.ndim()));
   TensorView v;
   v.dtype = t;
@@ -465,8 +466,8 @@ NB_MODULE(_C, m) {
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved") = false,
-        nb::arg("num_splits") = 0, nb::arg("keys_per_split") = 0, ATTN_OPTION_ARGS, nb::arg("k_scale").none() = nb::none(),
-        nb::arg("v_scale").none() = nb::none(), nb::arg("cache_type") = "",
+        nb::arg("num_splits") = 0, nb::arg("keys_per_split") = 0, ATTN_OPTION_ARGS,
+        nb::arg("k_scale").none() = nb::none(), nb::arg("v_scale").none() = nb::none(), nb::arg("cache_type") = "",
         "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place; a quantized "
         "cache comes as uint8 with cache_type and k_scale, v_scale.");
   m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),
