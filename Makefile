@@ -31,10 +31,13 @@ TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildca
 # from the cache instead of compiling the Highway kernels again (minutes on 2 cores). The cache lives
 # in $(BUILD)/ccache, so a fresh clone starts empty. Each stage is a make of its own (below), so a stage
 # after `deps` finds ccache even on a machine that had none.
+# ccache hashes the compiler's name too, and scikit-build-core compiles with Python's g++
+# (sysconfig's CXX) where CMake alone picks c++: a fresh configure is given g++ as well.
 CCACHE := $(shell command -v ccache 2>/dev/null)
 ifneq ($(CCACHE),)
 export CMAKE_CXX_COMPILER_LAUNCHER ?= $(CCACHE)
 export CCACHE_DIR ?= $(CURDIR)/$(BUILD)/ccache
+export CXX ?= g++
 endif
 
 # Within `make test` each stage is a make of its own, run after the stages before it: NODEPS=1 drops
