@@ -97,8 +97,7 @@ void check_quantized_append(std::string_view who, const DecodeProblem& p) {
                        str(g));
           }
           dispatch_dtype(side.values.dtype, [&]<class T>() {
-            const T* row = static_cast<const T*>(side.values.data) + b * side.values.strides[0] +
-                           t * side.values.strides[1] + g * side.values.strides[2];
+            const T* row = row_ptr<const T>(side.values, b, t, g);
             for (std::int64_t c = 0; c < p.head_dim; ++c)
               if (!std::isfinite(load<float>(row[c * side.values.strides[3]])))
                 fail(who, side.new_arg,
