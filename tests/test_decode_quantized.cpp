@@ -386,7 +386,7 @@ TEST(DecodeQuantized, BadInputIsRejectedByNameAndNothingIsWritten) {
   const BadQuant cases[] = {
       {"cache.k_scale", [](KVCache& k, auto&, auto&) { k.k_scale = {}; }, "required for a quantized cache"},
       {"cache.v_scale", [](KVCache& k, auto&, auto&) { k.v_scale.dtype = DType::bf16; }, "dtype must be f32 or f16"},
-      {"cache.k_scale", [](KVCache& k, auto&, auto&) { k.k_scale.shape[3] = 3; }, "must divide head_dim"},
+      {"cache.k_scale", [](KVCache& k, auto&, auto&) { k.k_scale.shape[3] = 3; }, "must divide cache.k's head_dim"},
       {"cache.k_scale", [](KVCache& k, auto&, auto&) { k.k_scale.shape[2] = 1; }, "kv_heads"},
       {"cache.v_scale", [](KVCache& k, auto&, auto&) { k.v_scale.rank = 3; }, "rank must be 4"},
       {"q", [&](auto&, TensorView& qv, auto&) { qv = TensorView::contiguous(i8.data(), 2, 1, 4, D); },

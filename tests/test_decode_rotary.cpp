@@ -116,7 +116,7 @@ TEST(DecodeRotary, BadTablesAreNamed) {
     EXPECT_EQ(before, k.data);
   };
   const RotaryTables ok{cos.data(), sin.data(), DType::f32, 10, 8, false};
-  expect(ok, false, "rotary: needs k_new and v_new");
+  expect(ok, false, "rotary: needs k_new");
   RotaryTables r = ok;
   r.rotary_dim = 7;
   expect(r, true, "rotary.rotary_dim: must be even");

@@ -1,8 +1,10 @@
 // The attention entry points.
 //
-// All take q [batch, seqlen_q, heads, head_dim], k and v [batch, seqlen_k, kv_heads, head_dim] and write
-// out [batch, seqlen_q, heads, head_dim] and, when `lse` is given, the natural-log log-sum-exp of each
-// row's scaled scores into lse [batch, heads, seqlen_q] (f64 for f64 inputs, else f32).
+// All take q [batch, seqlen_q, heads, head_dim], k [batch, seqlen_k, kv_heads, head_dim] and v [batch,
+// seqlen_k, kv_heads, head_dim_v] and write out [batch, seqlen_q, heads, head_dim_v] and, when `lse` is
+// given, the natural-log log-sum-exp of each row's scaled scores into lse [batch, heads, seqlen_q] (f64
+// for f64 inputs, else f32). head_dim_v is v's own (DeepSeek's prefill: q and k 192, v 128); any head
+// dims >= 1 (docs/head-dims.md); the default scale is 1 / sqrt(head_dim), q's.
 // heads must be a multiple of kv_heads (GQA; kv_heads = 1 is MQA): query head h reads kv head
 // h / (heads / kv_heads).
 //

@@ -3,7 +3,8 @@
 // (include/attn/attention.hpp, include/attn/decode.hpp), with these differences:
 //   * every TensorView's data, KVCache::seqlens / block_table, cu_seqlens, alibi_slopes and sinks point to
 //     device memory (cudaMalloc); a host pointer is rejected with std::invalid_argument;
-//   * q, k, v, out (and the cache, k_new, v_new) are bf16 or f16 with head_dim 64, 128 or 256, the last
+//   * q, k, v, out (and the cache, k_new, v_new) are bf16 or f16 with head_dim 64, 128 or 256 (v's the
+//     same as q's: unequal head dims and the MLA cache view are CPU-only), the last
 //     dimension contiguous and every row 16-byte aligned (data and strides of dims 0..2 multiples of 8
 //     elements); lse is f32; decode takes q of the cache's type;
 //   * work is queued on `stream` (nullptr = the legacy default stream) and the call returns before it

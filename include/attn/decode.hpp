@@ -3,15 +3,21 @@
 //
 // Shapes (flash-attn's layout; strides in elements, any non-negative strides accepted):
 //   q            [batch, seqlen_q, heads, head_dim]       seqlen_q 1, or a few (speculative decoding)
-//   cache.k, .v  contiguous [batch, max_seqlen, kv_heads, head_dim]
+//   cache.k, .v  contiguous [batch, max_seqlen, kv_heads, head_dim] (cache.v: head_dim_v)
 //                or paged   [num_pages, page_size, kv_heads, head_dim] with cache.block_table, any
 //                page_size >= 1; key position p of sequence b lives in page block_table[b][p / page_size]
 //                at slot p % page_size
 //   cache.seqlens [batch] int32: keys already in each sequence's cache
-//   k_new, v_new [batch, seqlen_new, kv_heads, head_dim] (optional): written into the cache in place at
-//                positions seqlens[b] .. seqlens[b] + seqlen_new - 1 before attending
-//   out          [batch, seqlen_q, heads, head_dim]
+//   k_new, v_new [batch, seqlen_new, kv_heads, head_dim] (optional; v_new: head_dim_v): written into the
+//                cache in place at positions seqlens[b] .. seqlens[b] + seqlen_new - 1 before attending
+//   out          [batch, seqlen_q, heads, head_dim_v]
 //   lse          [batch, heads, seqlen_q] (optional): natural-log log-sum-exp of the scaled scores
+//
+// head_dim_v is cache.v's head dim, which may differ from head_dim. MLA (DeepSeek's latent cache, d_qk
+// 576 and d_v 512 with one kv head): cache.v may view the first head_dim_v <= head_dim dims of cache.k's
+// own rows -- the same data pointer and strides, shape[3] = head_dim_v -- and the values are then read
+// from the key rows, not a copy; k_new alone appends (v_new must be null), rotary is not applied (it
+// would rotate dims the values read) and a quantized cache takes no append. docs/head-dims.md.
 //
 // Sequence b attends over its first seqlen_k(b) = seqlens[b] + seqlen_new keys. With cache.leftpad
 // (contiguous caches), over the keys at positions leftpad[b] .. seqlens[b] + seqlen_new - 1, so

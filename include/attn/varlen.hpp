@@ -3,7 +3,8 @@
 //
 //   q   [total_q, heads, head_dim]      sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]
 //   k,v [total_k, kv_heads, head_dim]   its keys and values rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]
-//   out [total_q, heads, head_dim]
+//                                       (v's head dim may differ: head_dim_v, as in attention.hpp)
+//   out [total_q, heads, head_dim_v]
 //   lse [1, heads, total_q] (optional; flash-attn's [heads, total_q] with a leading 1), f32 or f64
 // cu_seqlens_q and cu_seqlens_k hold batch + 1 int32 offsets: 0 first, non-decreasing, the last equal
 // to total_q (total_k). Each sequence is its own attention problem with the options of

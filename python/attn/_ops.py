@@ -49,10 +49,17 @@ def _sink_grad(sinks: Optional[Tensor], dsink: Optional[Tensor]) -> Tensor:
     return dsink.to(sinks.dtype) if sinks is not None else torch.empty(0)
 
 
+def _out_for(q, v):
+    """The output: q's shape with v's head dim (DeepSeek's 192 / 128), allocated like q as flash-attn does."""
+    if v.shape[-1] == q.shape[-1]:
+        return torch.empty_like(q)
+    return q.new_empty(q.shape[:-1] + v.shape[-1:])
+
+
 def _fwd_eager(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
                num_threads, sinks, with_lse=True):
     b, sq, h, _ = q.shape
-    out = torch.empty_like(q)  # as flash-attn allocates it
+    out = _out_for(q, v)
     lse = torch.empty((b, h, sq), dtype=_lse_dtype(q), device=q.device) if with_lse else None
     _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                                         dropout_p, seed, num_threads, sinks))
@@ -70,7 +77,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal:
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     b, sq, h, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((b, h, sq), dtype=_lse_dtype(q))
+    return q.new_empty(q.shape[:-1] + v.shape[-1:]), q.new_empty((b, h, sq), dtype=_lse_dtype(q))
 
 
 def _bwd_eager(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
@@ -99,7 +106,7 @@ def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 def _varlen_fwd_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
                       softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
-    out = torch.empty_like(q)
+    out = _out_for(q, v)
     lse = torch.empty((h, total_q), dtype=_lse_dtype(q), device=q.device)
     _C.varlen_forward(*map(_dl, (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)),
                       **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
@@ -119,13 +126,13 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
       dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((h, total_q), dtype=_lse_dtype(q))
+    return q.new_empty(q.shape[:-1] + v.shape[-1:]), q.new_empty((h, total_q), dtype=_lse_dtype(q))
 
 
 def _varlen_paged_eager(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal,
                         window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
-    out = torch.empty_like(q)
+    out = _out_for(q, v_cache)
     lse = torch.empty((h, total_q), dtype=_lse_dtype(q), device=q.device)
     _C.varlen_forward(*map(_dl, (q, k_cache, v_cache, out, lse, cu_seqlens_q, cu_seqlens_k, block_table)),
                       **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
@@ -146,7 +153,7 @@ def varlen_fwd_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: 
 def _(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal, window_left, window_right,
       softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((h, total_q), dtype=_lse_dtype(q))
+    return q.new_empty(q.shape[:-1] + v_cache.shape[-1:]), q.new_empty((h, total_q), dtype=_lse_dtype(q))
 
 
 def _varlen_bwd_eager(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,

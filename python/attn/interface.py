@@ -51,7 +51,7 @@ def _numpy_forward(q, k, v, opts):
     import numpy as np
     scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = opts
     b, sq, h, _ = q.shape
-    out = np.empty(q.shape, dtype=q.dtype)
+    out = np.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
     lse = np.empty((b, h, sq), dtype=np.float64 if q.dtype == np.float64 else np.float32)
     _C.forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, window_left=left, window_right=right,
                softcap=softcap, alibi_slopes=alibi, dropout_p=dropout_p, seed=seed, num_threads=threads, sinks=sinks)
@@ -174,7 +174,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     elif isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32)
     left, right = _window(window_size)
-    out = torch.empty(q.shape, dtype=q.dtype)
+    out = torch.empty(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype)  # v's head dim (MLA: 512 of 576)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32)
     detach = lambda t: None if t is None else t.detach()
     _C.kvcache(detach(q), detach(k_cache), detach(v_cache), out, lse if return_softmax_lse else None, cache_seqlens,

@@ -15,6 +15,7 @@ struct BackwardProblem : Problem {
 
 // Validates the arguments of attention_backward (include/attn/backward.hpp): q, k, v, out and lse by
 // the forward's rules (`validate`), then
+//   v: head_dim must equal q's (unequal head dims are forward-only)
 //   dout: dtype must match q's; <dim> must equal out's
 //   dq / dk / dv: dtype must match q's; <dim> must equal q's / k's / k's
 //   dq / dk / dv: strides make elements alias

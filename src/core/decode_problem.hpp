@@ -15,7 +15,12 @@
 namespace attn::detail {
 
 struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
-  std::int64_t batch, seqlen_q, heads, kv_heads, head_dim, seqlen_new;
+  std::int64_t batch, seqlen_q, heads, kv_heads, seqlen_new;
+  std::int64_t head_dim;    // q's and cache.k's
+  std::int64_t head_dim_v;  // cache.v's and out's (MLA: 512 of the 576)
+  // cache.v is the first head_dim_v dims of cache.k's rows (MLA's latent cache): the same data and row
+  // strides, so appending writes k_new alone.
+  bool v_in_k;
   DType cache_dtype, q_dtype;
   bool paged;
   std::int64_t page_size;       // paged: slots per page; contiguous: unused
@@ -58,6 +63,10 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   }
 };
 
+// cache.v is a view of the first cache.v.shape[3] dims of cache.k's rows: the same data pointer and
+// strides (MLA's latent cache, where the values are a prefix of the keys).
+bool values_in_keys(const KVCache& cache);
+
 // Checks every argument (see include/attn/decode.hpp) and throws std::invalid_argument on the first
 // bad one; writes nothing. Reads seqlens and block_table, so they must be host memory.
 DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
@@ -72,8 +81,8 @@ struct CacheScales {
 // q, out, k_new and v_new around a quantized cache: f32, bf16 or f16 (k_new and v_new alike).
 void check_quantized_types(std::string_view who, DType cache_dtype, const TensorView& q, const DecodeOptions& dec);
 // cache.k_scale and cache.v_scale: absent for other caches; for quantized ones rank 4, f32 or f16,
-// [cache rows, slots, kv_heads, groups] with groups dividing head_dim.
-CacheScales check_cache_scales(std::string_view who, const KVCache& cache, std::int64_t head_dim);
+// [cache rows, slots, kv_heads, groups] with groups dividing the side's head dim (cache.k's, cache.v's).
+CacheScales check_cache_scales(std::string_view who, const KVCache& cache);
 // Appending into a quantized cache with given (shared) scales: each scale the appended positions use
 // is finite and > 0, and every appended value is finite (it could not be represented otherwise).
 void check_quantized_append(std::string_view who, const DecodeProblem& p);

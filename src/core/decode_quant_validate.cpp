@@ -2,7 +2,8 @@
 //   q: dtype must be f32, bf16 or f16 for a quantized cache; out: q's (checked by validate_decode)
 //   k_new: dtype must be f32, bf16 or f16; v_new: k_new's
 //   cache.k_scale / cache.v_scale: only for quantized caches; for them required, rank 4, dtype f32 or
-//       f16, [cache rows, slots, kv_heads, groups] like cache.k, groups dividing head_dim
+//       f16, [cache rows, slots, kv_heads, groups] like cache.k, groups dividing cache.k's / cache.v's
+//       head_dim
 //   appending with given (shared) scales: each scale used finite and > 0, every appended value finite
 #include <cmath>
 #include <string>
@@ -21,7 +22,9 @@ std::string name(DType t) { return std::string(dtype_name(t)); }
 
 bool is_activation_type(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
-Span check_scale(std::string_view who, const char* arg, const TensorView& s, const KVCache& cache, std::int64_t d) {
+// `values` (cache.k or cache.v) is the view whose rows the scales scale.
+Span check_scale(std::string_view who, const char* arg, const TensorView& s, const KVCache& cache, const char* values) {
+  const std::int64_t d = (std::string_view(values) == "cache.k" ? cache.k : cache.v).shape[3];
   const bool quantized = is_quantized(cache.k.dtype);
   if (!quantized) {
     if (s.data || s.rank != 0) fail(who, arg, "only for quantized caches (cache.k is " + name(cache.k.dtype) + ")");
@@ -37,7 +40,8 @@ Span check_scale(std::string_view who, const char* arg, const TensorView& s, con
            std::string(kDims[i]) + " (shape[" + str(i) + "]) must equal cache.k's (" + str(cache.k.shape[i]) +
                "), got " + str(s.shape[i]));
   if (d % s.shape[3] != 0)
-    fail(who, arg, "groups (shape[3] = " + str(s.shape[3]) + ") must divide head_dim (" + str(d) + ")");
+    fail(who, arg,
+         "groups (shape[3] = " + str(s.shape[3]) + ") must divide " + values + "'s head_dim (" + str(d) + ")");
   return span;
 }
 
@@ -53,14 +57,14 @@ void check_quantized_types(std::string_view who, DType cache_dtype, const Tensor
     fail(who, "k_new",
          "dtype must be f32, bf16 or f16 (it is quantized into the " + name(cache_dtype) + " cache), got " +
              name(dec.k_new->dtype));
-  if (dec.v_new->dtype != dec.k_new->dtype)
+  if (dec.v_new && dec.v_new->dtype != dec.k_new->dtype)
     fail(who, "v_new", "dtype must match k_new's (" + name(dec.k_new->dtype) + "), got " + name(dec.v_new->dtype));
 }
 
-CacheScales check_cache_scales(std::string_view who, const KVCache& cache, std::int64_t head_dim) {
+CacheScales check_cache_scales(std::string_view who, const KVCache& cache) {
   CacheScales s;
-  s.k_span = check_scale(who, "cache.k_scale", cache.k_scale, cache, head_dim);
-  s.v_span = check_scale(who, "cache.v_scale", cache.v_scale, cache, head_dim);
+  s.k_span = check_scale(who, "cache.k_scale", cache.k_scale, cache, "cache.k");
+  s.v_span = check_scale(who, "cache.v_scale", cache.v_scale, cache, "cache.v");
   if (!is_quantized(cache.k.dtype)) return s;
   s.k = cache.k_scale;
   s.v = cache.v_scale;
@@ -77,9 +81,10 @@ void check_quantized_append(std::string_view who, const DecodeProblem& p) {
     const TensorView& scale;
     bool owned;
     const TensorView& values;
+    std::int64_t dim;
   };
-  const Side sides[] = {{"cache.k_scale", "k_new", p.k_scale, p.k_scale_owned, *p.k_new},
-                        {"cache.v_scale", "v_new", p.v_scale, p.v_scale_owned, *p.v_new}};
+  const Side sides[] = {{"cache.k_scale", "k_new", p.k_scale, p.k_scale_owned, *p.k_new, p.head_dim},
+                        {"cache.v_scale", "v_new", p.v_scale, p.v_scale_owned, *p.v_new, p.head_dim_v}};
   for (const Side& side : sides) {
     if (side.owned) continue;  // computed from the values
     const std::int64_t groups = side.scale.shape[3];
@@ -98,7 +103,7 @@ void check_quantized_append(std::string_view who, const DecodeProblem& p) {
           }
           dispatch_dtype(side.values.dtype, [&]<class T>() {
             const T* row = row_ptr<const T>(side.values, b, t, g);
-            for (std::int64_t c = 0; c < p.head_dim; ++c)
+            for (std::int64_t c = 0; c < side.dim; ++c)
               if (!std::isfinite(load<float>(row[c * side.values.strides[3]])))
                 fail(who, side.new_arg,
                      "a non-finite value cannot be quantized with a given (shared) scale (sequence " + str(b) +

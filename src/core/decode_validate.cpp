@@ -6,9 +6,11 @@
 //   q: dtype must be cache.k's or f32 (unquantized caches); out: dtype must match q's; lse: f64 for an
 //       f64 cache, else f32
 //   cache.k / cache.v: last dimension must be contiguous (stride[3] = 1)
-//   shapes: cache.v = cache.k; head_dim of q, k_new, v_new = cache.k's; heads a multiple of kv_heads;
-//       contiguous cache: batch = q's; out = q; lse = [batch, heads, seqlen_q]; v_new = k_new
-//   k_new and v_new: both or neither
+//   shapes: cache.v = cache.k but for head_dim; head_dim of q, k_new = cache.k's; of out, v_new =
+//       cache.v's; heads a multiple of kv_heads; contiguous cache: batch = q's; out = q but for
+//       head_dim; lse = [batch, heads, seqlen_q]; v_new = k_new but for head_dim
+//   k_new and v_new: both or neither; with cache.v viewing cache.k's rows (MLA: the same data and
+//       strides), cache.v's head_dim <= cache.k's, k_new alone (and not into a quantized cache), no rotary
 //   cache.seqlens: not null; each >= 0 and seqlens[b] + seqlen_new <= capacity (max_seqlen, or
 //       max_pages x page_size)
 //   cache.batch_idx / cache.leftpad: contiguous caches only; batch_idx entries in [0, cache rows), distinct
@@ -92,7 +94,7 @@ void check_rotary(std::string_view who, const DecodeOptions& dec, const KVCache&
                   std::int64_t d, std::int64_t seqlen_q, std::int64_t seqlen_new, bool q_per_row) {
   const RotaryTables* r = dec.rotary;
   if (!r) return;
-  if (!dec.k_new) fail(who, "rotary", "needs k_new and v_new (it rotates the appended keys and q)");
+  if (!dec.k_new) fail(who, "rotary", "needs k_new (it rotates the appended keys and q)");
   if (!r->cos || !r->sin) fail(who, r->cos ? "rotary.sin" : "rotary.cos", "data pointer is null");
   if (r->dtype != DType::f32 && r->dtype != DType::f64)
     fail(who, "rotary.dtype", "must be f32 or f64, got " + std::string(dtype_name(r->dtype)));
@@ -112,6 +114,13 @@ void check_rotary(std::string_view who, const DecodeOptions& dec, const KVCache&
 
 }  // namespace
 
+bool values_in_keys(const KVCache& cache) {
+  if (cache.v.data == nullptr || cache.v.data != cache.k.data || cache.v.rank != 4 || cache.k.rank != 4) return false;
+  for (int i = 0; i < 4; ++i)
+    if (cache.v.strides[i] != cache.k.strides[i]) return false;
+  return true;
+}
+
 DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
                               const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse) {
   const bool paged = cache.block_table != nullptr;
@@ -120,11 +129,23 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   const Span sv = check_view(who, "cache.v", cache.v, 4, !paged, true);
   const Span so = check_view(who, "out", out, 4, false);
   const Span sl = lse ? check_view(who, "lse", *lse, 3, false) : Span{};
-  if ((dec.k_new == nullptr) != (dec.v_new == nullptr))
+  const bool v_in_k = values_in_keys(cache);
+  if (v_in_k) {
+    if (cache.v.shape[3] > cache.k.shape[3])
+      fail(who, "cache.v",
+           "head_dim (" + str(cache.v.shape[3]) + ") must be <= cache.k's (" + str(cache.k.shape[3]) +
+               ") when cache.v views cache.k's rows (MLA)");
+    if (dec.v_new) fail(who, "v_new", "must be null when cache.v views cache.k's rows (MLA): k_new holds the values");
+    if (dec.k_new && is_quantized(cache.k.dtype))
+      fail(who, "cache.v",
+           "must not view cache.k's rows (MLA) when appending into a quantized cache (k_new is quantized with "
+           "cache.k_scale alone)");
+  } else if ((dec.k_new == nullptr) != (dec.v_new == nullptr)) {
     fail(who, dec.k_new ? "v_new" : "k_new", "k_new and v_new must be given together");
+  }
   const bool append = dec.k_new != nullptr;
   const Span skn = append ? check_view(who, "k_new", *dec.k_new, 4, true) : Span{};
-  const Span svn = append ? check_view(who, "v_new", *dec.v_new, 4, true) : Span{};
+  const Span svn = dec.v_new ? check_view(who, "v_new", *dec.v_new, 4, true) : Span{};
 
   // Element types.
   const DType ct = cache.k.dtype;
@@ -133,7 +154,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     check_quantized_types(who, ct, q, dec);
   } else if (append) {
     require_dtype(who, "k_new", dec.k_new->dtype, ct, "cache.k");
-    require_dtype(who, "v_new", dec.v_new->dtype, ct, "cache.k");
+    if (dec.v_new) require_dtype(who, "v_new", dec.v_new->dtype, ct, "cache.k");
   }
   if (!is_quantized(ct) && q.dtype != ct && q.dtype != DType::f32)
     fail(who, "q",
@@ -151,29 +172,33 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   const std::int64_t kv_heads = cache.k.shape[2];
   static constexpr const char* kDims[] = {"batch", "seqlen", "heads", "head_dim"};
   const char* kDimsPaged[] = {"num_pages", "page_size", "heads", "head_dim"};
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 3; ++i)  // cache.v's head_dim is the output's: it may differ from cache.k's
     require_equal(who, "cache.v", paged ? kDimsPaged[i] : kDims[i], cache.v.shape[i], "cache.k", cache.k.shape[i]);
   require_equal(who, "cache.k", "head_dim", cache.k.shape[3], "q", d);
   if (heads % kv_heads != 0)
     fail(who, "q", "heads (" + str(heads) + ") must be a multiple of cache.k's kv_heads (" + str(kv_heads) + ")");
   if (!paged && !cache.batch_idx) require_equal(who, "cache.k", "batch", cache.k.shape[0], "q", batch);
   for (auto [name, t] : {std::pair<const char*, const TensorView*>{"cache.k", &cache.k}, {"cache.v", &cache.v}})
-    if (d > 1 && t->strides[3] != 1)
+    if (t->shape[3] > 1 && t->strides[3] != 1)
       fail(who, name, "last dimension must be contiguous (stride[3] = 1), got stride " + str(t->strides[3]));
-  for (int i = 0; i < 4; ++i) require_equal(who, "out", kDims[i], out.shape[i], "q", q.shape[i]);
+  for (int i = 0; i < 3; ++i) require_equal(who, "out", kDims[i], out.shape[i], "q", q.shape[i]);
+  require_equal(who, "out", "head_dim", out.shape[3], "cache.v", cache.v.shape[3]);
   if (lse) {
     require_equal(who, "lse", "batch", lse->shape[0], "q", batch);
     require_equal(who, "lse", "heads", lse->shape[1], "q", heads);
     require_equal(who, "lse", "seqlen_q", lse->shape[2], "q", sqn);
   }
-  const CacheScales scales = check_cache_scales(who, cache, d);
+  const CacheScales scales = check_cache_scales(who, cache);
   std::int64_t seqlen_new = 0;
   if (append) {
     require_equal(who, "k_new", "batch", dec.k_new->shape[0], "q", batch);
     require_equal(who, "k_new", "heads", dec.k_new->shape[2], "cache.k", kv_heads);
     require_equal(who, "k_new", "head_dim", dec.k_new->shape[3], "cache.k", d);
-    for (int i = 0; i < 4; ++i)
-      require_equal(who, "v_new", kDims[i], dec.v_new->shape[i], "k_new", dec.k_new->shape[i]);
+    if (dec.v_new) {
+      for (int i = 0; i < 3; ++i)
+        require_equal(who, "v_new", kDims[i], dec.v_new->shape[i], "k_new", dec.k_new->shape[i]);
+      require_equal(who, "v_new", "head_dim", dec.v_new->shape[3], "cache.v", cache.v.shape[3]);
+    }
     seqlen_new = dec.k_new->shape[1];
   }
 
@@ -226,7 +251,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   if (append && seqlen_new > 0) {
     check_no_self_alias(who, "cache.k", cache.k);
     check_no_self_alias(who, "cache.v", cache.v);
-    if (overlaps(sk, sv)) fail(who, "cache.v", "overlaps cache.k (both are written when appending)");
+    if (!v_in_k && overlaps(sk, sv)) fail(who, "cache.v", "overlaps cache.k (both are written when appending)");
     for (std::size_t i = 0; i < std::size(inputs); ++i) {
       if (i == 1 || i == 2) continue;  // cache.k and cache.v themselves
       const auto [name, s] = inputs[i];
@@ -260,6 +285,10 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   const ResolvedOptions resolved = resolve_options(who, opts, d);
   const bool q_per_row = resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0;
   check_rotary(who, dec, cache, batch, d, sqn, seqlen_new, q_per_row);
+  if (dec.rotary && v_in_k)
+    fail(who, "rotary",
+         "must be null when cache.v views cache.k's rows (MLA): it rotates the first rotary_dim dims, which are "
+         "values there; rotate k_new's rope dims before appending");
   reject_dropout(who, resolved.dropout, "decode is an inference path");
   if (dec.num_splits < 0) fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + str(dec.num_splits));
   if (dec.keys_per_split < 0) fail(who, "keys_per_split", "must be >= 0 (0 = off), got " + str(dec.keys_per_split));
@@ -271,6 +300,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   p.heads = heads;
   p.kv_heads = kv_heads;
   p.head_dim = d;
+  p.head_dim_v = cache.v.shape[3];
+  p.v_in_k = v_in_k;
   p.seqlen_new = seqlen_new;
   p.cache_dtype = ct;
   p.q_dtype = q.dtype;

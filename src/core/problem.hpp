@@ -23,7 +23,9 @@ struct KeyPages {
 };
 
 struct Problem : ResolvedOptions {  // the score rule and the thread count
-  std::int64_t batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim;
+  std::int64_t batch, seqlen_q, seqlen_k, heads, kv_heads;
+  std::int64_t head_dim;    // q's and k's: the length of the dot products
+  std::int64_t head_dim_v;  // v's and out's (DeepSeek's prefill: 192 and 128); head_dim unless they differ
   DType dtype;
   TensorView q, k, v, out;
   const TensorView* lse;  // nullptr when not requested

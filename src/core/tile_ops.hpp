@@ -59,7 +59,7 @@ inline void store_row(const Problem& p, RowState<A> s, A* tmp, std::int64_t b, s
   const A lse = finalize(s, tmp);
   T* dst = row_ptr<T>(p.out, b, i, h);
   const std::int64_t cs = p.out.strides[3];
-  for (std::int64_t c = 0; c < p.head_dim; ++c) dst[c * cs] = store<T>(tmp[c]);
+  for (std::int64_t c = 0; c < p.head_dim_v; ++c) dst[c * cs] = store<T>(tmp[c]);
   if (p.lse) {
     A* l = static_cast<A*>(p.lse->data) + b * p.lse->strides[0] + h * p.lse->strides[1] + i * p.lse->strides[2];
     *l = lse;

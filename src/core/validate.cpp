@@ -6,7 +6,8 @@
 //   <arg>: stride[i] must be >= 0
 //   <arg>: sizes overflow                             (element count or byte extent beyond int64)
 //   <arg>: dtype must match q's                       (lse: f64 for f64 inputs, else f32)
-//   <arg>: <dim> must equal <other>'s                 (shape relations)
+//   <arg>: <dim> must equal <other>'s                 (shape relations; v's head_dim may differ from k's,
+//                                                      out's is v's)
 //   heads must be a multiple of kv_heads
 //   <arg>: strides make elements alias                (outputs only)
 //   <arg>: overlaps <input>                           (outputs must not overlap any input or each other)
@@ -197,7 +198,7 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   // Read-only callers validate as if writing a dense output that overlaps nothing.
   const TensorView out = out_or_null
                              ? *out_or_null
-                             : TensorView::contiguous<double>(nullptr, q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+                             : TensorView::contiguous<double>(nullptr, q.shape[0], q.shape[1], q.shape[2], v.shape[3]);
   const Span so = out_or_null ? check_view(who, "out", out, 4, false) : Span{};
   const Span sl = lse ? check_view(who, "lse", *lse, 3, false) : Span{};
 
@@ -213,9 +214,11 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
 
   require_equal(who, "k", "batch", k.shape[0], "q", q.shape[0]);
   require_equal(who, "k", "head_dim", k.shape[3], "q", q.shape[3]);
-  for (int i = 0; i < 4; ++i) require_equal(who, "v", kDimNames4[i], v.shape[i], "k", k.shape[i]);
-  if (out_or_null)
-    for (int i = 0; i < 4; ++i) require_equal(who, "out", kDimNames4[i], out.shape[i], "q", q.shape[i]);
+  for (int i = 0; i < 3; ++i) require_equal(who, "v", kDimNames4[i], v.shape[i], "k", k.shape[i]);
+  if (out_or_null) {
+    for (int i = 0; i < 3; ++i) require_equal(who, "out", kDimNames4[i], out.shape[i], "q", q.shape[i]);
+    require_equal(who, "out", "head_dim", out.shape[3], "v", v.shape[3]);
+  }
   if (q.shape[2] % k.shape[2] != 0)
     fail(who, "q",
          "heads (" + std::to_string(q.shape[2]) + ") must be a multiple of k's kv_heads (" +
@@ -242,6 +245,7 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   p.heads = q.shape[2];
   p.kv_heads = k.shape[2];
   p.head_dim = q.shape[3];
+  p.head_dim_v = v.shape[3];
   p.dtype = q.dtype;
   p.q = q;
   p.k = k;

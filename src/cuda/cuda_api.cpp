@@ -116,6 +116,10 @@ cuda_detail::FwdParams forward_params(const detail::Problem& p, const TensorView
 void validate_forward(const char* who, const detail::Problem& p, const TensorView& q, const TensorView& k,
                       const TensorView& v, const TensorView& out, const AttentionOptions& opts, const TensorView* lse) {
   detail::reject_dropout(who, p.dropout, "the CUDA forward is an inference path");
+  if (p.head_dim_v != p.head_dim)
+    fail(who, "v",
+         "head_dim must equal q's (" + std::to_string(p.head_dim) + ") on CUDA, got " + std::to_string(p.head_dim_v) +
+             " (unequal head dims are CPU-only)");
   for (auto [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
     require_kernel_layout(who, name, *t);
   require_lse(who, lse);
@@ -223,6 +227,11 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   if (q.dtype != cache.k.dtype) fail(who, "q", "dtype must be the cache's on CUDA (f32 activations are CPU-only)");
   if (dec.keys_per_split > 0)
     fail(who, "keys_per_split", "batch-invariant splits are CPU-only (the CUDA decode uses one split count)");
+  if (p.head_dim_v != p.head_dim || p.v_in_k)
+    fail(who, "cache.v",
+         p.v_in_k ? std::string("must not view cache.k's rows on CUDA (the MLA layout is CPU-only)")
+                  : "head_dim must equal cache.k's (" + std::to_string(p.head_dim) + ") on CUDA, got " +
+                        std::to_string(p.head_dim_v) + " (unequal head dims are CPU-only)");
   require_kernel_layout(who, "q", q);
   require_kernel_layout(who, "out", out);
   require_kernel_layout(who, "cache.k", cache.k);

@@ -41,13 +41,13 @@ namespace {
 
 // The portable chunk kernel (f64 caches): pack, score with the mask's rule, fold with attn::fold.
 void decode_chunk_f64(const ChunkArgs<double>& a) {
-  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q;
+  const std::int64_t d = a.head_dim, dv = a.head_dim_v, R = a.group * a.seqlen_q;
   double* scores = a.scratch;
   double* vpack = a.scratch + 2 * R * kChunk;
   for (std::int64_t hk = 0; hk < a.kv_heads; ++hk) {
     for (std::int64_t c = 0; c < a.n; ++c) {
       const double* vr = static_cast<const double*>(a.v_rows[c]) + hk * a.v_head_stride;
-      std::copy(vr, vr + d, vpack + c * d);
+      std::copy(vr, vr + dv, vpack + c * dv);
     }
     for (std::int64_t r = 0; r < R; ++r) {
       const std::int64_t i = r % a.seqlen_q;
@@ -65,7 +65,7 @@ void decode_chunk_f64(const ChunkArgs<double>& a) {
         scores[c] = a.mask->score(dot, i, j, slope);
       }
       double* st = a.states + (hk * R + r) * a.state_stride;
-      fold(RowState<double>{st + a.state_stride - 2, st + a.state_stride - 1, st, d}, scores, a.n, vpack, d);
+      fold(RowState<double>{st + a.state_stride - 2, st + a.state_stride - 1, st, dv}, scores, a.n, vpack, dv);
     }
   }
 }
@@ -192,7 +192,8 @@ class ItemWorker {
     a_.group = p.group();
     a_.seqlen_q = p.seqlen_q;
     a_.head_dim = p.head_dim;
-    a_.state_stride = state_stride_for(p.head_dim);
+    a_.head_dim_v = p.head_dim_v;
+    a_.state_stride = state_stride_for(p.head_dim_v);
     a_.bf16_out = p.q_dtype == DType::bf16;
     a_.scratch = scratch;
     a_.k_rows = rows;
@@ -203,7 +204,7 @@ class ItemWorker {
     const std::int64_t b = plan_.seq_of(it), rows = p_.kv_heads * p_.group() * p_.seqlen_q;
     const SeqPlan& s = plan_.seqs[static_cast<std::size_t>(b)];
     for (std::int64_t r = 0; r < rows; ++r)
-      reset(state_view(states + r * a_.state_stride, a_.state_stride, p_.head_dim));
+      reset(state_view(states + r * a_.state_stride, a_.state_stride, p_.head_dim_v));
     if (s.n == 0) return;
     const KeyRange range = split_slice(s.n, s.splits, it - s.first_item);
     const std::int64_t q_at = b * p_.heads * p_.seqlen_q * p_.head_dim;
@@ -277,7 +278,7 @@ std::int64_t scales_size(const DecodeProblem& p) {
 
 // Step 5: the merged state of query row `row` (= hk * R + hh * seqlen_q + i: query head hk * group + hh,
 // query i) of sequence b, with head h's sink folded in once, finalised into out and lse. `tmp` holds
-// head_dim values.
+// head_dim_v values.
 template <class A>
 void finalize_row(const DecodeProblem& p, RowState<A> s, std::int64_t b, std::int64_t row, A* tmp) {
   const std::int64_t h = row / p.seqlen_q, i = row % p.seqlen_q;
@@ -285,14 +286,14 @@ void finalize_row(const DecodeProblem& p, RowState<A> s, std::int64_t b, std::in
   const A lse = finalize(s, tmp);
   dispatch_dtype(p.q_dtype, [&]<class O>() {
     O* dst = row_ptr<O>(p.out, b, i, h);
-    for (std::int64_t c = 0; c < p.head_dim; ++c) dst[c * p.out.strides[3]] = store<O>(tmp[c]);
+    for (std::int64_t c = 0; c < p.head_dim_v; ++c) dst[c * p.out.strides[3]] = store<O>(tmp[c]);
   });
   if (p.lse) static_cast<A*>(p.lse->data)[b * p.lse->strides[0] + h * p.lse->strides[1] + i * p.lse->strides[2]] = lse;
 }
 
 template <class A>
 void run(const DecodeProblem& p) {
-  const std::int64_t d = p.head_dim, rows = p.kv_heads * p.group() * p.seqlen_q;
+  const std::int64_t d = p.head_dim_v, rows = p.kv_heads * p.group() * p.seqlen_q;  // states hold o[d_v]
   const std::int64_t state_stride = state_stride_for(d);
   const DecodePlan plan = plan_decode(p);
   const PackedQueries<A> pq = pack_queries<A>(p);
@@ -322,7 +323,8 @@ void run(const DecodeProblem& p) {
     static thread_local std::vector<A> scratch;
     static thread_local std::vector<float> scales;
     row_ptrs.resize(2 * kChunk);
-    const auto scratch_size = static_cast<std::size_t>(chunk_scratch_size(p.kv_heads, p.group() * p.seqlen_q, d));
+    const auto scratch_size =
+        static_cast<std::size_t>(chunk_scratch_size(p.kv_heads, p.group() * p.seqlen_q, std::max(p.head_dim, d)));
     if (scratch.size() < scratch_size) scratch.resize(scratch_size);
     if (scales.size() < static_cast<std::size_t>(scales_size(p)))
       scales.resize(static_cast<std::size_t>(scales_size(p)));

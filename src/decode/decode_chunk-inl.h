@@ -204,7 +204,7 @@ HWY_INLINE void TransformScores(const ChunkArgs<float>& a, float* scores) {
 template <class T>
 HWY_INLINE void PrefetchV(const ChunkArgs<float>& a, std::int64_t c, std::int64_t g) {
   const char* vr = static_cast<const char*>(a.v_rows[c]) + g * a.v_head_stride * static_cast<std::int64_t>(sizeof(T));
-  for (std::int64_t b = 0; b < a.head_dim * static_cast<std::int64_t>(sizeof(T)); b += 64)
+  for (std::int64_t b = 0; b < a.head_dim_v * static_cast<std::int64_t>(sizeof(T)); b += 64)
     __builtin_prefetch(vr + b, 0, 2);
 }
 
@@ -273,10 +273,10 @@ HWY_INLINE void ScaleLanes(const float* scales, float* rows, std::int64_t count,
 // through pv (PvVisibleKeys).
 template <class ScoreKeysFn, class PvFn>
 HWY_INLINE void RunChunk(const ChunkArgs<float>& a, ScoreKeysFn&& score_keys, PvFn&& pv) {
-  const std::int64_t d = a.head_dim, R = a.group * a.seqlen_q, S = a.state_stride;
+  const std::int64_t dv = a.head_dim_v, R = a.group * a.seqlen_q, S = a.state_stride;
   float* scores = a.scratch;  // [kv_heads][R][kChunk]
   float* probs = a.scratch + a.kv_heads * R * kChunk;
-  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, d);
+  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, std::max(a.head_dim, dv));
   score_keys(dots4);
   UntangleDots(a, dots4, scores);
   if (a.k_scales && a.k_groups == 1) ScaleLanes(a.k_scales, scores, a.kv_heads * R, R, a.n);
@@ -285,7 +285,7 @@ HWY_INLINE void RunChunk(const ChunkArgs<float>& a, ScoreKeysFn&& score_keys, Pv
     float* st = a.states + g * R * S;
     for (std::int64_t r = 0; r < R; ++r)
       FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2,
-              st + r * S + S - 1, d);
+              st + r * S + S - 1, dv);
     if (a.v_scales && a.v_groups == 1) ScaleLanes(a.v_scales + g * kChunk, probs, R, R, a.n);
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
       PvVisibleKeys(a, g, r0, std::min<std::int64_t>(4, R - r0), probs, st, pv);

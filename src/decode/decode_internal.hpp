@@ -28,16 +28,16 @@ struct ChunkArgs {
   std::int64_t n, j0;
   const void* const* k_rows;  // n pointers to each key's row for kv head 0
   const void* const* v_rows;
-  std::int64_t k_head_stride, v_head_stride;  // elements from kv head g to g + 1
-  std::int64_t kv_heads, group, seqlen_q, head_dim;
+  std::int64_t k_head_stride, v_head_stride;                     // elements from kv head g to g + 1
+  std::int64_t kv_heads, group, seqlen_q, head_dim, head_dim_v;  // q and K rows' length; V rows' and o's
   const std::int64_t* first_key;  // [seqlen_q]: query i sees keys [first_key[i], end_key[i])
   const std::int64_t* end_key;
   const Mask* mask;
   const A* q;       // [kv_heads][group * seqlen_q][head_dim]
   const A* slopes;  // [kv_heads * group] ALiBi slope per query head, 0 = none
-  A* states;        // [kv_heads][group * seqlen_q][state_stride]: o[head_dim], then m, l
+  A* states;        // [kv_heads][group * seqlen_q][state_stride]: o[head_dim_v], then m, l
   std::int64_t state_stride;
-  A* scratch;  // chunk_scratch_size(kv_heads, group * seqlen_q, head_dim) values (layout below)
+  A* scratch;  // chunk_scratch_size(kv_heads, group * seqlen_q, max(head_dim, head_dim_v)) values (below)
   // q rounded to bf16 (q_hi) and the bf16 rounding of the remainder (q_lo, nullptr when q_hi is exact),
   // same layout as q: the bf16 dot-product path of decode_simd.cpp uses them when the CPU has it.
   const std::uint16_t* q_hi = nullptr;
@@ -46,25 +46,26 @@ struct ChunkArgs {
   // sum of the f32 p, so the LSE keeps f32 accuracy).
   bool bf16_out = false;
   // Quantized caches: the chunk's keys' scales, [kv_heads][kChunk][k_groups] and [..][v_groups] (groups
-  // of head_dim / groups dims; 1: one per row). The kernel dots q with the codes and multiplies by the
-  // scales (q . (s k) = s (q . k), per group), and weights the codes of V with p * v_scales (l stays the
-  // sum of p). nullptr: unquantized.
+  // of head_dim / k_groups and head_dim_v / v_groups dims; 1: one per row). The kernel dots q with the codes and
+  // multiplies by the scales (q . (s k) = s (q . k), per group), and weights the codes of V with p * v_scales (l stays
+  // the sum of p). nullptr: unquantized.
   const float* k_scales = nullptr;
   const float* v_scales = nullptr;
   std::int64_t k_groups = 1, v_groups = 1;
 };
 
-inline std::int64_t state_stride_for(std::int64_t head_dim) { return (head_dim + 15) / 16 * 16 + 16; }
+inline std::int64_t state_stride_for(std::int64_t head_dim_v) { return (head_dim_v + 15) / 16 * 16 + 16; }
 
 // A chunk kernel's scratch, for R = group x seqlen_q query rows per kv head, in values. The SIMD kernels:
-// scores [kv_heads][R][kChunk], probabilities [R][kChunk], kChunk x head_dim unused, and from
+// scores [kv_heads][R][kChunk], probabilities [R][kChunk], kChunk x width unused, and from
 // chunk_dots4_offset the key walk's dots [kv_heads][ceil(R / 4)][kChunk][4]. The f64 kernel (one kv head
 // at a time) keeps its scores and probabilities in the first 2 R kChunk values and its packed V after.
-inline std::int64_t chunk_dots4_offset(std::int64_t kv_heads, std::int64_t R, std::int64_t head_dim) {
-  return (kv_heads + 1) * R * kChunk + kChunk * head_dim;
+// width = max(head_dim, head_dim_v).
+inline std::int64_t chunk_dots4_offset(std::int64_t kv_heads, std::int64_t R, std::int64_t width) {
+  return (kv_heads + 1) * R * kChunk + kChunk * width;
 }
-inline std::int64_t chunk_scratch_size(std::int64_t kv_heads, std::int64_t R, std::int64_t head_dim) {
-  return chunk_dots4_offset(kv_heads, R, head_dim) + kv_heads * ((R + 3) / 4 * 4) * kChunk;
+inline std::int64_t chunk_scratch_size(std::int64_t kv_heads, std::int64_t R, std::int64_t width) {
+  return chunk_dots4_offset(kv_heads, R, width) + kv_heads * ((R + 3) / 4 * 4) * kChunk;
 }
 
 // f32/bf16/f16 caches (Highway, runtime dispatch to the best ISA). A kernel may keep o in its own lane

@@ -229,9 +229,9 @@ void Chunk(const ChunkArgs<float>& a) {
         if constexpr (kQuantized)
           if (a.v_groups > 1)
             return PvSumGrouped<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride,
-                                                     a.head_dim, a.v_scales + (g * kChunk + c0) * a.v_groups,
+                                                     a.head_dim_v, a.v_scales + (g * kChunk + c0) * a.v_groups,
                                                      a.v_groups);
-        PvSum<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim);
+        PvSum<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim_v);
       });
 }
 

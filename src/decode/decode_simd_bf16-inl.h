@@ -163,7 +163,9 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
 // The path ChunkDp serves: a bf16 cache on a CPU with the instruction, q split (q_hi set), d a multiple
 // of 32.
 bool UseDp(const ChunkArgs<float>& a, DType t) {
-  return cpu_has_avx512bf16() && t == DType::bf16 && a.head_dim % 32 == 0 && a.q_hi != nullptr;
+  // ChunkDp's P V reuses the dot products' 32-lane blocks: V rows as long as K's.
+  return cpu_has_avx512bf16() && t == DType::bf16 && a.head_dim % 32 == 0 && a.head_dim_v == a.head_dim &&
+         a.q_hi != nullptr;
 }
 #else
 bool UseDp(const ChunkArgs<float>&, DType) { return false; }

@@ -19,12 +19,12 @@ namespace {
 template <class T>
 void run(const detail::Problem& p) {
   using A = detail::Acc<T>;
-  const std::int64_t sq = p.seqlen_q, sk = p.seqlen_k, d = p.head_dim;
+  const std::int64_t sq = p.seqlen_q, sk = p.seqlen_k, d = p.head_dim, dv = p.head_dim_v;
   const std::int64_t tasks = p.batch * p.heads;
   // Scratch is allocated before anything is written, so a bad_alloc leaves out untouched.
   const int threads = detail::resolve_threads(p.num_threads);
   std::vector<std::vector<A>> scratch(static_cast<std::size_t>(threads));
-  for (auto& s : scratch) s.resize(static_cast<std::size_t>(sq * sk + (sq + 2 * sk + 1) * d));
+  for (auto& s : scratch) s.resize(static_cast<std::size_t>(sq * sk + (sq + sk) * d + (sk + 1) * dv));
 
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
   for (std::int64_t task = 0; task < tasks; ++task) {
@@ -33,10 +33,10 @@ void run(const detail::Problem& p) {
     A* Q = S + sq * sk;
     A* K = Q + sq * d;
     A* V = K + sk * d;
-    A* row = V + sk * d;
+    A* row = V + sk * dv;
     detail::pack_rows<T>(Q, p.q, b, 0, sq, h, d);
     detail::pack_rows<T>(K, p.k, b, 0, sk, hk, d);
-    detail::pack_rows<T>(V, p.v, b, 0, sk, hk, d);
+    detail::pack_rows<T>(V, p.v, b, 0, sk, hk, dv);
     for (std::int64_t i = 0; i < sq; ++i) {
       A* s = S + i * sk;
       detail::score_row(p, s, Q + i * d, K, sk, 0, i, static_cast<A>(p.rule.alibi_slope(b, h)));
@@ -59,12 +59,12 @@ void run(const detail::Problem& p) {
         if (p.dropout.enabled()) p.dropout.scale_row(b, h, i, lo, hi, s + lo, 1);
       }
       // out = P v (P dropped)
-      for (std::int64_t c = 0; c < d; ++c) row[c] = 0;
+      for (std::int64_t c = 0; c < dv; ++c) row[c] = 0;
       if (!empty)
         for (std::int64_t j = lo; j < hi; ++j)
-          for (std::int64_t c = 0; c < d; ++c) row[c] += s[j] * V[j * d + c];
+          for (std::int64_t c = 0; c < dv; ++c) row[c] += s[j] * V[j * dv + c];
       T* dst = detail::row_ptr<T>(p.out, b, i, h);
-      for (std::int64_t c = 0; c < d; ++c) dst[c * p.out.strides[3]] = detail::store<T>(row[c]);
+      for (std::int64_t c = 0; c < dv; ++c) dst[c * p.out.strides[3]] = detail::store<T>(row[c]);
       if (p.lse) {
         A* l = static_cast<A*>(p.lse->data) + b * p.lse->strides[0] + h * p.lse->strides[1] + i * p.lse->strides[2];
         *l = empty ? -std::numeric_limits<A>::infinity() : m + std::log(sum);

@@ -24,31 +24,34 @@ namespace {
 
 constexpr std::int64_t kChunk = 64;  // keys scored at a time inside one slice
 
-// Folds keys [lo, hi) of row (b, i, h) into `s`. Scratch: q (d), k and v chunks (2 kChunk d), scores.
+// Folds keys [lo, hi) of row (b, i, h) into `s`. Scratch: q (d), k and v chunks (kChunk d, kChunk dv),
+// scores.
 template <class T, class A>
 void fold_slice(const detail::Problem& p, RowState<A> s, std::int64_t b, std::int64_t i, std::int64_t h,
                 std::int64_t lo, std::int64_t hi, A* scratch) {
-  const std::int64_t d = p.head_dim, hk = p.kv_head_of(h);
+  const std::int64_t d = p.head_dim, dv = p.head_dim_v, hk = p.kv_head_of(h);
   A* q = scratch;
   A* K = q + d;
   A* V = K + kChunk * d;
-  A* S = V + kChunk * d;
+  A* S = V + kChunk * dv;
   detail::pack_rows<T>(q, p.q, b, i, 1, h, d);
   for (std::int64_t j0 = lo; j0 < hi; j0 += kChunk) {
     const std::int64_t n = std::min(kChunk, hi - j0);
     detail::pack_rows<T>(K, p.k, b, j0, n, hk, d);
-    detail::pack_rows<T>(V, p.v, b, j0, n, hk, d);
+    detail::pack_rows<T>(V, p.v, b, j0, n, hk, dv);
     detail::score_row(p, S, q, K, n, j0, i, static_cast<A>(p.rule.alibi_slope(b, h)));
-    fold(s, S, n, V, d);
+    fold(s, S, n, V, dv);
   }
 }
 
-std::int64_t slice_scratch(std::int64_t d) { return d + 2 * kChunk * d + kChunk; }
+std::int64_t slice_scratch(const detail::Problem& p) {
+  return p.head_dim + kChunk * (p.head_dim + p.head_dim_v) + kChunk;
+}
 
 template <class T>
 void run(const detail::Problem& p, std::int64_t W) {
   using A = detail::Acc<T>;
-  const std::int64_t d = p.head_dim, state = d + 2;
+  const std::int64_t d = p.head_dim_v, state = d + 2;  // a state holds m, l and out's dv accumulators
   const std::int64_t rows = p.batch * p.seqlen_q * p.heads;
   // At most min(W, seqlen_k) slices of a row are non-empty.
   const std::int64_t slots = detail::nonempty_slices(p.seqlen_k, W);
@@ -61,7 +64,7 @@ void run(const detail::Problem& p, std::int64_t W) {
   std::vector<A> partial(static_cast<std::size_t>(R * G * state));
   std::vector<A> running(static_cast<std::size_t>(R * state));
   std::vector<std::vector<A>> scratch(static_cast<std::size_t>(threads));
-  for (auto& s : scratch) s.resize(static_cast<std::size_t>(slice_scratch(d) + d));
+  for (auto& s : scratch) s.resize(static_cast<std::size_t>(slice_scratch(p) + d));
   auto view = [d](A* base) { return RowState<A>{base, base + 1, base + 2, d}; };
   auto coords = [&](std::int64_t row, std::int64_t& b, std::int64_t& i, std::int64_t& h) {
     h = row % p.heads;
@@ -141,11 +144,11 @@ std::vector<PartialState<double>> splitk_partials(const TensorView& q, const Ten
   if (i < 0 || i >= p.seqlen_q) detail::fail(who, "i", "must be in [0, seqlen_q), got " + std::to_string(i));
   if (h < 0 || h >= p.heads) detail::fail(who, "h", "must be in [0, heads), got " + std::to_string(h));
   const std::int64_t W = split.num_splits, n = p.visible_count(i), first = p.first_key(i);
-  std::vector<double> scratch(static_cast<std::size_t>(slice_scratch(p.head_dim)));
+  std::vector<double> scratch(static_cast<std::size_t>(slice_scratch(p)));
   std::vector<PartialState<double>> parts;
   parts.reserve(static_cast<std::size_t>(W));
   for (std::int64_t w = 0; w < W; ++w) {
-    parts.emplace_back(p.head_dim);
+    parts.emplace_back(p.head_dim_v);
     if (n > 0 && w < detail::nonempty_slices(n, W))
       detail::dispatch_dtype(p.dtype, [&]<class T>() {
         const KeyRange range = detail::split_slice(n, W, w);

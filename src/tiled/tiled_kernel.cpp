@@ -7,7 +7,8 @@
 //   pack Q^T  [d][R]        R = g * rows stacked query rows (padded to the vector width), transposed so
 //                           that queries run along the SIMD lanes
 //   for each key tile [j0, j0 + n) any row can see:
-//     pack K [n][d], V [n][dp] (dp = d rounded up to the vector width, zero columns; converts dtypes)
+//     pack K [n][d], V [n][dp] (dp = d_v, v's head dim, rounded up to the vector width, zero columns;
+//                            converts dtypes)
 //     S^T [n][R] = K Q^T   register block: RK keys (broadcast) x QV query vectors, d-loop innermost;
 //                          scale, soft-cap, ALiBi and mask applied to the block in registers, the row
 //                          maxima tracked as it is stored (S^T stays in L1/L2). tiled_score-inl.h.
@@ -19,7 +20,7 @@
 //              l = l alpha + sum P (vectorised along queries: all of these are lane-wise)
 //     with dropout: P^T *= Z / (1 - p) in place (DropTile: Philox on SIMD lanes, one row per lane),
 //              after l and before P V, so l and lse stay those of the undropped softmax
-//     O [R][dp] = O alpha + P V   register block: 4 query rows (broadcast P) x CV vectors of d
+//     O [R][dp] = O alpha + P V   register block: 4 query rows (broadcast P) x CV vectors of d_v
 //   finalize each row (attn::finalize: l = 0 gives out 0, lse -inf) and store it converted to T.
 // Lanes run along queries in S^T, so the softmax needs no horizontal reductions, and K and V are used
 // in their natural row layout: no transposition of K per query tile.
@@ -141,7 +142,7 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTas
       if (r0 == 0)
         for (std::int64_t c = c0; c < std::min<std::int64_t>(c0 + kRK, next_n); ++c) {
           PrefetchRow<T>(p.k, p.pages, task.b, next + c, task.kv_head, op.dim);
-          PrefetchRow<T>(p.v, p.pages, task.b, next + c, task.kv_head, op.dim);
+          PrefetchRow<T>(p.v, p.pages, task.b, next + c, task.kv_head, static_cast<std::size_t>(p.head_dim_v));
         }
       ScoreDispatch<kRK, Dp>(d, rk, qv, op, static_cast<std::size_t>(c0), r0, s, rows, ep);
     }
@@ -176,7 +177,7 @@ struct Scratch {
 template <class T, class D, class A = hn::TFromD<D>>
 void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task, Scratch<A>& w) {
   const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(p.head_dim);
-  const std::size_t dp = RoundUp(dim, N);
+  const std::size_t dim_v = static_cast<std::size_t>(p.head_dim_v), dp = RoundUp(dim_v, N);
   const std::int64_t g = p.group(), rows_h = task.rows, i0 = task.i0, b = task.b;
   const std::size_t real = static_cast<std::size_t>(g * rows_h);
   const std::size_t R = RoundUp(real, std::max<std::size_t>(N, kPvRows));
@@ -225,7 +226,7 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
       PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, b, j0, n, task.kv_head, dim, p.pages);
     else
       PackRows<T>(d, w.k, dim, p.k, b, j0, n, task.kv_head, dim, p.pages);
-    PackRows<T>(d, w.v, dp, p.v, b, j0, n, task.kv_head, dim, p.pages);
+    PackRows<T>(d, w.v, dp, p.v, b, j0, n, task.kv_head, dim_v, p.pages);
     Epilogue ep = base;
     for (std::size_t r = 0; r < R; ++r) {
       A lo = 0, hi = static_cast<A>(n);
@@ -294,7 +295,7 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
   }
 
   for (std::size_t r = 0; r < real; ++r)
-    store_row<T>(p, RowState<A>{rw.m + r, rw.l + r, w.o + r * dp, p.head_dim}, w.tmp, b, query_of(r), head_of(r));
+    store_row<T>(p, RowState<A>{rw.m + r, rw.l + r, w.o + r * dp, p.head_dim_v}, w.tmp, b, query_of(r), head_of(r));
 }
 
 // Task t of problem p, enumerated so that tiles with more visible keys come first (a longest-first
@@ -316,7 +317,8 @@ void RunAll(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
             const std::vector<std::int64_t>& first_task, int threads) {
   using A = Acc<T>;
   const hn::ScalableTag<A> d;
-  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(ps[0].head_dim), dp = RoundUp(dim, N);
+  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(ps[0].head_dim);
+  const std::size_t dp = RoundUp(static_cast<std::size_t>(ps[0].head_dim_v), N);
   std::size_t R = 0, bc = 0;
   for (std::size_t i = 0; i < ps.size(); ++i) {
     R = std::max(R,
@@ -382,7 +384,8 @@ void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, i
   plans.reserve(problems.size());
   first_task.reserve(problems.size() + 1);
   for (const Problem& p : problems) {
-    const TilePlan t = plan_tiles(p.seqlen_q, p.seqlen_k, p.head_dim, p.dtype, tiles);
+    // The tiles hold K rows of head_dim and V and O rows of head_dim_v: sized for the wider.
+    const TilePlan t = plan_tiles(p.seqlen_q, p.seqlen_k, std::max(p.head_dim, p.head_dim_v), p.dtype, tiles);
     // GQA stacks the group's heads in one tile: the default query tile is shared among them.
     std::int64_t q_tile = t.q_tile;
     if (!tiles.q_tile) q_tile = std::max<std::int64_t>(1, q_tile / p.group());

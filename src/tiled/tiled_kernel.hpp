@@ -24,7 +24,7 @@ struct TiledPlan {
   std::int64_t q_tile, k_tile;
 };
 
-// Runs every problem (all must have the same dtype and head_dim; each writes its own out and lse) with
+// Runs every problem (all must have the same dtype, head_dim and head_dim_v; each writes its own out and lse) with
 // `threads` threads. Problems have been validated; nothing here throws.
 void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, int threads);
 

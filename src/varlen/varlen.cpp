@@ -53,7 +53,7 @@ detail::Problem validate_paged(const TensorView& q, const TensorView& k, const T
   const detail::Span sk = detail::check_view(kWhoPaged, "k", k, 4, false),
                      sv = detail::check_view(kWhoPaged, "v", v, 4, false);
   static constexpr const char* kDims[] = {"num_pages", "page_size", "heads", "head_dim"};
-  for (int i = 0; i < 4; ++i) detail::require_equal(kWhoPaged, "v", kDims[i], v.shape[i], "k", k.shape[i]);
+  for (int i = 0; i < 3; ++i) detail::require_equal(kWhoPaged, "v", kDims[i], v.shape[i], "k", k.shape[i]);
   TensorView k0 = k, v0 = v;
   k0.shape[0] = v0.shape[0] = 1;
   TensorView k3 = k0, v3 = v0;  // as the packed rank-3 form validate_packed takes: [page_size, heads, d]

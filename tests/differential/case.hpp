@@ -34,6 +34,9 @@ struct Config {
   std::uint64_t seed = 0;
   DType dtype = DType::f32;
   std::int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads = 1, kv_heads = 1, head_dim = 1;
+  // v's and out's head dim where it differs from q's and k's (DeepSeek's 192 / 128); 0 = head_dim. Only
+  // the dense forward targets (reference, tiled, split-K) read it.
+  std::int64_t head_dim_v = 0;
   AttentionOptions opts;
   std::vector<float> alibi;  // slopes backing opts.alibi_slopes (rebound by the user of the config)
   std::vector<float> sinks;  // logits backing opts.sinks (rebound likewise, by bind_arrays)
@@ -64,7 +67,8 @@ inline std::string describe(const Config& c) {
   std::ostringstream s;
   s << "seed=" << c.seed << " dtype=" << dtype_name(c.dtype) << " b=" << c.batch << " sq=" << c.seqlen_q
     << " sk=" << c.seqlen_k << " h=" << c.heads << " hk=" << c.kv_heads << " d=" << c.head_dim
-    << " causal=" << c.opts.causal << " window=(" << c.opts.window_left << "," << c.opts.window_right << ")"
+    << " dv=" << (c.head_dim_v ? c.head_dim_v : c.head_dim) << " causal=" << c.opts.causal << " window=("
+    << c.opts.window_left << "," << c.opts.window_right << ")"
     << " softcap=" << c.opts.softcap << " alibi=" << (c.alibi.empty() ? "off" : "on")
     << " alibi_bstride=" << c.opts.alibi_batch_stride << " sinks=" << (c.sinks.empty() ? "off" : "on")
     << " scale=" << (c.opts.softmax_scale ? std::to_string(*c.opts.softmax_scale) : "default") << " amp=" << c.amplitude
@@ -180,6 +184,8 @@ inline Config generate(std::uint64_t seed) {
     c.sinks.resize(static_cast<std::size_t>(c.heads));
     for (auto& s : c.sinks) s = r.chance(0.2) ? -INFINITY : static_cast<float>(r.real(-4, 6));
   }
+  // v's own head dim, drawn last for the same reason.
+  if (r.chance(0.2)) c.head_dim_v = r.uniform(1, std::min<std::int64_t>(2 * c.head_dim + 8, 256));
   return c;
 }
 

@@ -43,7 +43,8 @@ std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
   Rng r(mix(c.seed) ^ 0x5eed);
   Buffer q = make_buffer(t, {c.batch, c.seqlen_q, c.heads, c.head_dim}, 4, c.lq);
   Buffer k = make_buffer(t, {c.batch, c.seqlen_k, c.kv_heads, c.head_dim}, 4, c.lk);
-  Buffer v = make_buffer(t, {c.batch, c.seqlen_k, c.kv_heads, c.head_dim}, 4, c.lv);
+  const std::int64_t DV = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
+  Buffer v = make_buffer(t, {c.batch, c.seqlen_k, c.kv_heads, DV}, 4, c.lv);
   fill_random<T>(q, r, c.amplitude);
   fill_random<T>(k, r, c.amplitude);
   fill_random<T>(v, r, 1.0);
@@ -59,19 +60,19 @@ std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
   const std::int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, H = c.heads, HK = c.kv_heads, D = c.head_dim;
   const auto nrows = static_cast<std::size_t>(B * H * SQ);
 
-  std::vector<double> oracle(q64.size()), oracle_lse(nrows);
+  std::vector<double> oracle(static_cast<std::size_t>(B * SQ * H * DV)), oracle_lse(nrows);
   {
     const TensorView ol = TensorView::contiguous(oracle_lse.data(), B, H, SQ);
     attention_reference(dense(B, SQ, H, D, q64.data()), dense(B, SK, HK, D, k64.data()),
-                        dense(B, SK, HK, D, v64.data()), dense(B, SQ, H, D, oracle.data()), c.opts, &ol);
+                        dense(B, SK, HK, DV, v64.data()), dense(B, SQ, H, DV, oracle.data()), c.opts, &ol);
   }
   using A = detail::Acc<T>;
-  std::vector<T> text(q64.size());
+  std::vector<T> text(oracle.size());
   std::vector<A> text_lse(nrows);
   {
     const TensorView tl = TensorView::contiguous(text_lse.data(), B, H, SQ);
-    attention_reference(dense(B, SQ, H, D, qT.data()), dense(B, SK, HK, D, kT.data()), dense(B, SK, HK, D, vT.data()),
-                        dense(B, SQ, H, D, text.data()), c.opts, &tl);
+    attention_reference(dense(B, SQ, H, D, qT.data()), dense(B, SK, HK, D, kT.data()), dense(B, SK, HK, DV, vT.data()),
+                        dense(B, SQ, H, DV, text.data()), c.opts, &tl);
   }
   std::vector<double> text64(text.size()), text_lse64(nrows);
   for (std::size_t i = 0; i < text.size(); ++i) text64[i] = detail::load<double>(text[i]);
@@ -80,7 +81,7 @@ std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
   auto run_into = [&](int threads, Buffer& out, Buffer& lse) {
     run(c, q.view, k.view, v.view, out.view, c.want_lse ? &lse.view : nullptr, threads);
   };
-  Buffer out = make_buffer(t, {B, SQ, H, D}, 4, c.lout), lse = make_buffer(lt, {B, H, SQ, 1}, 3, c.llse);
+  Buffer out = make_buffer(t, {B, SQ, H, DV}, 4, c.lout), lse = make_buffer(lt, {B, H, SQ, 1}, 3, c.llse);
   run_into(c.opts.num_threads, out, lse);
   std::string fail;
   auto note = [&](const std::string& s) { fail += (fail.empty() ? "" : "; ") + s; };
@@ -121,7 +122,7 @@ std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
   if (bitwise_textbook && std::memcmp(got.data(), text64.data(), got.size() * sizeof(double)) != 0)
     note("strided result differs from the dense result");
   // The thread count must not change a single bit.
-  Buffer out2 = make_buffer(t, {B, SQ, H, D}, 4, c.lout), lse2 = make_buffer(lt, {B, H, SQ, 1}, 3, c.llse);
+  Buffer out2 = make_buffer(t, {B, SQ, H, DV}, 4, c.lout), lse2 = make_buffer(lt, {B, H, SQ, 1}, 3, c.llse);
   run_into(c.alt_threads, out2, lse2);
   if (out2.bytes != out.bytes || lse2.bytes != lse.bytes)
     note("num_threads " + std::to_string(c.alt_threads) + " gives different bits than " +

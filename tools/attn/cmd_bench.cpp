@@ -10,6 +10,7 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_prefill(*bench);
   add_bench_decode(*bench);
+  add_bench_mla(*bench);
   add_bench_backward(*bench);
 }
 
