@@ -77,9 +77,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                      H = HK * (1 + in.u8() % 3);
   const std::uint8_t dbyte = in.u8();
   const std::int64_t D = dbyte >= 240 && SQ * SK <= 64 ? 1 + in.u8() : 1 + dbyte % 32;  // up to 256, kept cheap
+  // v's own head dim (DeepSeek's 192 / 128) where dbyte's bits 5 and 6 are both set, from bytes already
+  // read, so the inputs of earlier versions parse as they did.
+  const std::int64_t DV = (dbyte & 0x60) == 0x60 && dbyte < 240 ? 1 + (3 * D + HK) % 40 : D;
 
-  Shape4 sq{B, SQ, H, D}, sk{B, SK, HK, D}, so{B, SQ, H, D};
-  View q = make_view(dt, sq, in, true), k = make_view(dt, sk, in, true), v = make_view(dt, sk, in, true);
+  Shape4 sq{B, SQ, H, D}, sk{B, SK, HK, D}, sv{B, SK, HK, DV}, so{B, SQ, H, DV};
+  View q = make_view(dt, sq, in, true), k = make_view(dt, sk, in, true), v = make_view(dt, sv, in, true);
   View out = make_view(dt, so, in, false);
   const DType lt = dt == DType::f64 ? DType::f64 : DType::f32;
   View lse = make_view(lt, {B, H, SQ, 1}, in, false, 3);
@@ -139,7 +142,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     case kOverflow:
       apply_view_corruption(ViewFault::kOverflow, victim.t, amount);
-      if (&victim == &k) v.t.shape = k.t.shape;  // so that the overflow, not v's mismatch, is what fails
+      if (&victim == &k) {  // so that the overflow, not v's mismatch, is what fails
+        v.t.shape = k.t.shape;
+        if (k.t.shape[3] == D) v.t.shape[3] = DV;  // v's own head dim, unless the overflow is there
+      }
       break;
     case kHeadsNotMultiple:  // kv_heads = heads + 1 never divides heads
       k.t.shape[2] = v.t.shape[2] = H + 1;

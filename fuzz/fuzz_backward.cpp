@@ -93,11 +93,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int corrupt = mode < 150 ? kNone : (mode - 150) % kCount;
 
   const std::int64_t B = 1 + in.u8() % 2, SQ = 1 + in.u8() % 20, SK = in.u8() % 21, HK = 1 + in.u8() % 3,
-                     H = HK * (1 + in.u8() % 3), D = 1 + in.u8() % 24;
-  const Shape4 sq{B, SQ, H, D}, sk{B, SK, HK, D};
-  View q = make_view(dt, sq, in, true), k = make_view(dt, sk, in, true), v = make_view(dt, sk, in, true);
-  View out = make_view(dt, sq, in, false), dout = make_view(dt, sq, in, true);
-  View dq = make_view(dt, sq, in, false), dk = make_view(dt, sk, in, false), dv = make_view(dt, sk, in, false);
+                     H = HK * (1 + in.u8() % 3), dbyte = in.u8(), D = 1 + dbyte % 24;
+  // v's own head dim for one byte value in four (bits 6 and 7 set), from the byte already read, so the
+  // inputs of earlier versions parse as they did.
+  const std::int64_t DV = (dbyte & 0xC0) == 0xC0 ? 1 + (3 * D + HK) % 30 : D;
+  const Shape4 sq{B, SQ, H, D}, sk{B, SK, HK, D}, sv{B, SK, HK, DV}, so{B, SQ, H, DV};
+  View q = make_view(dt, sq, in, true), k = make_view(dt, sk, in, true), v = make_view(dt, sv, in, true);
+  View out = make_view(dt, so, in, false), dout = make_view(dt, so, in, true);
+  View dq = make_view(dt, sq, in, false), dk = make_view(dt, sk, in, false), dv = make_view(dt, sv, in, false);
   const DType lt = dt == DType::f64 ? DType::f64 : DType::f32;
   View lse = make_view(lt, {B, H, SQ, 1}, in, false, 3);
 

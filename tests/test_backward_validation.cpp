@@ -140,7 +140,7 @@ TEST(BackwardValidation, GradientShapes) {
   expect_rejected(g, {"dk: seqlen must equal k's (5), got 4"});
   Fixture h;
   h.dvv.shape[0] = 2;
-  expect_rejected(h, {"dv: batch must equal k's (1), got 2"});
+  expect_rejected(h, {"dv: batch must equal v's (1), got 2"});
 }
 TEST(BackwardValidation, GradientStrides) {
   Fixture f;

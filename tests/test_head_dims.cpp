@@ -30,7 +30,8 @@ std::vector<double> textbook(const Tensor<double>& q, const TensorView& k, const
   const std::int64_t B = q.b, sq = q.s, H = q.h, d = q.d, sk = k.shape[1], hk = k.shape[2], dv = v.shape[3];
   const double scale = 1 / std::sqrt(static_cast<double>(d));
   auto at = [](const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t c) {
-    return static_cast<const double*>(t.data)[b * t.strides[0] + s * t.strides[1] + h * t.strides[2] + c * t.strides[3]];
+    return static_cast<const double*>(
+        t.data)[b * t.strides[0] + s * t.strides[1] + h * t.strides[2] + c * t.strides[3]];
   };
   std::vector<double> out(static_cast<std::size_t>(B * sq * H * dv), 0.0);
   for (std::int64_t b = 0; b < B; ++b)
@@ -42,7 +43,8 @@ std::vector<double> textbook(const Tensor<double>& q, const TensorView& k, const
         double m = -INFINITY, l = 0;
         for (std::int64_t j = 0; j < end; ++j) {
           double dot = 0;
-          for (std::int64_t c = 0; c < d; ++c) dot += q.data[static_cast<std::size_t>(((b * sq + i) * H + h) * d + c)] * at(k, b, j, g, c);
+          for (std::int64_t c = 0; c < d; ++c)
+            dot += q.data[static_cast<std::size_t>(((b * sq + i) * H + h) * d + c)] * at(k, b, j, g, c);
           s[static_cast<std::size_t>(j)] = dot * scale;
           m = std::max(m, dot * scale);
         }
@@ -105,13 +107,16 @@ TEST(UnequalHeadDims, EveryForwardPathIsExactInF64) {
       Tensor<double> kp(B * per_seq, page, HK, dims.d), vp(B * per_seq, page, HK, dims.dv);
       std::vector<std::int32_t> table;
       for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t x = 0; x < per_seq; ++x) table.push_back(static_cast<std::int32_t>((B - 1 - b) * per_seq + x));
+        for (std::int64_t x = 0; x < per_seq; ++x)
+          table.push_back(static_cast<std::int32_t>((B - 1 - b) * per_seq + x));
       for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t j = 0; j < sk; ++j) {
           const std::int64_t pg = table[static_cast<std::size_t>(b * per_seq + j / page)];
           for (std::int64_t g = 0; g < HK; ++g) {
-            for (std::int64_t c = 0; c < dims.d; ++c) kp.at(pg, j % page, g, c) = k.data[static_cast<std::size_t>(((b * sk + j) * HK + g) * dims.d + c)];
-            for (std::int64_t c = 0; c < dims.dv; ++c) vp.at(pg, j % page, g, c) = v.data[static_cast<std::size_t>(((b * sk + j) * HK + g) * dims.dv + c)];
+            for (std::int64_t c = 0; c < dims.d; ++c)
+              kp.at(pg, j % page, g, c) = k.data[static_cast<std::size_t>(((b * sk + j) * HK + g) * dims.d + c)];
+            for (std::int64_t c = 0; c < dims.dv; ++c)
+              vp.at(pg, j % page, g, c) = v.data[static_cast<std::size_t>(((b * sk + j) * HK + g) * dims.dv + c)];
           }
         }
       Tensor<double> o_p(B, sq, H, dims.dv);
@@ -165,8 +170,7 @@ TEST(HeadDims, EveryDimUpTo576IsExactInF64) {
     const TensorView lse = TensorView::contiguous(lse_store.data.data(), 1, H, sq);
     attention_tiled(q.view(), k.view(), v.view(), out.view(), o, {}, &lse);
     const auto dout = random_tensor<double>(1, sq, H, d, 30);
-    Tensor<double> dq(1, sq, H, d), dk(1, sk, H, d), dv(1, sk, H, d), rq(1, sq, H, d), rk(1, sk, H, d),
-        rv(1, sk, H, d);
+    Tensor<double> dq(1, sq, H, d), dk(1, sk, H, d), dv(1, sk, H, d), rq(1, sq, H, d), rk(1, sk, H, d), rv(1, sk, H, d);
     attention_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse, dq.view(), dk.view(), dv.view(), o);
     attention_backward_reference(q.view(), k.view(), v.view(), out.view(), dout.view(), lse, rq.view(), rk.view(),
                                  rv.view(), o);
@@ -227,15 +231,19 @@ void check_mla(bool paged, double tolerance_or_ratio) {
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t j = 0; j < n; ++j)
       for (std::int64_t c = 0; c < d; ++c) {
-        const double x = j >= n - fresh ? detail::load<double>(k_new.data[static_cast<std::size_t>((b * fresh + j - (n - fresh)) * d + c)])
-                         : paged ? detail::load<double>(kc.at(table[static_cast<std::size_t>(b * per_seq + j / page)], j % page, 0, c))
-                                 : detail::load<double>(kc.at(b, j, 0, c));
+        const double x =
+            j >= n - fresh
+                ? detail::load<double>(k_new.data[static_cast<std::size_t>((b * fresh + j - (n - fresh)) * d + c)])
+            : paged
+                ? detail::load<double>(kc.at(table[static_cast<std::size_t>(b * per_seq + j / page)], j % page, 0, c))
+                : detail::load<double>(kc.at(b, j, 0, c));
         k64.at(b, j, 0, c) = x;
       }
   for (std::int64_t b = 0; b < B; ++b)  // the append wrote k_new's rows whole
     for (std::int64_t t = 0; t < fresh; ++t) {
       const std::int64_t j = n - fresh + t;
-      const T* row = paged ? &kc.at(table[static_cast<std::size_t>(b * per_seq + j / page)], j % page, 0, 0) : &kc.at(b, j, 0, 0);
+      const T* row =
+          paged ? &kc.at(table[static_cast<std::size_t>(b * per_seq + j / page)], j % page, 0, 0) : &kc.at(b, j, 0, 0);
       for (std::int64_t c = 0; c < d; ++c) ASSERT_EQ(detail::load<double>(row[c]), k64.at(b, j, 0, c));
     }
   const TensorView v64 = TensorView::strided(k64.data.data(), {B, n, 1, dv}, {n * d, d, d, 1});
@@ -285,8 +293,10 @@ TEST(UnequalHeadDims, DecodeWithItsOwnValueCache) {
   attention_decode(q.view(), cache, out.view(), o, dec);
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t g = 0; g < HK; ++g) {
-      for (std::int64_t c = 0; c < d; ++c) ASSERT_EQ(kc.at(b, n - 1, g, c), kn.data[static_cast<std::size_t>((b * HK + g) * d + c)]);
-      for (std::int64_t c = 0; c < dv; ++c) ASSERT_EQ(vc.at(b, n - 1, g, c), vn.data[static_cast<std::size_t>((b * HK + g) * dv + c)]);
+      for (std::int64_t c = 0; c < d; ++c)
+        ASSERT_EQ(kc.at(b, n - 1, g, c), kn.data[static_cast<std::size_t>((b * HK + g) * d + c)]);
+      for (std::int64_t c = 0; c < dv; ++c)
+        ASSERT_EQ(vc.at(b, n - 1, g, c), vn.data[static_cast<std::size_t>((b * HK + g) * dv + c)]);
     }
   }
   EXPECT_LE(max_abs_diff(out.data, textbook(q, kc.view(), vc.view(), true)), 1e-12);
@@ -322,9 +332,72 @@ TEST(UnequalHeadDims, DecodeWithItsOwnValueCache) {
   EXPECT_LE(max_abs_diff(o8.data, textbook(test::to_f64(q32), kd.view(), vd.view(), false)), 1e-5);
 }
 
+// The backward with v's own head dim: the tiled backward against the textbook backward (f64, 1e-12),
+// and both against the equal-dims problem whose v is zero-padded to q's dim (whose gradients have been
+// tested on their own): the same dq and dk, and dv its first head_dim_v columns.
+TEST(UnequalHeadDims, TheBackwardIsExactInF64) {
+  for (const Dims dims : {Dims{192, 128}, Dims{40, 72}, Dims{5, 3}})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("d " + std::to_string(dims.d) + ", dv " + std::to_string(dims.dv) + (causal ? ", causal" : ""));
+      const std::int64_t B = 2, sq = 29, sk = 45, H = 4, HK = 2, w = std::max(dims.d, dims.dv);
+      const auto q = random_tensor<double>(B, sq, H, dims.d, 40), k = random_tensor<double>(B, sk, HK, dims.d, 41);
+      const auto v = random_tensor<double>(B, sk, HK, dims.dv, 42), dout = random_tensor<double>(B, sq, H, dims.dv, 43);
+      AttentionOptions o;
+      o.causal = causal;
+      Tensor<double> out(B, sq, H, dims.dv), lse_store(1, B, H, sq);
+      const TensorView lse = TensorView::contiguous(lse_store.data.data(), B, H, sq);
+      attention_tiled(q.view(), k.view(), v.view(), out.view(), o, {}, &lse);
+      Tensor<double> dq(B, sq, H, dims.d), dk(B, sk, HK, dims.d), dv(B, sk, HK, dims.dv);
+      Tensor<double> rq(B, sq, H, dims.d), rk(B, sk, HK, dims.d), rv(B, sk, HK, dims.dv);
+      TileOptions tiles;
+      tiles.q_tile = 8;
+      tiles.k_tile = 11;
+      attention_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse, dq.view(), dk.view(), dv.view(), o,
+                         tiles);
+      attention_backward_reference(q.view(), k.view(), v.view(), out.view(), dout.view(), lse, rq.view(), rk.view(),
+                                   rv.view(), o);
+      EXPECT_LE(max_abs_diff(dq.data, rq.data), 1e-12) << "dq";
+      EXPECT_LE(max_abs_diff(dk.data, rk.data), 1e-12) << "dk";
+      EXPECT_LE(max_abs_diff(dv.data, rv.data), 1e-12) << "dv";
+      // The padded problem: every tensor at width w, zero past its own dims (a zero column of q and k
+      // adds nothing to the scores; of v, out and dout nothing to dP and D).
+      auto pad = [&](const Tensor<double>& t) {
+        Tensor<double> r(t.b, t.s, t.h, w);
+        for (std::int64_t a = 0; a < t.b; ++a)
+          for (std::int64_t s = 0; s < t.s; ++s)
+            for (std::int64_t h = 0; h < t.h; ++h)
+              for (std::int64_t c = 0; c < t.d; ++c)
+                r.at(a, s, h, c) = t.data[static_cast<std::size_t>(((a * t.s + s) * t.h + h) * t.d + c)];
+        return r;
+      };
+      const auto qp = pad(q), kp = pad(k), vp = pad(v), op = pad(out), dop = pad(dout);
+      Tensor<double> pq(B, sq, H, w), pk(B, sk, HK, w), pv(B, sk, HK, w);
+      AttentionOptions po = o;
+      po.softmax_scale = 1 / std::sqrt(static_cast<double>(dims.d));  // q's dim, not the padded one
+      attention_backward(qp.view(), kp.view(), vp.view(), op.view(), dop.view(), lse, pq.view(), pk.view(), pv.view(),
+                         po);
+      double worst = 0;
+      for (std::int64_t a = 0; a < B; ++a)
+        for (std::int64_t h = 0; h < H; ++h) {
+          for (std::int64_t s = 0; s < sq; ++s)
+            for (std::int64_t c = 0; c < dims.d; ++c)
+              worst = std::max(worst, std::abs(pq.at(a, s, h, c) - dq.at(a, s, h, c)));
+          if (h >= HK) continue;
+          for (std::int64_t s = 0; s < sk; ++s) {
+            for (std::int64_t c = 0; c < dims.d; ++c)
+              worst = std::max(worst, std::abs(pk.at(a, s, h, c) - dk.at(a, s, h, c)));
+            for (std::int64_t c = 0; c < dims.dv; ++c)
+              worst = std::max(worst, std::abs(pv.at(a, s, h, c) - dv.at(a, s, h, c)));
+          }
+        }
+      EXPECT_LE(worst, 1e-12) << "against the zero-padded problem";
+    }
+}
+
 // Each rule of the new shapes names its argument and leaves the outputs and the cache untouched.
 template <class F>
-void expect_rejected(F&& call, const std::string& needle, const std::vector<double>& out, const std::vector<double>& cache) {
+void expect_rejected(F&& call, const std::string& needle, const std::vector<double>& out,
+                     const std::vector<double>& cache) {
   const std::vector<double> out0 = out, cache0 = cache;
   try {
     call();
@@ -344,12 +417,16 @@ TEST(HeadDimRules, BadShapesAreNamedAndWriteNothing) {
   for (auto& x : wrong.data) x = 7;
   expect_rejected([&] { attention_tiled(q.view(), k.view(), v.view(), wrong.view()); },
                   "out: head_dim must equal v's (32), got 64", wrong.data, v.data);
-  // The backward pass takes equal head dims only.
-  Tensor<double> dq(1, 2, 2, 64), dk(1, 8, 1, 64), dv(1, 8, 1, 32), dout(1, 2, 2, 32);
+  // The backward's dv and dout take v's head dim.
+  Tensor<double> dq(1, 2, 2, 64), dk(1, 8, 1, 64), dv_wrong(1, 8, 1, 64), dout(1, 2, 2, 32);
   std::vector<double> lse(4, 0.0);
   const TensorView lse_view = TensorView::contiguous(lse.data(), 1, 2, 2);
-  expect_rejected([&] { attention_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse_view, dq.view(), dk.view(), dv.view()); },
-                  "attn::attention_backward: v: head_dim must equal q's (64) in the backward pass, got 32", dq.data, dk.data);
+  expect_rejected(
+      [&] {
+        attention_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse_view, dq.view(), dk.view(),
+                           dv_wrong.view());
+      },
+      "attn::attention_backward: dv: head_dim must equal v's (32), got 64", dq.data, dk.data);
 
   // MLA: a value view wider than the keys, v_new beside it, rotary with it.
   auto kc = random_tensor<double>(1, 8, 1, 64, 24);
@@ -361,8 +438,8 @@ TEST(HeadDimRules, BadShapesAreNamedAndWriteNothing) {
   Tensor<double> o_wide(1, 1, 2, 80), o_mla(1, 1, 2, 48);
   cache.v = TensorView::strided(kc.data.data(), {1, 8, 1, 80}, {8 * 64, 64, 64, 1});
   expect_rejected([&] { attention_decode(qd.view(), cache, o_wide.view()); },
-                  "cache.v: head_dim (80) must be <= cache.k's (64) when cache.v views cache.k's rows (MLA)", o_wide.data,
-                  kc.data);
+                  "cache.v: head_dim (80) must be <= cache.k's (64) when cache.v views cache.k's rows (MLA)",
+                  o_wide.data, kc.data);
   cache.v = TensorView::strided(kc.data.data(), {1, 8, 1, 48}, {8 * 64, 64, 64, 1});
   DecodeOptions both;
   const TensorView knv = kn.view(), vnv = TensorView::contiguous(kn.data.data(), 1, 1, 1, 48);
@@ -378,8 +455,8 @@ TEST(HeadDimRules, BadShapesAreNamedAndWriteNothing) {
   expect_rejected([&] { attention_decode(qd.view(), cache, o_mla.view(), {}, rotated); },
                   "rotary: must be null when cache.v views cache.k's rows (MLA)", o_mla.data, kc.data);
   Tensor<double> o_bad(1, 1, 2, 64);
-  expect_rejected([&] { attention_decode(qd.view(), cache, o_bad.view()); }, "out: head_dim must equal cache.v's (48), got 64",
-                  o_bad.data, kc.data);
+  expect_rejected([&] { attention_decode(qd.view(), cache, o_bad.view()); },
+                  "out: head_dim must equal cache.v's (48), got 64", o_bad.data, kc.data);
   // A separate value cache of another dim needs v_new of that dim.
   auto vc = random_tensor<double>(1, 8, 1, 48, 27);
   cache.v = vc.view();

@@ -3,7 +3,7 @@
 //
 // Shapes as in attention.hpp: q, dq [batch, seqlen_q, heads, head_dim]; k, v, dk, dv [batch, seqlen_k,
 // kv_heads, head_dim]; out, dout like q; lse [batch, heads, seqlen_q], f64 for f64 inputs, else f32 (the
-// forward's lse). v's head dim must equal q's here (a v head dim of its own is forward-only). Any strides; every tensor
+// forward's lse); v, dv, out and dout take v's head dim where it differs (head_dim_v). Any strides; every tensor
 // in the inputs' dtype. Accumulation is in f64 for f64 and in f32 for every other dtype. With GQA, dk and dv of a kv
 // head are summed over its group's query heads. `opts` must be the forward's options (masks, scale, softcap, ALiBi,
 // dropout); the ALiBi slopes get no gradient. Dropout (docs/dropout.md): every backward regenerates the forward's mask

@@ -1,6 +1,6 @@
 """Head dims: v's own head dim (DeepSeek's 192 / 128) through flash_attn_func and flash_attn_varlen_func,
-and MLA decode (576 / 512, V a view of the key cache's first 512 dims, k appended alone) through
-flash_attn_with_kvcache, against the PyTorch reference; the backward's rule for unequal dims."""
+with their gradients, and MLA decode (576 / 512, V a view of the key cache's first 512 dims, k appended
+alone) through flash_attn_with_kvcache, against the PyTorch reference."""
 import pytest
 import torch
 
@@ -26,13 +26,17 @@ def test_unequal_head_dims_match_the_reference(causal):
     torch.testing.assert_close(packed.reshape(2, 33, 4, 128), out, rtol=0, atol=1e-12)
 
 
-def test_the_backward_of_unequal_head_dims_is_rejected_by_name():
+@pytest.mark.parametrize("causal", [False, True])
+def test_unequal_head_dims_gradients_match_autograd_of_the_reference(causal):
     g = torch.Generator().manual_seed(2)
-    q, k = rand(g, 1, 8, 2, 64).requires_grad_(), rand(g, 1, 8, 2, 64).requires_grad_()
-    v = rand(g, 1, 8, 2, 32).requires_grad_()
-    out = attn.flash_attn_func(q, k, v)
-    with pytest.raises(attn.AttnError, match="v: head_dim must equal q's \\(64\\) in the backward pass, got 32"):
-        out.sum().backward()
+    q, k = rand(g, 2, 19, 4, 192).requires_grad_(), rand(g, 2, 23, 2, 192).requires_grad_()
+    v = rand(g, 2, 23, 2, 128).requires_grad_()
+    dout = rand(g, 2, 19, 4, 128)
+    grads = torch.autograd.grad(attn.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+    want = torch.autograd.grad(attention_ref(q, k, v, causal=causal), (q, k, v), dout)
+    for got, ref, name in zip(grads, want, "qkv"):
+        assert got.shape == ref.shape, name
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-11, msg=lambda m: "d" + name + ": " + m)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

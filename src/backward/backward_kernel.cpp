@@ -108,6 +108,14 @@ struct Scratch {
   }
 };
 
+// The width the kernel computes at: q and k rows (head_dim) and v, out and dout rows (head_dim_v) are
+// packed into rows of the wider of the two, zero past their own length. The zeros add nothing to any
+// dot product (S, dP, D) and give zero gradient columns, which are not stored; unequal dims pay the
+// wider dim's flops in every product.
+inline std::size_t Width(const BackwardProblem& p) {
+  return static_cast<std::size_t>(std::max(p.head_dim, p.head_dim_v));
+}
+
 // Everything a query tile's pairs share: where it is and its packed query side.
 struct QueryTile {
   std::int64_t b, h, hk, i0, rows;
@@ -116,10 +124,11 @@ struct QueryTile {
 
 template <class T, class D, class A = hn::TFromD<D>>
 void PackQueries(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w) {
-  const std::size_t dim = static_cast<std::size_t>(p.head_dim), dp = RoundUp(dim, hn::Lanes(d)), R = qt.R;
-  std::fill(w.qt, w.qt + 2 * dim * R, A(0));  // Q^T and dO^T, padding rows zero
-  PackRows<T>(d, w.q, dp, p.q, qt.b, qt.i0, qt.rows, qt.h, dim);
-  PackRows<T>(d, w.dout, dp, p.dout, qt.b, qt.i0, qt.rows, qt.h, dim);
+  const std::size_t dim = Width(p), dp = RoundUp(dim, hn::Lanes(d)), R = qt.R;
+  const std::size_t dq = static_cast<std::size_t>(p.head_dim), dv = static_cast<std::size_t>(p.head_dim_v);
+  std::fill(w.qt, w.qt + 2 * dim * R, A(0));  // Q^T and dO^T, padding rows (and columns) zero
+  PackRows<T>(d, w.q, dp, p.q, qt.b, qt.i0, qt.rows, qt.h, dq);
+  PackRows<T>(d, w.dout, dp, p.dout, qt.b, qt.i0, qt.rows, qt.h, dv);
   const TensorView& l = *p.lse;
   const A slope = static_cast<A>(p.rule.alibi_slope(qt.b, qt.h));
   for (std::size_t r = 0; r < R; ++r) {
@@ -131,8 +140,8 @@ void PackQueries(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>&
     const std::int64_t i = qt.i0 + static_cast<std::int64_t>(r);
     const T* o = row_ptr<const T>(p.out, qt.b, i, qt.h);
     A sum = 0;
-    for (std::size_t x = 0; x < dim; ++x) {
-      w.qt[x * R + r] = w.q[r * dp + x];
+    for (std::size_t x = 0; x < dq; ++x) w.qt[x * R + r] = w.q[r * dp + x];
+    for (std::size_t x = 0; x < dv; ++x) {
       w.dot[x * R + r] = w.dout[r * dp + x];
       sum += w.dout[r * dp + x] * load<A>(o[x * p.out.strides[3]]);
     }
@@ -148,9 +157,9 @@ void PackQueries(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>&
 template <class T, class A>
 void PrefetchKeyTile(const BackwardProblem& p, const QueryTile& qt, std::int64_t j0, std::int64_t n, std::size_t dp,
                      const A* dk_acc, const A* dv_acc) {
-  const std::size_t row_bytes = static_cast<std::size_t>((p.head_dim - 1) * p.k.strides[3] + 1) * sizeof(T);
   for (std::int64_t j = j0; j < j0 + n; ++j)
     for (const TensorView* t : {&p.k, &p.v}) {
+      const std::size_t row_bytes = static_cast<std::size_t>((t->shape[3] - 1) * t->strides[3] + 1) * sizeof(T);
       const char* row = reinterpret_cast<const char*>(row_ptr<const T>(*t, qt.b, j, qt.hk));
       for (std::size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + off, 0, 2);
     }
@@ -166,10 +175,11 @@ void PrefetchKeyTile(const BackwardProblem& p, const QueryTile& qt, std::int64_t
 template <class T, class D, class A = hn::TFromD<D>>
 void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std::int64_t j0, std::int64_t n,
           std::int64_t next_n, A* dk_acc, A* dv_acc) {
-  const std::size_t dim = static_cast<std::size_t>(p.head_dim), dp = RoundUp(dim, hn::Lanes(d)), R = qt.R;
-  PackRows<T>(d, w.k, dim, p.k, qt.b, j0, n, qt.hk, dim);
-  PackRows<T>(d, w.v, dim, p.v, qt.b, j0, n, qt.hk, dim);
-  if (w.kdp != w.k) PackRows<T>(d, w.kdp, dp, p.k, qt.b, j0, n, qt.hk, dim);
+  const std::size_t dim = Width(p), dp = RoundUp(dim, hn::Lanes(d)), R = qt.R;
+  const std::size_t dq = static_cast<std::size_t>(p.head_dim), dv = static_cast<std::size_t>(p.head_dim_v);
+  PackRows<T>(d, w.k, dim, p.k, qt.b, j0, n, qt.hk, dq);  // columns past a row's own length stay zero
+  PackRows<T>(d, w.v, dim, p.v, qt.b, j0, n, qt.hk, dv);
+  if (w.kdp != w.k) PackRows<T>(d, w.kdp, dp, p.k, qt.b, j0, n, qt.hk, dq);
   PrefetchKeyTile<T>(p, qt, j0 + n, next_n, dp, dk_acc, dv_acc);
   const Mask mask = p.mask();
   bool masked = static_cast<std::size_t>(qt.rows) < R;  // padding rows are masked
@@ -227,7 +237,7 @@ void StoreRows(const TensorView& t, const A* src, std::size_t ld, std::int64_t b
 template <class T, class D, class A = hn::TFromD<D>>
 void RunTask(D d, const BackwardProblem& p, const BackwardPlan& plan, std::int64_t b, std::int64_t hk,
              std::int64_t chunk, Scratch<A>& w, A* dk_acc, A* dv_acc) {
-  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(p.head_dim), dp = RoundUp(dim, N);
+  const std::size_t N = hn::Lanes(d), dim = Width(p), dp = RoundUp(dim, N);
   const std::size_t acc_rows = static_cast<std::size_t>(p.seqlen_k) * dp;
   std::fill(dk_acc, dk_acc + acc_rows, A(0));
   std::fill(dv_acc, dv_acc + acc_rows, A(0));
@@ -245,7 +255,7 @@ void RunTask(D d, const BackwardProblem& p, const BackwardPlan& plan, std::int64
         const std::int64_t n = std::min(plan.k_tile, k_end - j0);
         Pair<T>(d, p, qt, w, j0, n, std::clamp<std::int64_t>(k_end - j0 - n, 0, plan.k_tile), dk_acc, dv_acc);
       }
-      StoreRows<T>(p.dq, w.dq, dp, b, qt.i0, qt.rows, h, dim);
+      StoreRows<T>(p.dq, w.dq, dp, b, qt.i0, qt.rows, h, static_cast<std::size_t>(p.head_dim));
     }
 }
 
@@ -253,7 +263,7 @@ template <class T>
 void RunAll(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& plans, int threads) {
   using A = Acc<T>;
   const hn::ScalableTag<A> d;
-  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(ps[0].head_dim), dp = RoundUp(dim, N);
+  const std::size_t N = hn::Lanes(d), dim = Width(ps[0]), dp = RoundUp(dim, N);
   const BackwardLayout layout(ps, plans, dp, std::max<std::size_t>(N, kGradRows));
   // All memory before anything is written: a bad_alloc leaves the gradients untouched.
   AlignedBuffer<A> partials(layout.partial_elements);
@@ -286,8 +296,8 @@ void RunAll(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPl
         const A* part = partials.data() + layout.partial_offset(plans, ps, task);
         for (std::size_t x = 0; x < 2 * half; ++x) first[x] += part[x];
       }
-      StoreRows<T>(p.dk, first, dp, task.b, 0, p.seqlen_k, task.hk, dim);
-      StoreRows<T>(p.dv, first + half, dp, task.b, 0, p.seqlen_k, task.hk, dim);
+      StoreRows<T>(p.dk, first, dp, task.b, 0, p.seqlen_k, task.hk, static_cast<std::size_t>(p.head_dim));
+      StoreRows<T>(p.dv, first + half, dp, task.b, 0, p.seqlen_k, task.hk, static_cast<std::size_t>(p.head_dim_v));
     }
   }
 }

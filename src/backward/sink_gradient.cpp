@@ -37,7 +37,7 @@ void run(const std::vector<BackwardProblem>& problems, const TensorView& dsink) 
           const double l =
               static_cast<const L*>(lse.data)[b * lse.strides[0] + h * lse.strides[1] + i * lse.strides[2]];
           if (l == -std::numeric_limits<double>::infinity()) continue;
-          acc += std::exp(sink - l) * row_dot<T>(p.dout, p.out, b, i, h, p.head_dim);
+          acc += std::exp(sink - l) * row_dot<T>(p.dout, p.out, b, i, h, p.head_dim_v);
         }
     }
     static_cast<L*>(dsink.data)[h * dsink.strides[1]] = static_cast<L>(acc == 0 ? 0.0 : -acc);

@@ -15,9 +15,8 @@ struct BackwardProblem : Problem {
 
 // Validates the arguments of attention_backward (include/attn/backward.hpp): q, k, v, out and lse by
 // the forward's rules (`validate`), then
-//   v: head_dim must equal q's (unequal head dims are forward-only)
 //   dout: dtype must match q's; <dim> must equal out's
-//   dq / dk / dv: dtype must match q's; <dim> must equal q's / k's / k's
+//   dq / dk / dv: dtype must match q's; <dim> must equal q's / k's / v's
 //   dq / dk / dv: strides make elements alias
 //   dq / dk / dv: overlaps input <q, k, v, out, dout, lse>;  dk: overlaps dq;  dv: overlaps dq / dk
 //   dsink (optional): needs opts.sinks; rank 3 [1, heads, 1]; dtype lse's; no self-aliasing; overlaps

@@ -30,10 +30,6 @@ BackwardProblem validate_backward(std::string_view who, const TensorView& q, con
                                   const AttentionOptions& opts, const TensorView* dsink) {
   BackwardProblem p{};
   static_cast<Problem&>(p) = validate(who, q, k, v, &out, opts, &lse);
-  if (p.head_dim_v != p.head_dim)
-    fail(who, "v",
-         "head_dim must equal q's (" + std::to_string(p.head_dim) + ") in the backward pass, got " +
-             std::to_string(p.head_dim_v) + " (a v head dim of its own is forward-only)");
   const Span s_dout = check_view(who, "dout", dout, 4, false);
   const Span s_dq = check_view(who, "dq", dq, 4, false);
   const Span s_dk = check_view(who, "dk", dk, 4, true);
@@ -44,7 +40,7 @@ BackwardProblem validate_backward(std::string_view who, const TensorView& q, con
   require_shape(who, "dout", dout, "out", out);
   require_shape(who, "dq", dq, "q", q);
   require_shape(who, "dk", dk, "k", k);
-  require_shape(who, "dv", dv, "k", k);
+  require_shape(who, "dv", dv, "v", v);
 
   const std::pair<const char*, Span> inputs[] = {{"q", check_view(who, "q", q, 4, false)},
                                                  {"k", check_view(who, "k", k, 4, true)},

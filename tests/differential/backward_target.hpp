@@ -27,14 +27,15 @@ std::string check_backward(Config c) {
   bind_arrays(c);
   Rng r(mix(c.seed) ^ 0xbac4);
   const std::int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, H = c.heads, HK = c.kv_heads, D = c.head_dim;
-  const std::array<std::int64_t, 4> qs{B, SQ, H, D}, ks{B, SK, HK, D};
-  Buffer q = make_buffer(t, qs, 4, c.lq), k = make_buffer(t, ks, 4, c.lk), v = make_buffer(t, ks, 4, c.lv);
-  Buffer dout = make_buffer(t, qs, 4, pick_layout(r, 4, true));
+  const std::int64_t DV = c.head_dim_v > 0 ? c.head_dim_v : D;  // v's, out's, dout's and dv's head dim
+  const std::array<std::int64_t, 4> qs{B, SQ, H, D}, ks{B, SK, HK, D}, vs{B, SK, HK, DV}, os{B, SQ, H, DV};
+  Buffer q = make_buffer(t, qs, 4, c.lq), k = make_buffer(t, ks, 4, c.lk), v = make_buffer(t, vs, 4, c.lv);
+  Buffer dout = make_buffer(t, os, 4, pick_layout(r, 4, true));
   fill_random<T>(q, r, c.amplitude);
   fill_random<T>(k, r, c.amplitude);
   fill_random<T>(v, r, 1.0);
   fill_random<T>(dout, r, 1.0);
-  Buffer out = make_buffer(t, qs, 4, c.lout), lse = make_buffer(lt, {B, H, SQ, 1}, 3, c.llse);
+  Buffer out = make_buffer(t, os, 4, c.lout), lse = make_buffer(lt, {B, H, SQ, 1}, 3, c.llse);
   attention_reference(q.view, k.view, v.view, out.view, c.opts, &lse.view);  // the forward at precision T
 
   // Dense copies: f64 (the oracle, with its own f64 forward) and T (the textbook at T, from T's forward).
@@ -42,15 +43,15 @@ std::string check_backward(Config c) {
   auto dense = [](const std::array<std::int64_t, 4>& s, auto* p) {
     return TensorView::contiguous(p, s[0], s[1], s[2], s[3]);
   };
-  std::vector<double> o64(q64.size()), l64(static_cast<std::size_t>(B * H * SQ));
+  std::vector<double> o64(do64.size()), l64(static_cast<std::size_t>(B * H * SQ));
   const TensorView l64v = TensorView::contiguous(l64.data(), B, H, SQ);
-  attention_reference(dense(qs, q64.data()), dense(ks, k64.data()), dense(ks, v64.data()), dense(qs, o64.data()),
+  attention_reference(dense(qs, q64.data()), dense(ks, k64.data()), dense(vs, v64.data()), dense(os, o64.data()),
                       c.opts, &l64v);
   std::vector<double> oracle[3] = {std::vector<double>(q64.size()), std::vector<double>(k64.size()),
-                                   std::vector<double>(k64.size())};
-  attention_backward_reference(dense(qs, q64.data()), dense(ks, k64.data()), dense(ks, v64.data()),
-                               dense(qs, o64.data()), dense(qs, do64.data()), l64v, dense(qs, oracle[0].data()),
-                               dense(ks, oracle[1].data()), dense(ks, oracle[2].data()), c.opts);
+                                   std::vector<double>(v64.size())};
+  attention_backward_reference(dense(qs, q64.data()), dense(ks, k64.data()), dense(vs, v64.data()),
+                               dense(os, o64.data()), dense(os, do64.data()), l64v, dense(qs, oracle[0].data()),
+                               dense(ks, oracle[1].data()), dense(vs, oracle[2].data()), c.opts);
   std::vector<double> textbook[3];
   {
     auto to_t = [](const std::vector<double>& x) {
@@ -61,10 +62,10 @@ std::string check_backward(Config c) {
     auto qT = to_t(q64), kT = to_t(k64), vT = to_t(v64), dT = to_t(do64), oT = to_t(read<T>(out));
     const auto lse_vals = lt == DType::f64 ? read<double>(lse) : read<float>(lse);
     std::vector<detail::Acc<T>> lT(lse_vals.begin(), lse_vals.end());
-    std::vector<T> g[3] = {std::vector<T>(qT.size()), std::vector<T>(kT.size()), std::vector<T>(kT.size())};
-    attention_backward_reference(dense(qs, qT.data()), dense(ks, kT.data()), dense(ks, vT.data()), dense(qs, oT.data()),
-                                 dense(qs, dT.data()), TensorView::contiguous(lT.data(), B, H, SQ),
-                                 dense(qs, g[0].data()), dense(ks, g[1].data()), dense(ks, g[2].data()), c.opts);
+    std::vector<T> g[3] = {std::vector<T>(qT.size()), std::vector<T>(kT.size()), std::vector<T>(vT.size())};
+    attention_backward_reference(dense(qs, qT.data()), dense(ks, kT.data()), dense(vs, vT.data()), dense(os, oT.data()),
+                                 dense(os, dT.data()), TensorView::contiguous(lT.data(), B, H, SQ),
+                                 dense(qs, g[0].data()), dense(ks, g[1].data()), dense(vs, g[2].data()), c.opts);
     for (int i = 0; i < 3; ++i)
       for (const T& x : g[i]) textbook[i].push_back(detail::load<double>(x));
   }
@@ -77,8 +78,8 @@ std::string check_backward(Config c) {
                        c.tiles);
   };
   const auto inputs_before = std::vector{q.bytes, k.bytes, v.bytes, out.bytes, dout.bytes, lse.bytes};
-  Buffer grads[3] = {make_buffer(t, qs, 4, lg[0]), make_buffer(t, ks, 4, lg[1]), make_buffer(t, ks, 4, lg[2])};
-  Buffer again[3] = {make_buffer(t, qs, 4, lg[0]), make_buffer(t, ks, 4, lg[1]), make_buffer(t, ks, 4, lg[2])};
+  Buffer grads[3] = {make_buffer(t, qs, 4, lg[0]), make_buffer(t, ks, 4, lg[1]), make_buffer(t, vs, 4, lg[2])};
+  Buffer again[3] = {make_buffer(t, qs, 4, lg[0]), make_buffer(t, ks, 4, lg[1]), make_buffer(t, vs, 4, lg[2])};
   run(c.opts.num_threads, grads);
   run(c.alt_threads, again);
 

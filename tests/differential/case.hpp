@@ -34,8 +34,8 @@ struct Config {
   std::uint64_t seed = 0;
   DType dtype = DType::f32;
   std::int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads = 1, kv_heads = 1, head_dim = 1;
-  // v's and out's head dim where it differs from q's and k's (DeepSeek's 192 / 128); 0 = head_dim. Only
-  // the dense forward targets (reference, tiled, split-K) read it.
+  // v's and out's head dim where it differs from q's and k's (DeepSeek's 192 / 128); 0 = head_dim. The
+  // dense forward targets (reference, tiled, split-K) and the backward read it.
   std::int64_t head_dim_v = 0;
   AttentionOptions opts;
   std::vector<float> alibi;  // slopes backing opts.alibi_slopes (rebound by the user of the config)

@@ -76,9 +76,9 @@ void run_mla(const MlaArgs& a) {
     std::printf(
         "attn bench mla: %s; %s; 1 kv head, %lld heads, d_qk %lld, d_v %lld, bf16 cache of %lld keys, %d threads\n"
         "FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s\n%-10s %12s %12s %9s %12s %10s %10s\n",
-        machine_name().c_str(), kernel_paths().c_str(), static_cast<long long>(kHeads),
-        static_cast<long long>(kDim), static_cast<long long>(kDimV), static_cast<long long>(n), a.threads, peak, bw,
-        "values", "median", "GFLOP/s", "of peak", "cache read", "tokens/s", "vs copy");
+        machine_name().c_str(), kernel_paths().c_str(), static_cast<long long>(kHeads), static_cast<long long>(kDim),
+        static_cast<long long>(kDimV), static_cast<long long>(n), a.threads, peak, bw, "values", "median", "GFLOP/s",
+        "of peak", "cache read", "tokens/s", "vs copy");
   double copy_s = 0;
   for (const bool view : {false, true}) {
     KVCache cache;
@@ -92,14 +92,22 @@ void run_mla(const MlaArgs& a) {
     const double gflops = flops / t.median_s / 1e9;
     const char* name = view ? "K's view" : "own copy";
     if (a.json)
-      std::printf("%s\n", nlohmann::json{{"kind", "mla_decode"},  {"values", view ? "view" : "copy"},
-                                         {"keys", n},             {"heads", kHeads},
-                                         {"head_dim", kDim},      {"head_dim_v", kDimV},
-                                         {"threads", a.threads},  {"seconds", t.median_s},
-                                         {"gflops", gflops},      {"fma_peak_gflops", peak},
-                                         {"gbps", bytes / t.median_s / 1e9}, {"read_bandwidth_gbps", bw},
-                                         {"tokens_per_s", 1 / t.median_s}, {"speed_vs_copy", copy_s / t.median_s},
-                                         {"machine", machine_name()}, {"kernels", kernel_paths()}}
+      std::printf("%s\n", nlohmann::json{{"kind", "mla_decode"},
+                                         {"values", view ? "view" : "copy"},
+                                         {"keys", n},
+                                         {"heads", kHeads},
+                                         {"head_dim", kDim},
+                                         {"head_dim_v", kDimV},
+                                         {"threads", a.threads},
+                                         {"seconds", t.median_s},
+                                         {"gflops", gflops},
+                                         {"fma_peak_gflops", peak},
+                                         {"gbps", bytes / t.median_s / 1e9},
+                                         {"read_bandwidth_gbps", bw},
+                                         {"tokens_per_s", 1 / t.median_s},
+                                         {"speed_vs_copy", copy_s / t.median_s},
+                                         {"machine", machine_name()},
+                                         {"kernels", kernel_paths()}}
                               .dump()
                               .c_str());
     else
