@@ -20,6 +20,7 @@
 #include <hwy/targets.h>
 
 #include "attn/attention.hpp"
+#include "attn/decode.hpp"
 #include "core/element.hpp"
 
 namespace attn::test {
@@ -110,6 +111,29 @@ double max_abs_diff(const std::vector<T>& a, const std::vector<U>& b) {
     m = std::max(m, std::abs(detail::load<double>(a[i]) - detail::load<double>(b[i])));
   return m;
 }
+
+// One attention_decode call's cache and appended rows. It owns the k_new / v_new views the options
+// point to, so it is neither copied nor moved.
+struct DecodeCall {
+  KVCache cache;
+  DecodeOptions dec;
+  TensorView k_new, v_new;
+  DecodeCall(const TensorView& k, const TensorView& v, const std::int32_t* seqlens) {
+    cache.k = k;
+    cache.v = v;
+    cache.seqlens = seqlens;
+  }
+  DecodeCall(const DecodeCall&) = delete;
+  DecodeCall& operator=(const DecodeCall&) = delete;
+  // Appends k_new, and v_new unless null (MLA: k_new alone).
+  DecodeCall& append(const TensorView& k, const TensorView* v = nullptr) {
+    k_new = k;
+    dec.k_new = &k_new;
+    if (v) v_new = *v;
+    dec.v_new = v ? &v_new : nullptr;
+    return *this;
+  }
+};
 
 // Max |a - b| over LSE values, treating equal infinities as equal.
 inline double lse_diff(const std::vector<double>& a, const std::vector<double>& b) {

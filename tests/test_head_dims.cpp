@@ -159,11 +159,8 @@ TEST(HeadDims, EveryDimUpTo576IsExactInF64) {
     attention_tiled(q.view(), k.view(), v.view(), out.view(), o);
     EXPECT_LE(max_abs_diff(out.data, want), 1e-12) << "tiled";
     const std::int32_t seqlens[] = {static_cast<std::int32_t>(sk)};
-    KVCache cache;
-    cache.k = k.view();
-    cache.v = v.view();
-    cache.seqlens = seqlens;
-    attention_decode(q.view(), cache, dec.view(), o);
+    const test::DecodeCall call(k.view(), v.view(), seqlens);
+    attention_decode(q.view(), call.cache, dec.view(), o);
     EXPECT_LE(max_abs_diff(dec.data, want), 1e-12) << "decode";
     // The backward at this dim against the textbook backward.
     Tensor<double> lse_store(1, 1, H, sq);
@@ -193,11 +190,8 @@ TEST(HeadDims, SimdDecodeIsWithinTwiceTheTextbookErrorUpTo576) {
     Tensor<float> ref(1, 1, H, d), dec(1, 1, H, d);
     attention_reference(q.view(), k.view(), v.view(), ref.view());
     const std::int32_t seqlens[] = {static_cast<std::int32_t>(sk)};
-    KVCache cache;
-    cache.k = k.view();
-    cache.v = v.view();
-    cache.seqlens = seqlens;
-    attention_decode(q.view(), cache, dec.view());
+    const test::DecodeCall call(k.view(), v.view(), seqlens);
+    attention_decode(q.view(), call.cache, dec.view());
     const double e_ref = max_abs_diff(ref.data, want);
     EXPECT_LE(max_abs_diff(dec.data, want), 2 * e_ref + 1e-7);
   }
@@ -215,16 +209,12 @@ void check_mla(bool paged, double tolerance_or_ratio) {
   std::vector<std::int32_t> seqlens(static_cast<std::size_t>(B), static_cast<std::int32_t>(n - fresh)), table;
   const std::int64_t per_seq = (n + page - 1) / page;
   for (std::int64_t x = 0; x < B * per_seq; ++x) table.push_back(static_cast<std::int32_t>(B * per_seq - 1 - x));
-  KVCache cache;
-  cache.k = kc.view();
-  cache.v = TensorView::strided(kc.data.data(), {rows, slots, 1, dv}, {slots * d, d, d, 1});
-  cache.seqlens = seqlens.data();
-  if (paged) cache.block_table = table.data(), cache.max_pages = per_seq;
-  DecodeOptions dec;
-  const TensorView kn = k_new.view();
-  dec.k_new = &kn;
+  test::DecodeCall call(kc.view(), TensorView::strided(kc.data.data(), {rows, slots, 1, dv}, {slots * d, d, d, 1}),
+                        seqlens.data());
+  if (paged) call.cache.block_table = table.data(), call.cache.max_pages = per_seq;
+  call.append(k_new.view());  // k_new alone: its rows hold the values too
   Tensor<T> out(B, 1, H, dv);
-  attention_decode(q.view(), cache, out.view(), {}, dec);
+  attention_decode(q.view(), call.cache, out.view(), {}, call.dec);
 
   // The oracle's dense copy of each sequence's keys (the cache after the append), values its prefix.
   Tensor<double> k64(B, n, 1, d);
@@ -279,18 +269,13 @@ TEST(UnequalHeadDims, DecodeWithItsOwnValueCache) {
   const auto q = random_tensor<double>(B, 3, H, d, 15), kn = random_tensor<double>(B, 1, HK, d, 16),
              vn = random_tensor<double>(B, 1, HK, dv, 17);
   const std::vector<std::int32_t> seqlens(static_cast<std::size_t>(B), static_cast<std::int32_t>(n - 1));
-  KVCache cache;
-  cache.k = kc.view();
-  cache.v = vc.view();
-  cache.seqlens = seqlens.data();
-  DecodeOptions dec;
-  const TensorView knv = kn.view(), vnv = vn.view();
-  dec.k_new = &knv;
-  dec.v_new = &vnv;
+  test::DecodeCall call(kc.view(), vc.view(), seqlens.data());
+  const TensorView vnv = vn.view();
+  call.append(kn.view(), &vnv);
   AttentionOptions o;
   o.causal = true;
   Tensor<double> out(B, 3, H, dv);
-  attention_decode(q.view(), cache, out.view(), o, dec);
+  attention_decode(q.view(), call.cache, out.view(), o, call.dec);
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t g = 0; g < HK; ++g) {
       for (std::int64_t c = 0; c < d; ++c)
@@ -309,18 +294,13 @@ TEST(UnequalHeadDims, DecodeWithItsOwnValueCache) {
   const auto q32 = random_tensor<float>(B, 1, H, d, 18), k32 = random_tensor<float>(B, n, HK, d, 19),
              v32 = random_tensor<float>(B, n, HK, dv, 20);
   const std::vector<std::int32_t> none(static_cast<std::size_t>(B), 0);
-  KVCache qc;
-  qc.k = k8.view();
-  qc.v = v8.view();
-  qc.k_scale = ks.view();
-  qc.v_scale = vs.view();
-  qc.seqlens = none.data();
-  DecodeOptions qa;
-  const TensorView k32v = k32.view(), v32v = v32.view();
-  qa.k_new = &k32v;
-  qa.v_new = &v32v;
+  test::DecodeCall qc(k8.view(), v8.view(), none.data());
+  qc.cache.k_scale = ks.view();
+  qc.cache.v_scale = vs.view();
+  const TensorView v32v = v32.view();
+  qc.append(k32.view(), &v32v);
   Tensor<float> o8(B, 1, H, dv);
-  attention_decode(q32.view(), qc, o8.view(), {}, qa);
+  attention_decode(q32.view(), qc.cache, o8.view(), {}, qc.dec);
   // Oracle on the dequantized cache.
   Tensor<double> kd(B, n, HK, d), vd(B, n, HK, dv);
   for (std::int64_t b = 0; b < B; ++b)
@@ -432,39 +412,33 @@ TEST(HeadDimRules, BadShapesAreNamedAndWriteNothing) {
   auto kc = random_tensor<double>(1, 8, 1, 64, 24);
   const auto qd = random_tensor<double>(1, 1, 2, 64, 25), kn = random_tensor<double>(1, 1, 1, 64, 26);
   const std::int32_t seqlens[] = {7};
-  KVCache cache;
-  cache.k = kc.view();
-  cache.seqlens = seqlens;
   Tensor<double> o_wide(1, 1, 2, 80), o_mla(1, 1, 2, 48);
-  cache.v = TensorView::strided(kc.data.data(), {1, 8, 1, 80}, {8 * 64, 64, 64, 1});
-  expect_rejected([&] { attention_decode(qd.view(), cache, o_wide.view()); },
+  const test::DecodeCall wide(kc.view(), TensorView::strided(kc.data.data(), {1, 8, 1, 80}, {8 * 64, 64, 64, 1}),
+                              seqlens);
+  expect_rejected([&] { attention_decode(qd.view(), wide.cache, o_wide.view()); },
                   "cache.v: head_dim (80) must be <= cache.k's (64) when cache.v views cache.k's rows (MLA)",
                   o_wide.data, kc.data);
-  cache.v = TensorView::strided(kc.data.data(), {1, 8, 1, 48}, {8 * 64, 64, 64, 1});
-  DecodeOptions both;
-  const TensorView knv = kn.view(), vnv = TensorView::contiguous(kn.data.data(), 1, 1, 1, 48);
-  both.k_new = &knv;
-  both.v_new = &vnv;
-  expect_rejected([&] { attention_decode(qd.view(), cache, o_mla.view(), {}, both); },
+  const TensorView mla_v = TensorView::strided(kc.data.data(), {1, 8, 1, 48}, {8 * 64, 64, 64, 1});
+  test::DecodeCall both(kc.view(), mla_v, seqlens);
+  const TensorView vnv = TensorView::contiguous(kn.data.data(), 1, 1, 1, 48);
+  both.append(kn.view(), &vnv);
+  expect_rejected([&] { attention_decode(qd.view(), both.cache, o_mla.view(), {}, both.dec); },
                   "v_new: must be null when cache.v views cache.k's rows (MLA)", o_mla.data, kc.data);
   std::vector<float> table(16, 0.5f);
   RotaryTables rot{table.data(), table.data(), DType::f32, 8, 4, false};
-  DecodeOptions rotated;
-  rotated.k_new = &knv;
-  rotated.rotary = &rot;
-  expect_rejected([&] { attention_decode(qd.view(), cache, o_mla.view(), {}, rotated); },
+  test::DecodeCall rotated(kc.view(), mla_v, seqlens);
+  rotated.append(kn.view()).dec.rotary = &rot;
+  expect_rejected([&] { attention_decode(qd.view(), rotated.cache, o_mla.view(), {}, rotated.dec); },
                   "rotary: must be null when cache.v views cache.k's rows (MLA)", o_mla.data, kc.data);
   Tensor<double> o_bad(1, 1, 2, 64);
-  expect_rejected([&] { attention_decode(qd.view(), cache, o_bad.view()); },
+  expect_rejected([&] { attention_decode(qd.view(), rotated.cache, o_bad.view()); },
                   "out: head_dim must equal cache.v's (48), got 64", o_bad.data, kc.data);
   // A separate value cache of another dim needs v_new of that dim.
   auto vc = random_tensor<double>(1, 8, 1, 48, 27);
-  cache.v = vc.view();
-  DecodeOptions mismatched;
-  mismatched.k_new = &knv;
+  test::DecodeCall mismatched(kc.view(), vc.view(), seqlens);
   const TensorView vn64 = kn.view();
-  mismatched.v_new = &vn64;
-  expect_rejected([&] { attention_decode(qd.view(), cache, o_mla.view(), {}, mismatched); },
+  mismatched.append(kn.view(), &vn64);
+  expect_rejected([&] { attention_decode(qd.view(), mismatched.cache, o_mla.view(), {}, mismatched.dec); },
                   "v_new: head_dim must equal cache.v's (48), got 64", o_mla.data, vc.data);
 }
 
