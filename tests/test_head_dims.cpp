@@ -252,13 +252,16 @@ void check_mla(bool paged, double tolerance_or_ratio) {
   }
 }
 
+// bf16 runs the AVX512-BF16 kernel where the CPU has it (both dims multiples of 32), else the f32 one.
 TEST(MlaDecode, ValuesAreTheKeysFirstDimsContiguous) {
   check_mla<double>(false, 1e-12);
   check_mla<float>(false, 2.0);
+  check_mla<bf16_t>(false, 2.0);
 }
 TEST(MlaDecode, ValuesAreTheKeysFirstDimsPaged) {
   check_mla<double>(true, 1e-12);
   check_mla<float>(true, 2.0);
+  check_mla<bf16_t>(true, 2.0);
 }
 
 // Decode with a separate V cache of another head dim, appended by v_new, unquantized and int8 (V's

@@ -240,7 +240,7 @@ void FinishDispatch(const ChunkArgs<float>& a, DType t) {
   if (!UseDp(a, t)) return;
   float tmp[32];
   for (std::int64_t r = 0; r < a.kv_heads * a.group * a.seqlen_q; ++r)
-    for (std::int64_t x = 0; x < a.head_dim; x += 32) {
+    for (std::int64_t x = 0; x < a.head_dim_v; x += 32) {
       float* o = a.states + r * a.state_stride + x;
       for (int i = 0; i < 16; ++i) {  // lane i of each half: element 8 (i / 4) + i % 4 (+ 4 in the upper half)
         tmp[8 * (i / 4) + i % 4] = o[i];

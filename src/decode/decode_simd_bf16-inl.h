@@ -156,15 +156,15 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
         });
       },
       [&](auto nr, std::int64_t g, const float* p, std::int64_t c0, std::int64_t m, float* o) ATTN_DPBF16_ATTR {
-        PvSumDp<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim, a.bf16_out);
+        PvSumDp<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim_v,
+                                     a.bf16_out);
       });
 }
 
-// The path ChunkDp serves: a bf16 cache on a CPU with the instruction, q split (q_hi set), d a multiple
-// of 32.
+// The path ChunkDp serves: a bf16 cache on a CPU with the instruction, q split (q_hi set), head_dim and
+// head_dim_v multiples of 32.
 bool UseDp(const ChunkArgs<float>& a, DType t) {
-  // ChunkDp's P V reuses the dot products' 32-lane blocks: V rows as long as K's.
-  return cpu_has_avx512bf16() && t == DType::bf16 && a.head_dim % 32 == 0 && a.head_dim_v == a.head_dim &&
+  return cpu_has_avx512bf16() && t == DType::bf16 && a.head_dim % 32 == 0 && a.head_dim_v % 32 == 0 &&
          a.q_hi != nullptr;
 }
 #else
