@@ -150,8 +150,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kHeadsNotMultiple:  // kv_heads = heads + 1 never divides heads
       k.t.shape[2] = v.t.shape[2] = H + 1;
       break;
-    case kShapeMismatch:  // k, v or out one dim larger: a mismatch with q or k
-      apply_view_corruption(ViewFault::kShapeMismatch, tv[1 + which % 3]->t, amount);
+    case kShapeMismatch:   // k, v or out one dim larger: a mismatch with q, k or v
+      if (which % 3 == 1)  // v's head dim is its own (out's follows it): the mismatch is in another dim
+        v.t.shape[amount % 3] += 1 + amount / 3 % 3;
+      else
+        apply_view_corruption(ViewFault::kShapeMismatch, tv[1 + which % 3]->t, amount);
       break;
     case kOutOverlapsInput:
       out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data;

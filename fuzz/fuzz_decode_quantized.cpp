@@ -137,8 +137,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t amount = in.u8();
   std::vector<std::int8_t> i8_q(static_cast<std::size_t>(B * std::max<std::int64_t>(SQ, SN) * H * D) + 1);
   static const float zero_or_nan[2] = {0.0f, NAN};
-  std::vector<float> float_cache;
-  const char* must = nullptr;  // the argument a rejection must name
+  std::vector<float> float_cache;  // K's rows, then V's
+  const char* must = nullptr;      // the argument a rejection must name
   switch (corrupt) {
     case kNone:
       break;
@@ -171,8 +171,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kScaleOnFloatCache:  // an f32 cache (q f32, so that only the scale rule can object) with scales
       if (qt != DType::f32) return 0;
       must = "cache.k_scale";
-      float_cache.assign(elems, 0.5f);
-      cache.k = cache.v = TensorView{float_cache.data(), DType::f32, 4, {rows, slots, HK, D}, cache.k.strides};
+      float_cache.assign(2 * elems, 0.5f);  // two caches: one view for both would be MLA's layout
+      cache.k = TensorView{float_cache.data(), DType::f32, 4, {rows, slots, HK, D}, cache.k.strides};
+      cache.v = TensorView{float_cache.data() + elems, DType::f32, 4, {rows, slots, HK, D}, cache.k.strides};
       break;
     case kSharedScaleBad:  // appending with a given (aliasing) scale of 0 or NaN
       if (!append || SN == 0) return 0;

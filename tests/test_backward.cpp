@@ -243,7 +243,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Exactness,
                                            Shape{1, 8, 9, 2, 1, 5, false, -1, -1, 1.5},     // softcap
                                            Shape{2, 7, 9, 4, 2, 6, true, -1, -1, 0, true},  // ALiBi
                                            Shape{1, 12, 12, 2, 2, 5, false, 4, -1, 2.0,
-                                                 true},                       // window + softcap + ALiBi
+                                                 true},  // window + softcap + ALiBi
+                                           // A cap of 1e-30 under ALiBi: tanh saturates, dq = dk = 0 (recovering
+                                           // tanh from the biased logit once cancelled to garbage).
+                                           Shape{2, 3, 15, 2, 2, 14, true, -1, -1, 1e-30, true},
                                            Shape{1, 5, 0, 2, 1, 3, false}));  // no keys
 
 // ---- Reduced precision ----

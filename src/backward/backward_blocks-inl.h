@@ -36,7 +36,7 @@ struct RowGrads {
 };
 
 // In place over one (key tile, query tile) pair, lane-wise over queries:
-//   s[c][r]  = S^T (the logit from the score epilogue)  ->  P^T  = exp(S - lse)
+//   s[c][r]  = S^T (the logit from the score epilogue, without ALiBi when soft-capped)  ->  P^T  = exp(S - lse)
 //   dp[c][r] = dP^T = (V dO^T)                          ->  dX^T = P (dP - D) d logit / d dot
 // Masked entries (outside a row's [lo, hi), or padding rows) become exactly 0 by selection, never by a
 // product with 0, so a NaN in a hidden key or value does not reach them.
@@ -56,8 +56,17 @@ HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t
     for (std::size_t c = 0; c < n; ++c) {
       A* sc = s + c * R + r;
       A* dc = dp + c * R + r;
-      const auto logit = hn::Load(d, sc);
+      auto logit = hn::Load(d, sc);
       auto dpv = hn::Load(d, dc);
+      auto grad = scale;
+      if (softcap) {
+        // With the cap, the score block stored cap tanh(u) alone (Pair leaves ALiBi out of it): t = tanh(u)
+        // is logit / cap exactly, where recovering it from cap tanh(u) - slope |dist - c| would cancel
+        // (a cap of 1e-30 under a bias of 1 leaves nothing of tanh). The ALiBi term joins the logit here.
+        const auto t = hn::Mul(logit, inv_cap);
+        grad = hn::Mul(scale, hn::NegMulAdd(t, t, one));
+        if (alibi) logit = hn::NegMulAdd(slope, hn::Abs(hn::Sub(dist, hn::Set(d, static_cast<A>(c)))), logit);
+      }
       // NaN passes through (the vectorised Exp returns 0 for it): a NaN score must poison its row.
       const auto x = hn::Sub(logit, lse);
       // NaN lanes (also -inf - -inf, a row that sees no key) go to Exp as 0: converting NaN to an integer
@@ -67,17 +76,6 @@ HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t
       // With dropout dpv arrives dropped (Z dP / (1 - p_drop)) and the P stored for dV is dropped after
       // this step (Pair, backward_kernel.cpp): dX keeps the undropped p, dS = P (Z dP / (1 - p_drop) - D).
       const auto p_for_dv = p;
-      auto grad = scale;
-      if (softcap) {
-        // The soft-capped logit is cap tanh(u) - slope |dist - c|; tanh(u) is recovered from it.
-        auto capped = logit;
-        if (alibi) {
-          const auto c_v = hn::Set(d, static_cast<A>(c));
-          capped = hn::MulAdd(slope, hn::Abs(hn::Sub(dist, c_v)), capped);
-        }
-        const auto t = hn::Mul(capped, inv_cap);
-        grad = hn::Mul(scale, hn::NegMulAdd(t, t, one));
-      }
       auto dx = hn::Mul(hn::Mul(p, hn::Sub(dpv, dsum)), grad);
       auto pv = p_for_dv;
       if (masked) {

@@ -208,7 +208,11 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
   const std::size_t r0 = first_row / align * align, r1 = RoundUp(end_row, align);
   static const ScoreRule kIdentity{};  // scale 1, no transform: dP^T is the plain product
   const std::size_t nn = static_cast<std::size_t>(n);
-  ProductTile(d, ScoreOperands<A>{w.qt, w.k, R, dim}, nn, w.s, w.rows, Epilogue{&p.rule, masked}, r0, r1);
+  // Soft-capped: the score block leaves ALiBi out and GradStep adds it, so that GradStep reads tanh from the
+  // capped logit alone.
+  ScoreRule s_rule = p.rule;
+  if (s_rule.softcap > 0) s_rule.alibi_slopes = nullptr;
+  ProductTile(d, ScoreOperands<A>{w.qt, w.k, R, dim}, nn, w.s, w.rows, Epilogue{&s_rule, masked}, r0, r1);
   ProductTile(d, ScoreOperands<A>{w.dot, w.v, R, dim}, nn, w.dpt, w.rows, Epilogue{&kIdentity, false}, r0, r1);
   // Dropout (keep mask Z, factor Z / (1 - p), regenerated as the forward drew it): dS = P (Z dP / (1 - p)
   // - D) needs the dropped dP before GradStep, and dV = (P Z / (1 - p))^T dO the dropped P after it
