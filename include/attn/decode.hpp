@@ -78,9 +78,9 @@ struct KVCache {
   const std::int32_t* leftpad = nullptr;    // [batch]: sequence b's keys start at position leftpad[b]
   // Quantized caches only (k, v of dtype i8, fp8_e4m3 or fp8_e5m2): the scales, rank-4 views
   // [batch or num_pages, max_seqlen or page_size, kv_heads, groups] of f32 or f16, indexed like the
-  // cache's rows (the same block table), `groups` dividing head_dim: the scale of element c of a row
-  // is that of group c / (head_dim / groups). Strides may be 0 to share a scale. See "Quantized
-  // caches" above.
+  // cache's rows (the same block table), `groups` dividing the head dim of the cache it scales (k's or
+  // v's): the scale of element c of a row is that of group c / (dim / groups). Strides may be 0 to share
+  // a scale. See "Quantized caches" above.
   TensorView k_scale, v_scale;
 };
 
