@@ -10,16 +10,15 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "attn/decode.hpp"
 #include "bench_common.hpp"
+#include "bench_inputs.hpp"
 #include "commands.hpp"
 #include "probes.hpp"
 #include "units.hpp"
@@ -35,39 +34,14 @@ struct MlaArgs {
   int threads = 2;
 };
 
-// bf16 values in [-1, 1) from a fixed xorshift stream (raw storage, as the cache types are stored).
-void fill_bf16(std::vector<std::uint16_t>& x, std::uint64_t seed) {
-  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& e : x) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    const float f = static_cast<float>(static_cast<std::int32_t>(s >> 40) - (1 << 23)) / float(1 << 23);
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    e = static_cast<std::uint16_t>(u >> 16);
-  }
-}
-
-TensorView bf16_view(std::uint16_t* data, std::array<std::int64_t, 4> shape, std::array<std::int64_t, 4> strides) {
-  TensorView v;
-  v.data = data;
-  v.dtype = DType::bf16;
-  v.rank = 4;
-  v.shape = shape;
-  v.strides = strides;
-  return v;
-}
-
 void run_mla(const MlaArgs& a) {
   const std::int64_t n = a.cache > 0 ? a.cache : (a.quick ? 2048 : 8192);
-  std::vector<std::uint16_t> latent(static_cast<std::size_t>(n * kDim)), values(static_cast<std::size_t>(n * kDimV)),
-      q(static_cast<std::size_t>(kHeads * kDim)), out(static_cast<std::size_t>(kHeads * kDimV));
-  fill_bf16(latent, 1);
-  fill_bf16(q, 2);
+  const Buffer latent(n * kDim, DType::bf16, 1), q(kHeads * kDim, DType::bf16, 2), out(kHeads * kDimV, DType::bf16, 3);
+  Buffer values(n * kDimV, DType::bf16, 4);
   for (std::int64_t j = 0; j < n; ++j)  // the copy holds the same values as the view
-    std::memcpy(&values[static_cast<std::size_t>(j * kDimV)], &latent[static_cast<std::size_t>(j * kDim)], kDimV * 2);
+    std::memcpy(values.bytes.data() + j * kDimV * 2, latent.bytes.data() + j * kDim * 2, kDimV * 2);
   const std::int32_t seqlens[] = {static_cast<std::int32_t>(n)};
-  const TensorView qv = bf16_view(q.data(), {1, 1, kHeads, kDim}, {kHeads * kDim, kHeads * kDim, kDim, 1});
-  const TensorView ov = bf16_view(out.data(), {1, 1, kHeads, kDimV}, {kHeads * kDimV, kHeads * kDimV, kDimV, 1});
+  const TensorView qv = q.view(1, 1, kHeads, kDim), ov = out.view(1, 1, kHeads, kDimV);
   AttentionOptions o;
   o.num_threads = a.threads;
   const double flops = 2.0 * static_cast<double>(n) * kHeads * (kDim + kDimV);
@@ -82,9 +56,9 @@ void run_mla(const MlaArgs& a) {
   double copy_s = 0;
   for (const bool view : {false, true}) {
     KVCache cache;
-    cache.k = bf16_view(latent.data(), {1, n, 1, kDim}, {n * kDim, kDim, kDim, 1});
-    cache.v = view ? bf16_view(latent.data(), {1, n, 1, kDimV}, cache.k.strides)
-                   : bf16_view(values.data(), {1, n, 1, kDimV}, {n * kDimV, kDimV, kDimV, 1});
+    cache.k = latent.view(1, n, 1, kDim);
+    cache.v = values.view(1, n, 1, kDimV);
+    if (view) cache.v = cache.k, cache.v.shape[3] = kDimV;  // the first 512 dims of K's own rows
     cache.seqlens = seqlens;
     const Timing t = time_it([&] { attention_decode(qv, cache, ov, o); }, a.quick ? 3 : 7, a.quick ? 0.1 : 1.0, 200);
     if (!view) copy_s = t.median_s;
