@@ -22,9 +22,10 @@ std::string name(DType t) { return std::string(dtype_name(t)); }
 
 bool is_activation_type(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
-// `values` (cache.k or cache.v) is the view whose rows the scales scale.
-Span check_scale(std::string_view who, const char* arg, const TensorView& s, const KVCache& cache, const char* values) {
-  const std::int64_t d = (std::string_view(values) == "cache.k" ? cache.k : cache.v).shape[3];
+// `values` (cache.k or cache.v, named `values_name`) is the view whose rows the scales scale.
+Span check_scale(std::string_view who, const char* arg, const TensorView& s, const KVCache& cache,
+                 const TensorView& values, const char* values_name) {
+  const std::int64_t d = values.shape[3];
   const bool quantized = is_quantized(cache.k.dtype);
   if (!quantized) {
     if (s.data || s.rank != 0) fail(who, arg, "only for quantized caches (cache.k is " + name(cache.k.dtype) + ")");
@@ -41,7 +42,7 @@ Span check_scale(std::string_view who, const char* arg, const TensorView& s, con
                "), got " + str(s.shape[i]));
   if (d % s.shape[3] != 0)
     fail(who, arg,
-         "groups (shape[3] = " + str(s.shape[3]) + ") must divide " + values + "'s head_dim (" + str(d) + ")");
+         "groups (shape[3] = " + str(s.shape[3]) + ") must divide " + values_name + "'s head_dim (" + str(d) + ")");
   return span;
 }
 
@@ -63,8 +64,8 @@ void check_quantized_types(std::string_view who, DType cache_dtype, const Tensor
 
 CacheScales check_cache_scales(std::string_view who, const KVCache& cache) {
   CacheScales s;
-  s.k_span = check_scale(who, "cache.k_scale", cache.k_scale, cache, "cache.k");
-  s.v_span = check_scale(who, "cache.v_scale", cache.v_scale, cache, "cache.v");
+  s.k_span = check_scale(who, "cache.k_scale", cache.k_scale, cache, cache.k, "cache.k");
+  s.v_span = check_scale(who, "cache.v_scale", cache.v_scale, cache, cache.v, "cache.v");
   if (!is_quantized(cache.k.dtype)) return s;
   s.k = cache.k_scale;
   s.v = cache.v_scale;

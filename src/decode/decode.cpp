@@ -324,7 +324,7 @@ void run(const DecodeProblem& p) {
     static thread_local std::vector<float> scales;
     row_ptrs.resize(2 * kChunk);
     const auto scratch_size =
-        static_cast<std::size_t>(chunk_scratch_size(p.kv_heads, p.group() * p.seqlen_q, std::max(p.head_dim, d)));
+        static_cast<std::size_t>(chunk_scratch_size(p.kv_heads, p.group() * p.seqlen_q, p.head_dim, d));
     if (scratch.size() < scratch_size) scratch.resize(scratch_size);
     if (scales.size() < static_cast<std::size_t>(scales_size(p)))
       scales.resize(static_cast<std::size_t>(scales_size(p)));

@@ -276,7 +276,7 @@ HWY_INLINE void RunChunk(const ChunkArgs<float>& a, ScoreKeysFn&& score_keys, Pv
   const std::int64_t dv = a.head_dim_v, R = a.group * a.seqlen_q, S = a.state_stride;
   float* scores = a.scratch;  // [kv_heads][R][kChunk]
   float* probs = a.scratch + a.kv_heads * R * kChunk;
-  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, std::max(a.head_dim, dv));
+  float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, a.head_dim, dv);
   score_keys(dots4);
   UntangleDots(a, dots4, scores);
   if (a.k_scales && a.k_groups == 1) ScaleLanes(a.k_scales, scores, a.kv_heads * R, R, a.n);

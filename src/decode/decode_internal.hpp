@@ -8,6 +8,7 @@
 // accumulation for f32/bf16/f16 caches) and decode.cpp (portable, f64).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string_view>
 
@@ -37,7 +38,7 @@ struct ChunkArgs {
   const A* slopes;  // [kv_heads * group] ALiBi slope per query head, 0 = none
   A* states;        // [kv_heads][group * seqlen_q][state_stride]: o[head_dim_v], then m, l
   std::int64_t state_stride;
-  A* scratch;  // chunk_scratch_size(kv_heads, group * seqlen_q, max(head_dim, head_dim_v)) values (below)
+  A* scratch;  // chunk_scratch_size(kv_heads, group * seqlen_q, head_dim, head_dim_v) values (below)
   // q rounded to bf16 (q_hi) and the bf16 rounding of the remainder (q_lo, nullptr when q_hi is exact),
   // same layout as q: the bf16 dot-product path of decode_simd.cpp uses them when the CPU has it.
   const std::uint16_t* q_hi = nullptr;
@@ -61,11 +62,13 @@ inline std::int64_t state_stride_for(std::int64_t head_dim_v) { return (head_dim
 // chunk_dots4_offset the key walk's dots [kv_heads][ceil(R / 4)][kChunk][4]. The f64 kernel (one kv head
 // at a time) keeps its scores and probabilities in the first 2 R kChunk values and its packed V after.
 // width = max(head_dim, head_dim_v).
-inline std::int64_t chunk_dots4_offset(std::int64_t kv_heads, std::int64_t R, std::int64_t width) {
-  return (kv_heads + 1) * R * kChunk + kChunk * width;
+inline std::int64_t chunk_dots4_offset(std::int64_t kv_heads, std::int64_t R, std::int64_t head_dim,
+                                       std::int64_t head_dim_v) {
+  return (kv_heads + 1) * R * kChunk + kChunk * std::max(head_dim, head_dim_v);
 }
-inline std::int64_t chunk_scratch_size(std::int64_t kv_heads, std::int64_t R, std::int64_t width) {
-  return chunk_dots4_offset(kv_heads, R, width) + kv_heads * ((R + 3) / 4 * 4) * kChunk;
+inline std::int64_t chunk_scratch_size(std::int64_t kv_heads, std::int64_t R, std::int64_t head_dim,
+                                       std::int64_t head_dim_v) {
+  return chunk_dots4_offset(kv_heads, R, head_dim, head_dim_v) + kv_heads * ((R + 3) / 4 * 4) * kChunk;
 }
 
 // f32/bf16/f16 caches (Highway, runtime dispatch to the best ISA). A kernel may keep o in its own lane
