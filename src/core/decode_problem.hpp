@@ -41,12 +41,19 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   TensorView k_scale, v_scale;
   bool k_scale_owned, v_scale_owned;
   bool rotary_q_per_row;  // causal or windowed: q row i at seqlens[b] + i, else all at seqlens[b]
+  // [batch] or nullptr: sequence b's keys in this cache are followed by key_shift[b] keys held elsewhere
+  // (a rank's slice of a sharded cache, src/distributed/), which moves its queries' diagonal by as many.
+  const std::int64_t* key_shift = nullptr;
 
   std::int64_t group() const { return heads / kv_heads; }
   std::int64_t first_position(std::int64_t b) const { return leftpad ? std::int64_t{leftpad[b]} : 0; }
   // Keys sequence b attends over: positions first_position(b) .. seqlens[b] + seqlen_new - 1.
   std::int64_t seqlen_k(std::int64_t b) const { return std::int64_t{seqlens[b]} + seqlen_new - first_position(b); }
-  Mask mask(std::int64_t b) const { return rule.for_sequence(b).mask(seqlen_q, seqlen_k(b)); }
+  Mask mask(std::int64_t b) const {
+    ScoreRule r = rule.for_sequence(b);
+    if (key_shift) r.diagonal_shift = key_shift[b];
+    return r.mask(seqlen_q, seqlen_k(b));
+  }
   // Element offset of cache position `pos` of sequence b, kv head 0, in a cache view with t's strides.
   std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t pos) const {
     const std::int64_t row = batch_idx ? std::int64_t{batch_idx[b]} : b;
@@ -71,6 +78,10 @@ bool values_in_keys(const KVCache& cache);
 // bad one; writes nothing. Reads seqlens and block_table, so they must be host memory.
 DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
                               const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse);
+
+// Attends every sequence of a validated problem over its cache (the append is append_kv's, before);
+// src/decode/decode.cpp. Nothing here throws.
+void run_decode(const DecodeProblem& p);
 
 // Quantized caches' rules (core/decode_quant_validate.cpp), parts of validate_decode.
 struct CacheScales {

@@ -2,12 +2,12 @@
 // the online softmax's merge, in part order, and finalized.
 #include "attn/merge.hpp"
 
-#include <limits>
 #include <string>
 #include <vector>
 
 #include "attn/online_softmax.hpp"
 #include "core/element.hpp"
+#include "core/merge_output.hpp"
 #include "core/problem.hpp"
 #include "core/validate.hpp"
 
@@ -56,12 +56,7 @@ void run(const TensorView& parts, const TensorView& parts_lse, const TensorView&
       for (std::int64_t s = 0; s < states; ++s) {
         const A m = static_cast<const A*>(
             parts_lse.data)[r * parts_lse.strides[0] + s * parts_lse.strides[1] + h * parts_lse.strides[2]];
-        const T* o = detail::row_ptr<const T>(parts, r, s, h);
-        part.m = m;
-        part.l = m == -std::numeric_limits<A>::infinity() ? A(0) : A(1);
-        for (std::int64_t c = 0; c < d; ++c)
-          part.o[static_cast<std::size_t>(c)] = part.l == A(0) ? A(0) : detail::load<A>(o[c * parts.strides[3]]);
-        merge(acc.view(), part.view());
+        detail::merge_output(acc.view(), part, m, detail::row_ptr<const T>(parts, r, s, h), parts.strides[3]);
       }
       const A merged_lse = finalize(acc.view(), result.data());
       T* dst = detail::row_ptr<T>(out, r, 0, h);

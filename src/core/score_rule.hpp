@@ -26,6 +26,10 @@ struct ScoreRule {
   const float* alibi_slopes = nullptr;  // slope of (b, h) = alibi_slopes[b * alibi_batch_stride + h]
   std::int64_t alibi_batch_stride = 0;  // 0: one set of slopes for the whole batch
   const float* sinks = nullptr;         // sink logit of query head h = sinks[h]; nullptr = none
+  // Moves every query's diagonal position by this many keys: the problem is then the block of a larger
+  // one whose queries and keys start elsewhere (ring attention's chunk pairs, a rank's slice of a
+  // sharded cache; src/distributed/). 0 for every public entry point.
+  std::int64_t diagonal_shift = 0;
 
   // Whether any transform beyond the scale applies (kernels pick their fast path on it).
   ATTN_HOST_DEVICE bool transforms_scores() const { return softcap > 0 || alibi_slopes != nullptr; }
@@ -66,15 +70,19 @@ struct ScoreRule {
 
 // The rule applied to one (seqlen_q, seqlen_k) pair. Query i sees exactly the keys
 // [first_key(i), end_key(i)); both are non-decreasing in i. Masks are aligned to the bottom-right
-// corner (flash-attn >= 2.1): query i sits at key position diagonal(i) = i + seqlen_k - seqlen_q.
-// A fully masked row has first_key(i) >= end_key(i).
+// corner (flash-attn >= 2.1): query i sits at key position diagonal(i) = i + seqlen_k - seqlen_q
+// (+ rule.diagonal_shift for a block of a larger problem). A fully masked row has first_key(i) >= end_key(i).
 struct Mask {
   std::int64_t seqlen_q, seqlen_k;
   ScoreRule rule;
 
-  ATTN_HOST_DEVICE std::int64_t diagonal(std::int64_t i) const { return seqlen_k - (seqlen_q - i); }
+  ATTN_HOST_DEVICE std::int64_t diagonal(std::int64_t i) const {
+    return seqlen_k - (seqlen_q - i) + rule.diagonal_shift;
+  }
+  // Both ends compute a difference with the window only where it lies strictly inside (0, seqlen_k), so
+  // neither a huge window nor a shifted diagonal overflows.
   ATTN_HOST_DEVICE std::int64_t first_key(std::int64_t i) const {
-    const std::int64_t diag = diagonal(i);  // in [-seqlen_q, seqlen_k]: no overflow below
+    const std::int64_t diag = diagonal(i);
     if (rule.window_left < 0 || rule.window_left >= diag) return 0;
     return diag - rule.window_left < seqlen_k ? diag - rule.window_left : seqlen_k;
   }

@@ -341,16 +341,21 @@ void run(const DecodeProblem& p) {
 }
 
 }  // namespace
+
+void run_decode(const DecodeProblem& p) {
+  if (p.cache_dtype == DType::f64)
+    run<double>(p);
+  else
+    run<float>(p);
+}
+
 }  // namespace detail
 
 void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out, const AttentionOptions& opts,
                       const DecodeOptions& decode, const TensorView* lse) {
   const detail::DecodeProblem p = detail::validate_decode("attn::attention_decode", q, cache, out, opts, decode, lse);
   detail::append_kv(p);
-  if (p.cache_dtype == DType::f64)
-    detail::run<double>(p);
-  else
-    detail::run<float>(p);
+  detail::run_decode(p);
 }
 
 }  // namespace attn

@@ -1,0 +1,82 @@
+// Context parallelism's arithmetic without its transport: one rank's queries folded over the key
+// chunks of the whole sequence, one chunk at a time, in any order (src/distributed/ring.cpp moves the
+// chunks between ranks over MPI; tests/test_ring_block.cpp drives every rank in one process).
+//
+// A (query segment, key segment) pair is a block of the whole problem's score matrix. It runs through
+// the tiled kernel as a problem of its own whose diagonal is shifted (ScoreRule::diagonal_shift) to
+// where the block lies, so every mask, window and ALiBi distance is the whole sequence's; its output
+// and lse (in the accumulator type: f32 for bf16 and f16) are merged into the rank's running states
+// (core/merge_output.hpp); the sinks are folded once, after the last chunk. A block the mask hides
+// entirely is skipped, not computed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/problem.hpp"
+
+namespace attn::detail {
+
+// A run of a rank's rows and where it starts in the whole sequence.
+struct Segment {
+  std::int64_t local_begin, length, global_begin;
+};
+
+// Rank `rank`'s segments when the whole sequence is spread over lengths.size() ranks with lengths[r]
+// rows on rank r: in rank order (one segment each), or zigzag (the sequence cut into 2R chunks, rank r
+// holding chunk r and then chunk 2R-1-r, lengths[r] / 2 rows each; every length even), which gives
+// every rank the same causal work.
+std::vector<Segment> ring_segments(bool zigzag, const std::vector<std::int64_t>& lengths, int rank);
+
+// Whether any query of segment qs sees any key of segment ks under `rule`'s mask of the whole
+// (total_q, total_k) problem.
+bool block_visible(const ScoreRule& rule, std::int64_t total_q, std::int64_t total_k, const Segment& qs,
+                   const Segment& ks);
+
+struct BlockCounts {
+  std::int64_t computed = 0, skipped = 0;
+};
+
+// A rank's view copied (and converted) into a dense [shape] buffer of `dtype` that it owns.
+struct DenseCopy {
+  std::vector<std::byte> bytes;
+  TensorView view;
+};
+DenseCopy dense_copy(const TensorView& src, DType dtype);
+
+class RingAccumulator {
+ public:
+  // `local`: the validated problem of this rank's q, k, v, out and lse, whose rule (sinks included)
+  // and threads every block uses; q_segs: its query segments; total_q, total_k: the whole sequence's.
+  RingAccumulator(const Problem& local, std::vector<Segment> q_segs, std::int64_t total_q, std::int64_t total_k);
+
+  // The accumulator type the chunks' k and v must have (f64 for f64, else f32).
+  DType acc_dtype() const { return acc_; }
+
+  // Folds the blocks of one key chunk: k, v [batch, rows, kv_heads, head_dim / head_dim_v] of
+  // acc_dtype(), whose rows form the segments k_segs.
+  void fold_chunk(const TensorView& k, const TensorView& v, const std::vector<Segment>& k_segs, BlockCounts& counts);
+
+  // Folds the sinks, finalizes every row and writes the local problem's out and lse.
+  void finish();
+
+ private:
+  template <class A>
+  void fold_block(const TensorView& k, const TensorView& v, const Segment& qs, const Segment& ks);
+  template <class A>
+  void finish_rows();
+
+  Problem local_;
+  std::vector<Segment> q_segs_;
+  std::int64_t total_q_, total_k_;
+  DType acc_;
+  DenseCopy q_acc_;  // q in the accumulator type (unused when q already is)
+  TensorView q_;
+  // Of the accumulator type, in bytes: the running state of local row (b, i, h) at t = (b * seqlen_q +
+  // i) * heads + h, m and l at t and o at t * head_dim_v; one block's output [batch, rows, heads,
+  // head_dim_v] and lse [batch, heads, rows].
+  std::vector<std::byte> m_, l_, o_, block_out_, block_lse_;
+};
+
+}  // namespace attn::detail
