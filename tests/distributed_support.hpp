@@ -52,7 +52,8 @@ inline std::vector<double> rank_lse(const std::vector<double>& whole, std::int64
   for (std::int64_t x = 0; x < b * h; ++x)
     for (const auto& s : segs)
       for (std::int64_t i = 0; i < s.length; ++i)
-        r[static_cast<std::size_t>(x * n + s.local_begin + i)] = whole[static_cast<std::size_t>(x * S + s.global_begin + i)];
+        r[static_cast<std::size_t>(x * n + s.local_begin + i)] =
+            whole[static_cast<std::size_t>(x * S + s.global_begin + i)];
   return r;
 }
 

@@ -51,9 +51,8 @@ void agree_collectively(MPI_Comm comm, std::string_view who, const std::function
     for (std::size_t i = 0; i < values.size(); ++i)
       if (all[r * values.size() + i] != all[i])
         throw std::invalid_argument(std::string(who) + ": " + mine[i].arg + ": " + mine[i].what +
-                                    " must be the same on every rank (rank 0: " + std::to_string(all[i]) +
-                                    ", rank " + std::to_string(r) + ": " +
-                                    std::to_string(all[r * values.size() + i]) + ")");
+                                    " must be the same on every rank (rank 0: " + std::to_string(all[i]) + ", rank " +
+                                    std::to_string(r) + ": " + std::to_string(all[r * values.size() + i]) + ")");
 }
 
 std::int64_t hash_floats(const float* x, std::int64_t n, std::int64_t stride) {

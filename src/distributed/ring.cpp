@@ -78,9 +78,8 @@ int elements(const detail::DenseCopy& x) { return static_cast<int>(x.bytes.size(
 
 }  // namespace
 
-void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
-                    const TensorView& out, const AttentionOptions& opts, const RingOptions& ring,
-                    const TensorView* lse, RingStats* stats) {
+void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                    const AttentionOptions& opts, const RingOptions& ring, const TensorView* lse, RingStats* stats) {
   int R = 0, r = 0;
   MPI_Comm_size(comm, &R);
   MPI_Comm_rank(comm, &r);
@@ -99,9 +98,11 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
       },
       [&] { return shared_fields(p, ring); });
 
-  const std::vector<std::int64_t> rows_q = detail::all_ranks(comm, p.seqlen_q), rows_k = detail::all_ranks(comm, p.seqlen_k);
+  const std::vector<std::int64_t> rows_q = detail::all_ranks(comm, p.seqlen_q),
+                                  rows_k = detail::all_ranks(comm, p.seqlen_k);
   std::int64_t total_q = 0, total_k = 0;
-  for (int x = 0; x < R; ++x) total_q += rows_q[static_cast<std::size_t>(x)], total_k += rows_k[static_cast<std::size_t>(x)];
+  for (int x = 0; x < R; ++x)
+    total_q += rows_q[static_cast<std::size_t>(x)], total_k += rows_k[static_cast<std::size_t>(x)];
   detail::RingAccumulator acc(p, detail::ring_segments(zigzag, rows_q, r), total_q, total_k);
 
   Chunk cur{detail::dense_copy(k, p.dtype), detail::dense_copy(v, p.dtype)};
@@ -120,14 +121,7 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
       MPI_Isend(cur.k.bytes.data(), elements(cur.k), mpi_type(p.dtype), right, 0, comm, &reqs[nreq++]);
       MPI_Isend(cur.v.bytes.data(), elements(cur.v), mpi_type(p.dtype), right, 1, comm, &reqs[nreq++]);
     }
-    const std::vector<detail::Segment> k_segs = detail::ring_segments(zigzag, rows_k, owner);
-    if (p.dtype == acc.acc_dtype()) {
-      acc.fold_chunk(cur.k.view, cur.v.view, k_segs, blocks);
-    } else {
-      const detail::DenseCopy ka = detail::dense_copy(cur.k.view, acc.acc_dtype()),
-                              va = detail::dense_copy(cur.v.view, acc.acc_dtype());
-      acc.fold_chunk(ka.view, va.view, k_segs, blocks);
-    }
+    acc.fold_chunk(cur.k.view, cur.v.view, detail::ring_segments(zigzag, rows_k, owner), blocks);
     MPI_Waitall(nreq, reqs, MPI_STATUSES_IGNORE);
     if (s + 1 < R) cur = std::move(next);
   }

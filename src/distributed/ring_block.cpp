@@ -2,6 +2,7 @@
 #include "distributed/ring_block.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -53,6 +54,14 @@ DenseCopy dense_copy(const TensorView& src, DType dtype) {
     c.view = TensorView::contiguous(reinterpret_cast<D*>(c.bytes.data()), sh[0], sh[1], sh[2], sh[3]);
     D* dst = reinterpret_cast<D*>(c.bytes.data());
     dispatch_dtype(src.dtype, [&]<class S>() {
+      if constexpr (std::is_same_v<S, D>)
+        if (src.strides[3] == 1) {  // rows copied whole
+          for (std::int64_t b = 0; b < sh[0]; ++b)
+            for (std::int64_t s = 0; s < sh[1]; ++s)
+              for (std::int64_t h = 0; h < sh[2]; ++h, dst += sh[3])
+                std::memcpy(dst, row_ptr<const S>(src, b, s, h), static_cast<std::size_t>(sh[3]) * sizeof(D));
+          return;
+        }
       for (std::int64_t b = 0; b < sh[0]; ++b)
         for (std::int64_t s = 0; s < sh[1]; ++s)
           for (std::int64_t h = 0; h < sh[2]; ++h) {
@@ -69,8 +78,8 @@ namespace {
 // Rows [seg.local_begin, + seg.length) of a rank-4 view.
 TensorView rows_of(const TensorView& t, const Segment& seg) {
   TensorView v = t;
-  v.data = static_cast<std::byte*>(t.data) +
-           seg.local_begin * t.strides[1] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  v.data =
+      static_cast<std::byte*>(t.data) + seg.local_begin * t.strides[1] * static_cast<std::int64_t>(dtype_size(t.dtype));
   v.shape[1] = seg.length;
   return v;
 }
@@ -86,11 +95,6 @@ RingAccumulator::RingAccumulator(const Problem& local, std::vector<Segment> q_se
                                  std::int64_t total_k)
     : local_(local), q_segs_(std::move(q_segs)), total_q_(total_q), total_k_(total_k) {
   acc_ = local.dtype == DType::f64 ? DType::f64 : DType::f32;
-  q_ = local.q;
-  if (local.dtype != acc_) {
-    q_acc_ = dense_copy(local.q, acc_);
-    q_ = q_acc_.view;
-  }
   const std::int64_t rows = local.batch * local.seqlen_q * local.heads, a = dtype_size(acc_);
   std::int64_t longest = 0;
   for (const Segment& s : q_segs_) longest = std::max(longest, s.length);
@@ -129,11 +133,10 @@ void RingAccumulator::fold_chunk(const TensorView& k, const TensorView& v, const
 template <class A>
 void RingAccumulator::fold_block(const TensorView& k, const TensorView& v, const Segment& qs, const Segment& ks) {
   const std::int64_t B = local_.batch, H = local_.heads, dv = local_.head_dim_v, n = qs.length;
-  Problem block = local_;
-  block.dtype = acc_;
+  Problem block = local_;  // q, k, v in the inputs' dtype; out and lse in the accumulator type
   block.seqlen_q = n;
   block.seqlen_k = ks.length;
-  block.q = rows_of(q_, qs);
+  block.q = rows_of(local_.q, qs);
   block.k = rows_of(k, ks);
   block.v = rows_of(v, ks);
   block.out = TensorView::contiguous(as<A>(block_out_), B, n, H, dv);
@@ -155,8 +158,8 @@ void RingAccumulator::fold_block(const TensorView& k, const TensorView& v, const
     for (std::int64_t r = 0; r < B * n * H; ++r) {
       const std::int64_t b = r / (n * H), i = r / H % n, h = r % H;
       const std::int64_t t = (b * local_.seqlen_q + qs.local_begin + i) * H + h;
-      merge_output(RowState<A>{as<A>(m_) + t, as<A>(l_) + t, as<A>(o_) + t * dv, dv}, part,
-                   lse_of[(b * H + h) * n + i], out + r * dv, 1);
+      merge_output(RowState<A>{as<A>(m_) + t, as<A>(l_) + t, as<A>(o_) + t * dv, dv}, part, lse_of[(b * H + h) * n + i],
+                   out + r * dv, 1);
     }
   }
 }

@@ -5,7 +5,8 @@
 // A (query segment, key segment) pair is a block of the whole problem's score matrix. It runs through
 // the tiled kernel as a problem of its own whose diagonal is shifted (ScoreRule::diagonal_shift) to
 // where the block lies, so every mask, window and ALiBi distance is the whole sequence's; its output
-// and lse (in the accumulator type: f32 for bf16 and f16) are merged into the rank's running states
+// and lse, written in the accumulator type (f32 for bf16 and f16 inputs, which the kernel reads as
+// they are), are merged into the rank's running states
 // (core/merge_output.hpp); the sinks are folded once, after the last chunk. A block the mask hides
 // entirely is skipped, not computed.
 #pragma once
@@ -51,11 +52,8 @@ class RingAccumulator {
   // and threads every block uses; q_segs: its query segments; total_q, total_k: the whole sequence's.
   RingAccumulator(const Problem& local, std::vector<Segment> q_segs, std::int64_t total_q, std::int64_t total_k);
 
-  // The accumulator type the chunks' k and v must have (f64 for f64, else f32).
-  DType acc_dtype() const { return acc_; }
-
-  // Folds the blocks of one key chunk: k, v [batch, rows, kv_heads, head_dim / head_dim_v] of
-  // acc_dtype(), whose rows form the segments k_segs.
+  // Folds the blocks of one key chunk: k, v [batch, rows, kv_heads, head_dim / head_dim_v] of the
+  // local problem's dtype, whose rows form the segments k_segs.
   void fold_chunk(const TensorView& k, const TensorView& v, const std::vector<Segment>& k_segs, BlockCounts& counts);
 
   // Folds the sinks, finalizes every row and writes the local problem's out and lse.
@@ -71,8 +69,6 @@ class RingAccumulator {
   std::vector<Segment> q_segs_;
   std::int64_t total_q_, total_k_;
   DType acc_;
-  DenseCopy q_acc_;  // q in the accumulator type (unused when q already is)
-  TensorView q_;
   // Of the accumulator type, in bytes: the running state of local row (b, i, h) at t = (b * seqlen_q +
   // i) * heads + h, m and l at t and o at t * head_dim_v; one block's output [batch, rows, heads,
   // head_dim_v] and lse [batch, heads, rows].

@@ -115,8 +115,8 @@ void run(MPI_Comm comm, const detail::DecodeProblem& p, const TensorView& q, con
   // Sequence b's keys on this rank are followed by those of ranks r + 1 .. R - 1.
   std::vector<std::int64_t> mine(static_cast<std::size_t>(p.batch)), all(mine.size() * static_cast<std::size_t>(R));
   for (std::int64_t b = 0; b < p.batch; ++b) mine[static_cast<std::size_t>(b)] = p.seqlen_k(b);
-  MPI_Allgather(mine.data(), static_cast<int>(p.batch), MPI_INT64_T, all.data(), static_cast<int>(p.batch),
-                MPI_INT64_T, comm);
+  MPI_Allgather(mine.data(), static_cast<int>(p.batch), MPI_INT64_T, all.data(), static_cast<int>(p.batch), MPI_INT64_T,
+                comm);
   std::vector<std::int64_t> shift(mine.size(), 0);
   for (int x = r + 1; x < R; ++x)
     for (std::int64_t b = 0; b < p.batch; ++b)
@@ -147,7 +147,8 @@ void run(MPI_Comm comm, const detail::DecodeProblem& p, const TensorView& q, con
 }  // namespace
 
 void sharded_decode(MPI_Comm comm, const TensorView& q, const KVCache& slice, const TensorView& out,
-                    const AttentionOptions& opts, const DecodeOptions& decode, ShardMerge merge, const TensorView* lse) {
+                    const AttentionOptions& opts, const DecodeOptions& decode, ShardMerge merge,
+                    const TensorView* lse) {
   detail::DecodeProblem p{};
   detail::agree_collectively(
       comm, kWho,

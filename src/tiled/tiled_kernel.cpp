@@ -294,8 +294,15 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
     }
   }
 
-  for (std::size_t r = 0; r < real; ++r)
-    store_row<T>(p, RowState<A>{rw.m + r, rw.l + r, w.o + r * dp, p.head_dim_v}, w.tmp, b, query_of(r), head_of(r));
+  // out is T, or (a ring block's partial output, src/distributed/ring_block.cpp) the accumulator type.
+  const bool acc_out = !std::is_same_v<T, A> && p.out.dtype != p.dtype;
+  for (std::size_t r = 0; r < real; ++r) {
+    const RowState<A> s{rw.m + r, rw.l + r, w.o + r * dp, p.head_dim_v};
+    if (acc_out)
+      store_row<A>(p, s, w.tmp, b, query_of(r), head_of(r));
+    else
+      store_row<T>(p, s, w.tmp, b, query_of(r), head_of(r));
+  }
 }
 
 // Task t of problem p, enumerated so that tiles with more visible keys come first (a longest-first

@@ -25,7 +25,8 @@ struct TiledPlan {
 };
 
 // Runs every problem (all must have the same dtype, head_dim and head_dim_v; each writes its own out and lse) with
-// `threads` threads. Problems have been validated; nothing here throws.
+// `threads` threads. Problems have been validated; nothing here throws. out is of the problem's dtype, or
+// f32 for bf16 and f16 problems (partial outputs kept for a later merge: ring attention's blocks).
 void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, int threads);
 
 // The SIMD target (a Highway target bit, HWY_AVX2 ...) that run_tiled dispatches to now: the best one

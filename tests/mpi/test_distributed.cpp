@@ -202,7 +202,6 @@ TEST(Ring, BadInputOnOneRankFailsOnEveryRank) {
   for (double x : out.data) EXPECT_EQ(x, 7);  // nothing written by the failed calls
 }
 
-
 // ---- sharded decode ----
 
 // A whole cache of `lengths[b]` keys per sequence, and this rank's slice of it: sequence b's keys are
@@ -225,8 +224,10 @@ ShardedCache slice_of(const Tensor<double>& k, const Tensor<double>& v,
     c.seqlens.push_back(static_cast<std::int32_t>(n));
     for (std::int64_t j = 0; j < n; ++j)
       for (std::int64_t h = 0; h < k.h; ++h) {
-        for (std::int64_t x = 0; x < k.d; ++x) c.k.at(b, j, h, x) = k.data[static_cast<std::size_t>(((b * k.s + start + j) * k.h + h) * k.d + x)];
-        for (std::int64_t x = 0; x < v.d; ++x) c.v.at(b, j, h, x) = v.data[static_cast<std::size_t>(((b * v.s + start + j) * v.h + h) * v.d + x)];
+        for (std::int64_t x = 0; x < k.d; ++x)
+          c.k.at(b, j, h, x) = k.data[static_cast<std::size_t>(((b * k.s + start + j) * k.h + h) * k.d + x)];
+        for (std::int64_t x = 0; x < v.d; ++x)
+          c.v.at(b, j, h, x) = v.data[static_cast<std::size_t>(((b * v.s + start + j) * v.h + h) * v.d + x)];
       }
   }
   return c;

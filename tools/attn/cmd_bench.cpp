@@ -11,6 +11,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_prefill(*bench);
   add_bench_decode(*bench);
   add_bench_mla(*bench);
+  add_bench_ring(*bench);
   add_bench_backward(*bench);
 }
 

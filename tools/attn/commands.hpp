@@ -16,4 +16,5 @@ void add_bench_prefill(CLI::App& bench);   // cmd_bench_prefill.cpp
 void add_bench_backward(CLI::App& bench);  // cmd_bench_backward.cpp
 void add_bench_decode(CLI::App& bench);    // cmd_bench_decode.cpp
 void add_bench_mla(CLI::App& bench);       // cmd_bench_mla.cpp
+void add_bench_ring(CLI::App& bench);      // cmd_bench_ring.cpp
 }  // namespace attn::cli
