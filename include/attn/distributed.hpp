@@ -50,9 +50,9 @@ struct RingStats {
 // Every mask, GQA, softcap, ALiBi and sinks (folded once, after the last chunk) as in attention_tiled;
 // dropout is not supported (dropout_p must be 0). For f32, bf16 and f16 the blocks' partial outputs
 // are kept in f32.
-void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
-                    const TensorView& out, const AttentionOptions& opts = {}, const RingOptions& ring = {},
-                    const TensorView* lse = nullptr, RingStats* stats = nullptr);
+void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                    const AttentionOptions& opts = {}, const RingOptions& ring = {}, const TensorView* lse = nullptr,
+                    RingStats* stats = nullptr);
 
 // How the ranks' partial results of a sharded decode are combined.
 enum class ShardMerge {
