@@ -16,9 +16,11 @@
 #include <string>
 
 #include "attn/attention.hpp"
+#include "attn/ring_model.hpp"
 #include "bench_common.hpp"
 #include "bench_inputs.hpp"
 #include "commands.hpp"
+#include "probes.hpp"
 #include "units.hpp"
 
 namespace attn::cli {
@@ -33,18 +35,21 @@ struct RingArgs {
 #ifdef ATTN_MPIEXEC
 // The worker's JSON line, from `mpirun -n ranks attn-ring-worker ...`.
 nlohmann::json run_worker(const RingArgs& a, std::int64_t ranks, std::int64_t threads) {
-  const std::filesystem::path worker = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "attn-ring-worker";
-  if (!std::filesystem::exists(worker)) throw UsageError("ring: " + worker.string() + " not found (built without MPI?)");
+  const std::filesystem::path worker =
+      std::filesystem::read_symlink("/proc/self/exe").parent_path() / "attn-ring-worker";
+  if (!std::filesystem::exists(worker))
+    throw UsageError("ring: " + worker.string() + " not found (built without MPI?)");
   if (geteuid() == 0) {  // Open MPI refuses root unless told twice
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   }
   setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
-  const std::string cmd = std::string(ATTN_MPIEXEC) + " -n " + std::to_string(ranks) + " --bind-to none --oversubscribe " +
-                          worker.string() + " --seq " + std::to_string(a.seq) + " --heads " + std::to_string(a.heads) +
-                          " --kv-heads " + std::to_string(a.kv_heads) + " --head-dim " + std::to_string(a.head_dim) +
-                          " --dtype " + a.dtype + " --layout " + a.layout + " --threads " + std::to_string(threads) +
-                          " --reps " + (a.quick ? "3" : "7") + (a.full ? " --full" : "");
+  const std::string cmd = std::string(ATTN_MPIEXEC) + " -n " + std::to_string(ranks) +
+                          " --bind-to none --oversubscribe " + worker.string() + " --seq " + std::to_string(a.seq) +
+                          " --heads " + std::to_string(a.heads) + " --kv-heads " + std::to_string(a.kv_heads) +
+                          " --head-dim " + std::to_string(a.head_dim) + " --dtype " + a.dtype + " --layout " +
+                          a.layout + " --threads " + std::to_string(threads) + " --reps " + (a.quick ? "3" : "7") +
+                          (a.full ? " --full" : "");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("ring: cannot run " + cmd);
   std::string text;
@@ -67,12 +72,17 @@ void run_ring(const RingArgs& a) {
       v(a.seq * a.kv_heads * a.head_dim, t, 3), out(a.seq * a.heads * a.head_dim, t, 0);
   const double flops =
       4.0 * static_cast<double>(a.seq) * static_cast<double>(a.seq) * a.heads * a.head_dim * (a.full ? 1.0 : 0.5);
+  // The model's link on one machine: a shared-memory copy, which reads and writes each byte.
+  const double link = read_bandwidth_gbps(1) * 1e9 / 2;
   if (!a.json)
-    std::printf("attn bench ring: %s; %s; 1 x %lld tokens, %lld/%lld heads, d %lld, %s, %s, %s layout\n%-16s %14s %14s %9s %9s\n",
-                machine_name().c_str(), kernel_paths().c_str(), static_cast<long long>(a.seq),
-                static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads), static_cast<long long>(a.head_dim),
-                a.dtype.c_str(), a.full ? "full" : "causal", a.layout.c_str(), "ranks x threads", "one process",
-                "ring", "vs one", "GFLOP/s");
+    std::printf(
+        "attn bench ring: %s; %s; 1 x %lld tokens, %lld/%lld heads, d %lld, %s, %s, %s layout\n"
+        "model (attn io --ring): each rank at the one process's rate / R, link = half the 1-thread read bandwidth "
+        "(%.1f GB/s)\n%-16s %14s %14s %9s %9s %12s\n",
+        machine_name().c_str(), kernel_paths().c_str(), static_cast<long long>(a.seq), static_cast<long long>(a.heads),
+        static_cast<long long>(a.kv_heads), static_cast<long long>(a.head_dim), a.dtype.c_str(),
+        a.full ? "full" : "causal", a.layout.c_str(), link / 1e9, "ranks x threads", "one process", "ring", "vs one",
+        "GFLOP/s", "model");
   for (const std::int64_t R : parse_counts(a.ranks, "--ranks", 1))
     for (const std::int64_t T : parse_counts(a.threads, "--threads", 1)) {
       if (a.seq % (2 * R)) throw UsageError("--seq: must be a multiple of 2 x ranks, got " + std::to_string(a.seq));
@@ -87,16 +97,31 @@ void run_ring(const RingArgs& a) {
           a.quick ? 3 : 7, 0.0, 50);
       const nlohmann::json w = run_worker(a, R, T);
       const double ring_s = w["median_s"], ratio = one.median_s / ring_s;
+      io::RingParams mp;
+      mp.seqlen = a.seq, mp.heads = a.heads, mp.kv_heads = a.kv_heads, mp.head_dim = a.head_dim, mp.ranks = R;
+      mp.element_bytes = static_cast<double>(dtype_size(t)), mp.causal = !a.full, mp.latency = 1e-6;
+      mp.flop_rate = flops / one.median_s / static_cast<double>(R), mp.link_bandwidth = link;
+      const double model_s = io::ring_model(mp).ring_s;
       if (a.json) {
         nlohmann::json j = w;
-        j.update({{"kind", "ring"}, {"seq", a.seq}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
-                  {"dtype", a.dtype}, {"causal", !a.full}, {"layout", a.layout}, {"one_process_s", one.median_s},
-                  {"ring_s", ring_s}, {"speed_vs_one_process", ratio}, {"machine", machine_name()}});
+        j.update({{"kind", "ring"},
+                  {"seq", a.seq},
+                  {"heads", a.heads},
+                  {"kv_heads", a.kv_heads},
+                  {"head_dim", a.head_dim},
+                  {"dtype", a.dtype},
+                  {"causal", !a.full},
+                  {"layout", a.layout},
+                  {"one_process_s", one.median_s},
+                  {"ring_s", ring_s},
+                  {"model_s", model_s},
+                  {"speed_vs_one_process", ratio},
+                  {"machine", machine_name()}});
         std::printf("%s\n", j.dump().c_str());
       } else {
         const std::string rt = std::to_string(R) + " x " + std::to_string(T);
-        std::printf("%-16s %11.2f ms %11.2f ms %8.2fx %9.1f\n", rt.c_str(), one.median_s * 1e3, ring_s * 1e3, ratio,
-                    flops / ring_s / 1e9);
+        std::printf("%-16s %11.2f ms %11.2f ms %8.2fx %9.1f %9.2f ms\n", rt.c_str(), one.median_s * 1e3, ring_s * 1e3,
+                    ratio, flops / ring_s / 1e9, model_s * 1e3);
       }
     }
 #endif

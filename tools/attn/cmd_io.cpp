@@ -13,6 +13,7 @@
 
 #include "attn/io_model.hpp"
 #include "commands.hpp"
+#include "io_ring.hpp"
 #include "svg_plot.hpp"
 #include "units.hpp"
 
@@ -26,6 +27,7 @@ struct IoArgs {
   std::string sweep, from, to, steps, svg;
   bool count = false;
   bool json = false;
+  RingIoArgs ring;  // --ring and its options (cmd_io_ring.cpp)
 };
 
 std::string printf_str(const char* f, double v) {
@@ -370,7 +372,14 @@ void add_io_command(CLI::App& app) {
   sub->add_option("--to", a->to, "last value of the sweep")->type_name("B");
   sub->add_option("--steps", a->steps, "number of sweep points, geometric (default: factor 2)")->type_name("K");
   sub->add_option("--svg", a->svg, "with --sweep: write a log-log plot of the sweep to this file")->type_name("FILE");
+  add_ring_options(*sub, a->ring);
   sub->callback([a] {
+    if (a->ring.ring) {
+      if (!a->sweep.empty() || a->count) throw UsageError("--ring: not available with --sweep or --count");
+      a->ring.seq = a->seq, a->ring.head_dim = a->head_dim, a->ring.bytes = a->bytes, a->ring.svg = a->svg;
+      a->ring.json = a->json;
+      return run_io_ring(a->ring);
+    }
     if (a->sweep.empty()) {
       for (auto [flag, val] : {std::pair{"--from", &a->from}, std::pair{"--to", &a->to},
                                std::pair{"--steps", &a->steps}, std::pair{"--svg", &a->svg}})
