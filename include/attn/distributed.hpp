@@ -38,9 +38,9 @@ struct RingStats {
   std::int64_t blocks_computed = 0, blocks_skipped = 0;
 };
 
-// Ring attention (the forward pass). Rank r holds its rows of the whole q and of the whole k and v,
-// each spread by the layout (the query and key sequences may differ in length; masks are those of the
-// whole (seqlen_q, seqlen_k) problem, bottom-right aligned as in attention.hpp):
+// Ring attention (the forward pass; ring_attention_backward below is its backward). Rank r holds its rows of the whole
+// q and of the whole k and v, each spread by the layout (the query and key sequences may differ in length; masks are
+// those of the whole (seqlen_q, seqlen_k) problem, bottom-right aligned as in attention.hpp):
 //   q [batch, rows_q(r), heads, head_dim], k [batch, rows_k(r), kv_heads, head_dim],
 //   v [batch, rows_k(r), kv_heads, head_dim_v], out [batch, rows_q(r), heads, head_dim_v],
 //   lse [batch, heads, rows_q(r)] (optional, per rank).
@@ -53,6 +53,19 @@ struct RingStats {
 void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                     const AttentionOptions& opts = {}, const RingOptions& ring = {}, const TensorView* lse = nullptr,
                     RingStats* stats = nullptr);
+
+// The backward of ring_attention: each rank passes its rows of q, out, dout and lse (the forward's:
+// out and lse as ring_attention wrote them) and its k/v rows, and gets its rows' dq and its k/v rows'
+// dk and dv (shapes and dtypes as in attention_backward, backward.hpp; written, not added to). The
+// k/v chunks travel the ring as in the forward, each with its running dk, dv (f32 for bf16 and f16),
+// which every rank adds its blocks to and which return to the chunk's owner after the last step.
+// dsink (optional, with sinks): the whole sequence's, the ranks' parts summed in rank order. The same
+// options as the forward; the result is the same for any thread count.
+void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView& dout, const TensorView& lse, const TensorView& dq,
+                             const TensorView& dk, const TensorView& dv, const AttentionOptions& opts = {},
+                             const RingOptions& ring = {}, const TensorView* dsink = nullptr,
+                             RingStats* stats = nullptr);
 
 // How the ranks' partial results of a sharded decode are combined.
 enum class ShardMerge {

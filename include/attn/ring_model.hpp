@@ -25,24 +25,24 @@ struct RingParams {
   std::int64_t ranks = 8;
   double element_bytes = 2;
   bool causal = true;
-  double flop_rate = 2e12;       // per rank, flop/s sustained by the attention kernel
+  double flop_rate = 2e12;         // per rank, flop/s sustained by the attention kernel
   double link_bandwidth = 12.5e9;  // bytes/s each way (100 Gb/s)
-  double latency = 5e-6;         // seconds per message
+  double latency = 5e-6;           // seconds per message
 };
 
 struct RingReport {
   RingParams params;
-  double chunk_rows = 0;    // c = N / R
-  double step_flops = 0;    // one rank, one step
-  double chunk_bytes = 0;   // one k/v chunk
-  double compute_s = 0;     // t_c
-  double transfer_s = 0;    // t_t
-  bool hidden = false;      // t_t <= t_c
-  double ring_s = 0;        // T
-  double one_rank_s = 0;    // T_1
-  double efficiency = 0;    // T_1 / (R T)
-  double hide_rows = 0;     // c*
-  double hide_seqlen = 0;   // R c*: the shortest sequence whose transfers hide at this R
+  double chunk_rows = 0;   // c = N / R
+  double step_flops = 0;   // one rank, one step
+  double chunk_bytes = 0;  // one k/v chunk
+  double compute_s = 0;    // t_c
+  double transfer_s = 0;   // t_t
+  bool hidden = false;     // t_t <= t_c
+  double ring_s = 0;       // T
+  double one_rank_s = 0;   // T_1
+  double efficiency = 0;   // T_1 / (R T)
+  double hide_rows = 0;    // c*
+  double hide_seqlen = 0;  // R c*: the shortest sequence whose transfers hide at this R
 };
 
 // Throws std::invalid_argument naming the parameter for non-positive sizes, rates or bandwidths, a

@@ -227,9 +227,13 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
   GradProduct<false>(d, masked, w.dpt, R, r0, r1, 0, nn, w.kdp, dp, w.dq, w.rows);
 }
 
+// Gradients are stored as T, or in the accumulator type when the view has it (a ring block's partial
+// gradients, summed later: src/distributed/ring_grad.cpp).
 template <class T, class A>
 void StoreRows(const TensorView& t, const A* src, std::size_t ld, std::int64_t b, std::int64_t s0, std::int64_t n,
                std::int64_t h, std::size_t dim) {
+  if constexpr (!std::is_same_v<T, A>)
+    if (t.dtype != dtype_of<T>()) return StoreRows<A, A>(t, src, ld, b, s0, n, h, dim);
   for (std::int64_t r = 0; r < n; ++r) {
     T* dst = row_ptr<T>(t, b, s0 + r, h);
     const A* row = src + static_cast<std::size_t>(r) * ld;

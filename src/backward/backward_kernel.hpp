@@ -19,7 +19,8 @@ struct BackwardPlan {
 BackwardPlan plan_backward(const BackwardProblem& p, const TileOptions& tiles);
 
 // Runs the backward of every problem (all with the same dtype and head_dim; each writes its own dq,
-// dk and dv) with `threads` threads, one parallel job over all problems' tasks. The tile sizes come
+// dk and dv, of the problem's dtype or, for bf16 and f16 problems, f32: a ring block's partial
+// gradients) with `threads` threads, one parallel job over all problems' tasks. The tile sizes come
 // from `tiles`, clamped to each problem's lengths. Problems have been validated; nothing here throws
 // except std::bad_alloc, which is raised before any gradient is written.
 void run_backward(const std::vector<BackwardProblem>& problems, const TileOptions& tiles, int threads);

@@ -15,6 +15,7 @@ if(MPI_CXX_FOUND AND NOT ATTN_MPI STREQUAL "OFF")
   add_library(attn_mpi
     src/distributed/collective.cpp
     src/distributed/ring.cpp
+    src/distributed/ring_backward.cpp
     src/distributed/sharded_decode.cpp)
   add_library(attn::attn_mpi ALIAS attn_mpi)
   target_include_directories(attn_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)

@@ -45,44 +45,46 @@ bool block_visible(const ScoreRule& rule, std::int64_t total_q, std::int64_t tot
   return lo < hi;
 }
 
-DenseCopy dense_copy(const TensorView& src, DType dtype) {
-  DenseCopy c;
+void convert_into(const TensorView& src, const TensorView& dst) {
   const auto& sh = src.shape;
-  const std::int64_t n = sh[0] * sh[1] * sh[2] * sh[3];
-  c.bytes.resize(static_cast<std::size_t>(n) * dtype_size(dtype));
-  dispatch_dtype(dtype, [&]<class D>() {
-    c.view = TensorView::contiguous(reinterpret_cast<D*>(c.bytes.data()), sh[0], sh[1], sh[2], sh[3]);
-    D* dst = reinterpret_cast<D*>(c.bytes.data());
+  dispatch_dtype(dst.dtype, [&]<class D>() {
     dispatch_dtype(src.dtype, [&]<class S>() {
-      if constexpr (std::is_same_v<S, D>)
-        if (src.strides[3] == 1) {  // rows copied whole
-          for (std::int64_t b = 0; b < sh[0]; ++b)
-            for (std::int64_t s = 0; s < sh[1]; ++s)
-              for (std::int64_t h = 0; h < sh[2]; ++h, dst += sh[3])
-                std::memcpy(dst, row_ptr<const S>(src, b, s, h), static_cast<std::size_t>(sh[3]) * sizeof(D));
-          return;
-        }
       for (std::int64_t b = 0; b < sh[0]; ++b)
         for (std::int64_t s = 0; s < sh[1]; ++s)
           for (std::int64_t h = 0; h < sh[2]; ++h) {
-            const S* row = row_ptr<const S>(src, b, s, h);
-            for (std::int64_t x = 0; x < sh[3]; ++x) *dst++ = store<D>(load<double>(row[x * src.strides[3]]));
+            const S* from = row_ptr<const S>(src, b, s, h);
+            D* to = row_ptr<D>(dst, b, s, h);
+            if constexpr (std::is_same_v<S, D>)
+              if (src.strides[3] == 1 && dst.strides[3] == 1) {  // rows copied whole
+                std::memcpy(to, from, static_cast<std::size_t>(sh[3]) * sizeof(D));
+                continue;
+              }
+            for (std::int64_t x = 0; x < sh[3]; ++x)
+              to[x * dst.strides[3]] = store<D>(load<double>(from[x * src.strides[3]]));
           }
     });
   });
+}
+
+DenseCopy dense_copy(const TensorView& src, DType dtype) {
+  DenseCopy c;
+  const auto& sh = src.shape;
+  c.bytes.resize(static_cast<std::size_t>(sh[0] * sh[1] * sh[2] * sh[3]) * dtype_size(dtype));
+  c.view = TensorView::contiguous(reinterpret_cast<float*>(c.bytes.data()), sh[0], sh[1], sh[2], sh[3]);
+  c.view.dtype = dtype;
+  convert_into(src, c.view);
   return c;
 }
 
-namespace {
-
-// Rows [seg.local_begin, + seg.length) of a rank-4 view.
-TensorView rows_of(const TensorView& t, const Segment& seg) {
+TensorView rows_of(const TensorView& t, const Segment& seg, int dim) {
   TensorView v = t;
-  v.data =
-      static_cast<std::byte*>(t.data) + seg.local_begin * t.strides[1] * static_cast<std::int64_t>(dtype_size(t.dtype));
-  v.shape[1] = seg.length;
+  v.data = static_cast<std::byte*>(t.data) +
+           seg.local_begin * t.strides[dim] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  v.shape[dim] = seg.length;
   return v;
 }
+
+namespace {
 
 template <class A>
 A* as(std::vector<std::byte>& bytes) {
@@ -144,9 +146,7 @@ void RingAccumulator::fold_block(const TensorView& k, const TensorView& v, const
   block.lse = &lse;
   block.pages = {};
   block.rule.sinks = nullptr;  // folded once, in finish()
-  // Query i of the block is query qs.global_begin + i of the whole problem, whose diagonal is key
-  // position (qs.global_begin + i) + total_k - total_q, i.e. key i + shift + ks.length - n of the block.
-  block.rule.diagonal_shift = qs.global_begin + total_k_ - total_q_ - ks.global_begin - (ks.length - n);
+  block.rule.diagonal_shift = block_shift(total_q_, total_k_, qs, ks);
   run_tiled({block}, {}, resolve_threads(local_.num_threads));
 
   const A* out = as<A>(block_out_);

@@ -35,6 +35,14 @@ std::vector<Segment> ring_segments(bool zigzag, const std::vector<std::int64_t>&
 bool block_visible(const ScoreRule& rule, std::int64_t total_q, std::int64_t total_k, const Segment& qs,
                    const Segment& ks);
 
+// The diagonal shift (ScoreRule::diagonal_shift) that makes block (qs, ks), run as a problem of its own,
+// see the whole (total_q, total_k) problem's mask: its query i is the whole problem's query
+// qs.global_begin + i, whose diagonal is key position (qs.global_begin + i) + total_k - total_q, i.e.
+// the block's key i + shift + ks.length - qs.length.
+inline std::int64_t block_shift(std::int64_t total_q, std::int64_t total_k, const Segment& qs, const Segment& ks) {
+  return qs.global_begin + total_k - total_q - ks.global_begin - (ks.length - qs.length);
+}
+
 struct BlockCounts {
   std::int64_t computed = 0, skipped = 0;
 };
@@ -45,6 +53,10 @@ struct DenseCopy {
   TensorView view;
 };
 DenseCopy dense_copy(const TensorView& src, DType dtype);
+// dst <- src, element by element, converted (same shapes, any strides and dtypes).
+void convert_into(const TensorView& src, const TensorView& dst);
+// The segment's rows of a view along dimension `dim` (1 for [b, s, h, d] tensors, 2 for lse [b, h, s]).
+TensorView rows_of(const TensorView& t, const Segment& seg, int dim = 1);
 
 class RingAccumulator {
  public:

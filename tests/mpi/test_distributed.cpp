@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attn/attention.hpp"
+#include "attn/backward.hpp"
 #include "attn/decode.hpp"
 #include "attn/distributed.hpp"
 #include "distributed/shard_merge.hpp"
@@ -200,6 +201,104 @@ TEST(Ring, BadInputOnOneRankFailsOnEveryRank) {
   });
   EXPECT_NE(msg.find("seqlen must be even with the zigzag layout"), std::string::npos) << msg;
   for (double x : out.data) EXPECT_EQ(x, 7);  // nothing written by the failed calls
+}
+
+// ---- ring backward ----
+
+struct GradRun {
+  std::vector<detail::Segment> q_segs, k_segs;
+  Tensor<double> dq{1, 1, 1, 1}, dk{1, 1, 1, 1}, dv{1, 1, 1, 1};
+  std::vector<double> dsink;
+};
+
+// The whole forward on every rank, then this rank's rows through ring_attention_backward.
+template <class T>
+GradRun ring_backward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& dout,
+                      const AttentionOptions& opts, RingLayout layout, bool uneven) {
+  const bool zig = layout == RingLayout::zigzag;
+  const int R = world_size(), r = world_rank();
+  Tensor<T> out(q.b, q.s, q.h, v.d);
+  std::vector<detail::Acc<T>> lse(static_cast<std::size_t>(q.b * q.h * q.s));
+  const TensorView lv = TensorView::contiguous(lse.data(), q.b, q.h, q.s);
+  attention_tiled(q.view(), k.view(), v.view(), out.view(), opts, {}, &lv);
+  GradRun g;
+  g.q_segs = detail::ring_segments(zig, split_rows(q.s, R, uneven, zig ? 2 : 1), r);
+  g.k_segs = detail::ring_segments(zig, split_rows(k.s, R, uneven, zig ? 2 : 1), r);
+  const Tensor<T> qr = rank_rows(q, g.q_segs), kr = rank_rows(k, g.k_segs), vr = rank_rows(v, g.k_segs),
+                  outr = rank_rows(out, g.q_segs), doutr = rank_rows(dout, g.q_segs);
+  const std::vector<double> lse64(lse.begin(), lse.end());
+  const std::vector<double> mine = rank_lse(lse64, q.b, q.h, q.s, g.q_segs);
+  std::vector<detail::Acc<T>> lse_r(mine.begin(), mine.end());
+  Tensor<T> dq(q.b, qr.s, q.h, q.d), dk(k.b, kr.s, k.h, k.d), dv(v.b, vr.s, v.h, v.d);
+  std::vector<detail::Acc<T>> dsink(static_cast<std::size_t>(q.h));
+  const TensorView dsv = TensorView::contiguous(dsink.data(), 1, q.h, 1);
+  ring_attention_backward(MPI_COMM_WORLD, qr.view(), kr.view(), vr.view(), outr.view(), doutr.view(),
+                          TensorView::contiguous(lse_r.data(), q.b, q.h, qr.s), dq.view(), dk.view(), dv.view(), opts,
+                          {layout}, opts.sinks ? &dsv : nullptr);
+  g.dq = to_f64(dq), g.dk = to_f64(dk), g.dv = to_f64(dv);
+  g.dsink.assign(dsink.begin(), dsink.end());
+  return g;
+}
+
+TEST(RingBackward, F64MatchesTheWholeBackwardOnEveryRank) {
+  for (const MaskCase& m : kMasks)
+    for (RingLayout layout : {RingLayout::contiguous, RingLayout::zigzag})
+      for (bool uneven : {false, true}) {
+        const Shape& s = m.shape;
+        std::vector<float> slopes, sinks = sinks_for(s.h);
+        AttentionOptions opts = options_of(s, 0.3f, slopes);
+        if (s.sinks) opts.sinks = sinks.data();
+        const std::int64_t S = 48;
+        const auto q = random_tensor<double>(s.b, S, s.h, s.d, 1), k = random_tensor<double>(s.b, S, s.hk, s.d, 2),
+                   v = random_tensor<double>(s.b, S, s.hk, s.d, 3), dout = random_tensor<double>(s.b, S, s.h, s.d, 4);
+        Tensor<double> out(s.b, S, s.h, s.d), dq(s.b, S, s.h, s.d), dk(s.b, S, s.hk, s.d), dv(s.b, S, s.hk, s.d);
+        std::vector<double> lse(static_cast<std::size_t>(s.b * s.h * S)), dsink(static_cast<std::size_t>(s.h));
+        const TensorView lv = TensorView::contiguous(lse.data(), s.b, s.h, S),
+                         dsv = TensorView::contiguous(dsink.data(), 1, s.h, 1);
+        attention_tiled(q.view(), k.view(), v.view(), out.view(), opts, {}, &lv);
+        attention_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lv, dq.view(), dk.view(), dv.view(),
+                           opts, {}, s.sinks ? &dsv : nullptr);
+        const GradRun g = ring_backward(q, k, v, dout, opts, layout, uneven);
+        const std::string what = std::string(m.name) + (layout == RingLayout::zigzag ? " zigzag" : " contiguous") +
+                                 (uneven ? " uneven" : " even");
+        EXPECT_LE(max_abs_diff(g.dq.data, rank_rows(dq, g.q_segs).data), 1e-12) << what;
+        EXPECT_LE(max_abs_diff(g.dk.data, rank_rows(dk, g.k_segs).data), 1e-12) << what;
+        EXPECT_LE(max_abs_diff(g.dv.data, rank_rows(dv, g.k_segs).data), 1e-12) << what;
+        if (s.sinks) EXPECT_LE(max_abs_diff(g.dsink, dsink), 1e-12) << what;
+      }
+}
+
+TEST(RingBackward, ThreadCountsGiveTheSameBits) {
+  const Shape s{1, 0, 0, 4, 2, 16, true};
+  std::vector<float> slopes;
+  AttentionOptions opts = options_of(s, 0, slopes);
+  const std::int64_t S = 24 * world_size();
+  const auto q = random_tensor<float>(1, S, 4, 16, 7), k = random_tensor<float>(1, S, 2, 16, 8),
+             v = random_tensor<float>(1, S, 2, 16, 9), dout = random_tensor<float>(1, S, 4, 16, 10);
+  opts.num_threads = 1;
+  const GradRun one = ring_backward(q, k, v, dout, opts, RingLayout::zigzag, false);
+  opts.num_threads = 2;
+  const GradRun two = ring_backward(q, k, v, dout, opts, RingLayout::zigzag, false);
+  EXPECT_EQ(one.dq.data, two.dq.data);
+  EXPECT_EQ(one.dk.data, two.dk.data);
+  EXPECT_EQ(one.dv.data, two.dv.data);
+}
+
+TEST(RingBackward, BadInputOnOneRankFailsOnEveryRank) {
+  const int last = world_size() - 1;
+  const auto q = random_tensor<double>(1, 8, 4, 8, 1), k = random_tensor<double>(1, 8, 2, 8, 2),
+             v = random_tensor<double>(1, 8, 2, 8, 3);
+  Tensor<double> out(1, 8, 4, 8), dq(1, 8, 4, 8), dk(1, 8, 2, world_rank() == last ? 7 : 8), dv(1, 8, 2, 8);
+  for (double& x : dq.data) x = 7;
+  std::vector<double> lse(32);
+  const std::string msg = error_of([&] {
+    ring_attention_backward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), out.view(), out.view(),
+                            TensorView::contiguous(lse.data(), 1, 4, 8), dq.view(), dk.view(), dv.view());
+  });
+  EXPECT_NE(msg.find("attn::ring_attention_backward: dk"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(rank " + std::to_string(last) + ")"), std::string::npos) << msg;
+  EXPECT_TRUE(same_on_every_rank(msg.data(), msg.size())) << msg;
+  for (double x : dq.data) EXPECT_EQ(x, 7);
 }
 
 // ---- sharded decode ----

@@ -1,0 +1,103 @@
+// What the ring's forward (ring.cpp) and backward (ring_backward.cpp) share: the per-rank rules the
+// ranks check before agreeing, the fields they must agree on, and the chunks they pass around.
+#pragma once
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+#include "attn/distributed.hpp"
+#include "core/problem.hpp"
+#include "core/validate.hpp"
+#include "distributed/collective.hpp"
+#include "distributed/ring_block.hpp"
+#include "distributed/ring_grad.hpp"
+
+namespace attn::detail {
+
+inline MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::f32:
+      return MPI_FLOAT;
+    default:
+      return MPI_UINT16_T;  // bf16, f16: bits only
+  }
+}
+
+// The ring's own rules on one rank's validated problem: no dropout, even halves for zigzag, and a
+// chunk that fits one MPI message.
+inline void check_ring_rules(const char* who, const Problem& p, bool zigzag) {
+  reject_dropout(who, p.dropout, "ring attention does not drop (the keep mask needs whole-sequence counters)");
+  if (zigzag && (p.seqlen_q % 2 || p.seqlen_k % 2))
+    fail(who, p.seqlen_q % 2 ? "q" : "k", "seqlen must be even with the zigzag layout (two halves)");
+  if (p.batch * p.seqlen_k * p.kv_heads * std::max(p.head_dim, p.head_dim_v) > INT_MAX)
+    fail(who, "k", "a chunk must hold at most 2^31 - 1 elements (one MPI message)");
+}
+
+inline std::vector<SharedField> ring_fields(const Problem& p, const RingOptions& ring) {
+  const ScoreRule& r = p.rule;
+  return {{"q", "dtype", static_cast<std::int64_t>(p.dtype)},
+          {"q", "batch", p.batch},
+          {"q", "heads", p.heads},
+          {"k", "kv_heads", p.kv_heads},
+          {"q", "head_dim", p.head_dim},
+          {"v", "head_dim_v", p.head_dim_v},
+          {"ring", "layout", static_cast<std::int64_t>(ring.layout)},
+          {"opts", "softmax_scale", double_bits(r.scale)},
+          {"opts", "softcap", double_bits(r.softcap)},
+          {"opts", "window_left (causal, window)", r.window_left},
+          {"opts", "window_right (causal, window)", r.window_right},
+          {"opts", "alibi_slopes (their values)", r.alibi_slopes ? hash_floats(r.alibi_slopes, p.batch * p.heads) : 0},
+          {"opts", "sinks (their values)", r.sinks ? hash_floats(r.sinks, p.heads) : 0}};
+}
+
+// One chunk as it travels: its k and v (dense, the inputs' dtype) and, in the backward, its running
+// dk and dv (dense, the accumulator type).
+struct Chunk {
+  DenseCopy k, v, dk, dv;
+};
+
+// An empty chunk of `rows` rows of problem p, with gradients when `grads`.
+inline Chunk empty_chunk(const Problem& p, std::int64_t rows, bool grads) {
+  const DType acc = p.dtype == DType::f64 ? DType::f64 : DType::f32;
+  Chunk c{dense_zeros({p.batch, rows, p.kv_heads, p.head_dim}, p.dtype),
+          dense_zeros({p.batch, rows, p.kv_heads, p.head_dim_v}, p.dtype), {}, {}};
+  if (grads) {
+    c.dk = dense_zeros({p.batch, rows, p.kv_heads, p.head_dim}, acc);
+    c.dv = dense_zeros({p.batch, rows, p.kv_heads, p.head_dim_v}, acc);
+  }
+  return c;
+}
+
+inline int elements(const DenseCopy& x) { return static_cast<int>(x.bytes.size() / dtype_size(x.view.dtype)); }
+
+// Posts the receive of x from `from` and the send of y to `to` (tag `tag`), appending both requests.
+inline void exchange(DenseCopy& x, int from, DenseCopy& y, int to, int tag, MPI_Comm comm,
+                     std::vector<MPI_Request>& reqs) {
+  reqs.emplace_back();
+  MPI_Irecv(x.bytes.data(), elements(x), mpi_type(x.view.dtype), from, tag, comm, &reqs.back());
+  reqs.emplace_back();
+  MPI_Isend(y.bytes.data(), elements(y), mpi_type(y.view.dtype), to, tag, comm, &reqs.back());
+}
+
+inline void wait_all(std::vector<MPI_Request>& reqs) {
+  MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+  reqs.clear();
+}
+
+// The whole sequence's lengths from every rank's (allgathered).
+struct RingLengths {
+  std::vector<std::int64_t> q, k;
+  std::int64_t total_q = 0, total_k = 0;
+};
+inline RingLengths ring_lengths(MPI_Comm comm, const Problem& p) {
+  RingLengths l{all_ranks(comm, p.seqlen_q), all_ranks(comm, p.seqlen_k)};
+  for (std::size_t r = 0; r < l.q.size(); ++r) l.total_q += l.q[r], l.total_k += l.k[r];
+  return l;
+}
+
+}  // namespace attn::detail
