@@ -36,9 +36,7 @@ struct Whole {
     const TensorView lv = lse_view();
     attention_tiled(q.view(), k.view(), v.view(), out.view(), opts, {}, &lv);
   }
-  TensorView lse_view() const {
-    return TensorView::contiguous(lse.data(), q.b, q.h, q.s);
-  }
+  TensorView lse_view() const { return TensorView::contiguous(lse.data(), q.b, q.h, q.s); }
 };
 
 struct RankGrads {
@@ -72,10 +70,9 @@ std::vector<RankGrads> run_ring_backward(const GradCase& c, const Whole<T>& w, c
     std::vector<detail::Acc<T>> lse(mine.begin(), mine.end());
     const TensorView lv = TensorView::contiguous(lse.data(), s.b, s.h, q.s);
     Tensor<T> dq(s.b, q.s, s.h, s.d), dk(s.b, ks[static_cast<std::size_t>(r)].s, s.hk, s.d), dv = dk;
-    const detail::BackwardProblem p =
-        detail::validate_backward("test", q.view(), ks[static_cast<std::size_t>(r)].view(),
-                                  vs[static_cast<std::size_t>(r)].view(), out.view(), dout.view(), lv, dq.view(),
-                                  dk.view(), dv.view(), opts);
+    const detail::BackwardProblem p = detail::validate_backward(
+        "test", q.view(), ks[static_cast<std::size_t>(r)].view(), vs[static_cast<std::size_t>(r)].view(), out.view(),
+        dout.view(), lv, dq.view(), dk.view(), dv.view(), opts);
     detail::RingGradAccumulator acc(p, g.q_segs, c.sq, c.sk);
     detail::BlockCounts counts;
     for (int step = 0; step < c.ranks; ++step) {
@@ -148,8 +145,8 @@ TEST(RingGrad, Bf16WithinThriceTheTextbookError) {
   attention_backward_reference(q.view(), k.view(), v.view(), out.view(), dout.view(), lv, dq.view(), dk.view(),
                                dv.view(), opts);
   Tensor<bf16_t> tq(1, 96, 4, 16), tk(1, 96, 2, 16), tv(1, 96, 2, 16);
-  attention_backward_reference(w.q.view(), w.k.view(), w.v.view(), w.out.view(), w.dout.view(), w.lse_view(),
-                               tq.view(), tk.view(), tv.view(), opts);
+  attention_backward_reference(w.q.view(), w.k.view(), w.v.view(), w.out.view(), w.dout.view(), w.lse_view(), tq.view(),
+                               tk.view(), tv.view(), opts);
   const auto grads = run_ring_backward(c, w, opts);
   for (const RankGrads& g : grads) {
     EXPECT_LE(max_abs_diff(g.dq.data, rank_rows(dq, g.q_segs).data), 3 * max_abs_diff(tq.data, dq.data));

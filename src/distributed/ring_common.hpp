@@ -65,7 +65,9 @@ struct Chunk {
 inline Chunk empty_chunk(const Problem& p, std::int64_t rows, bool grads) {
   const DType acc = p.dtype == DType::f64 ? DType::f64 : DType::f32;
   Chunk c{dense_zeros({p.batch, rows, p.kv_heads, p.head_dim}, p.dtype),
-          dense_zeros({p.batch, rows, p.kv_heads, p.head_dim_v}, p.dtype), {}, {}};
+          dense_zeros({p.batch, rows, p.kv_heads, p.head_dim_v}, p.dtype),
+          {},
+          {}};
   if (grads) {
     c.dk = dense_zeros({p.batch, rows, p.kv_heads, p.head_dim}, acc);
     c.dv = dense_zeros({p.batch, rows, p.kv_heads, p.head_dim_v}, acc);

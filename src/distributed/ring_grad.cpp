@@ -33,8 +33,7 @@ TensorView dense_view(std::vector<std::byte>& bytes, std::array<std::int64_t, 4>
 
 DenseCopy dense_zeros(std::array<std::int64_t, 4> shape, DType dtype) {
   DenseCopy c;
-  c.bytes.assign(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]) * dtype_size(dtype),
-                 std::byte{0});
+  c.bytes.assign(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]) * dtype_size(dtype), std::byte{0});
   c.view = dense_view(c.bytes, shape, dtype);
   return c;
 }
@@ -83,7 +82,7 @@ void RingGradAccumulator::add_block(const TensorView& k, const TensorView& v, co
   block.dq = dense_view(blk_dq_, {B, n, local_.heads, local_.head_dim}, acc_);
   block.dk = dense_view(blk_dk_, {B, m, local_.kv_heads, local_.head_dim}, acc_);
   block.dv = dense_view(blk_dv_, {B, m, local_.kv_heads, local_.head_dim_v}, acc_);
-  block.dsink = nullptr;       // the sinks need nothing in dq, dk, dv: lse includes them
+  block.dsink = nullptr;  // the sinks need nothing in dq, dk, dv: lse includes them
   block.rule.sinks = nullptr;
   block.pages = {};
   block.rule.diagonal_shift = block_shift(total_q_, total_k_, qs, ks);

@@ -35,14 +35,14 @@ class RingGradAccumulator {
 
  private:
   template <class A>
-  void add_block(const TensorView& k, const TensorView& v, const TensorView& dk, const TensorView& dv, const Segment& qs,
-                 const Segment& ks);
+  void add_block(const TensorView& k, const TensorView& v, const TensorView& dk, const TensorView& dv,
+                 const Segment& qs, const Segment& ks);
 
   BackwardProblem local_;
   std::vector<Segment> q_segs_;
   std::int64_t total_q_, total_k_;
   DType acc_;
-  DenseCopy dq_;                                   // [batch, seqlen_q, heads, head_dim], acc_dtype()
+  DenseCopy dq_;                                     // [batch, seqlen_q, heads, head_dim], acc_dtype()
   std::vector<std::byte> blk_dq_, blk_dk_, blk_dv_;  // one block's gradients
 };
 

@@ -332,6 +332,32 @@ ShardedCache slice_of(const Tensor<double>& k, const Tensor<double>& v,
   return c;
 }
 
+// The slice as a paged cache: pages of `page` slots, sequence b's pages in reverse order in the pool.
+struct PagedSlice {
+  Tensor<double> k, v;
+  std::vector<std::int32_t> table;
+  std::int64_t max_pages;
+};
+PagedSlice paged(const ShardedCache& c, std::int64_t page) {
+  const std::int64_t per_seq = (c.k.s + page - 1) / page, pages = c.k.b * per_seq;
+  PagedSlice p{Tensor<double>(pages, page, c.k.h, c.k.d), Tensor<double>(pages, page, c.v.h, c.v.d), {}, per_seq};
+  for (std::int64_t b = 0; b < c.k.b; ++b)
+    for (std::int64_t t = 0; t < per_seq; ++t) {
+      const std::int64_t slot = pages - 1 - (b * per_seq + t);
+      p.table.push_back(static_cast<std::int32_t>(slot));
+      for (std::int64_t j = 0; j < page && t * page + j < c.k.s; ++j)
+        for (std::int64_t h = 0; h < c.k.h; ++h) {
+          for (std::int64_t x = 0; x < c.k.d; ++x)
+            p.k.at(slot, j, h, x) =
+                c.k.data[static_cast<std::size_t>(((b * c.k.s + t * page + j) * c.k.h + h) * c.k.d + x)];
+          for (std::int64_t x = 0; x < c.v.d; ++x)
+            p.v.at(slot, j, h, x) =
+                c.v.data[static_cast<std::size_t>(((b * c.v.s + t * page + j) * c.v.h + h) * c.v.d + x)];
+        }
+    }
+  return p;
+}
+
 TEST(ShardedDecode, F64MatchesTheWholeCacheOnEveryRank) {
   const int R = world_size();
   const std::vector<std::int64_t> lengths = {37, 50, 23};
@@ -358,14 +384,22 @@ TEST(ShardedDecode, F64MatchesTheWholeCacheOnEveryRank) {
       const TensorView el = TensorView::contiguous(expect_lse.data(), B, H, 3),
                        gl = TensorView::contiguous(got_lse.data(), B, H, 3);
       attention_decode(q.view(), whole, expect.view(), opts, {}, &el);
-      KVCache slice;
-      slice.k = mine.k.view(), slice.v = mine.v.view(), slice.seqlens = mine.seqlens.data();
-      sharded_decode(MPI_COMM_WORLD, q.view(), slice, got.view(), opts, {}, mode, &gl);
-      const std::string what = std::string(m.name) + (mode == ShardMerge::allreduce ? " allreduce" : " rank order");
-      EXPECT_LE(max_abs_diff(got.data, expect.data), 1e-12) << what;
-      EXPECT_LE(lse_diff(got_lse, expect_lse), 1e-12) << what;
-      if (mode == ShardMerge::rank_order)
-        EXPECT_TRUE(same_on_every_rank(got.data.data(), got.data.size() * sizeof(double))) << what;
+      for (bool is_paged : {false, true}) {
+        KVCache slice;
+        slice.k = mine.k.view(), slice.v = mine.v.view(), slice.seqlens = mine.seqlens.data();
+        const PagedSlice pg = paged(mine, 4);
+        if (is_paged) {
+          slice.k = pg.k.view(), slice.v = pg.v.view();
+          slice.block_table = pg.table.data(), slice.max_pages = pg.max_pages;
+        }
+        sharded_decode(MPI_COMM_WORLD, q.view(), slice, got.view(), opts, {}, mode, &gl);
+        const std::string what = std::string(m.name) + (mode == ShardMerge::allreduce ? " allreduce" : " rank order") +
+                                 (is_paged ? " paged" : " contiguous");
+        EXPECT_LE(max_abs_diff(got.data, expect.data), 1e-12) << what;
+        EXPECT_LE(lse_diff(got_lse, expect_lse), 1e-12) << what;
+        if (mode == ShardMerge::rank_order)
+          EXPECT_TRUE(same_on_every_rank(got.data.data(), got.data.size() * sizeof(double))) << what;
+      }
     }
 }
 

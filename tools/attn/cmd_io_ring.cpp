@@ -89,12 +89,13 @@ void run_io_ring(const RingIoArgs& a) {
   const std::vector<std::int64_t> ranks = parse_counts(a.ranks, "--ranks", 1);
   if (!a.json) {
     const io::RingParams p = params_for(a, links[0], ranks[0]);
-    std::printf("ring model: N = %lld, %lld/%lld heads, d %lld, %g bytes/element, %s, %g GFLOP/s per rank, latency %g us\n",
-                static_cast<long long>(p.seqlen), static_cast<long long>(p.heads), static_cast<long long>(p.kv_heads),
-                static_cast<long long>(p.head_dim), p.element_bytes, p.causal ? "causal (zigzag)" : "full",
-                p.flop_rate / 1e9, p.latency * 1e6);
-    std::printf("%6s %9s %11s %11s %11s %7s %11s %10s %12s\n", "ranks", "link", "chunk", "compute", "transfer", "hidden",
-                "efficiency", "hides at", "(sequence)");
+    std::printf(
+        "ring model: N = %lld, %lld/%lld heads, d %lld, %g bytes/element, %s, %g GFLOP/s per rank, latency %g us\n",
+        static_cast<long long>(p.seqlen), static_cast<long long>(p.heads), static_cast<long long>(p.kv_heads),
+        static_cast<long long>(p.head_dim), p.element_bytes, p.causal ? "causal (zigzag)" : "full", p.flop_rate / 1e9,
+        p.latency * 1e6);
+    std::printf("%6s %9s %11s %11s %11s %7s %11s %10s %12s\n", "ranks", "link", "chunk", "compute", "transfer",
+                "hidden", "efficiency", "hides at", "(sequence)");
   }
   for (const std::int64_t R : ranks)
     for (const double link : links) {
