@@ -17,7 +17,6 @@
 namespace attn::detail {
 namespace {
 
-std::string str(std::int64_t x) { return std::to_string(x); }
 std::string name(DType t) { return std::string(dtype_name(t)); }
 
 bool is_activation_type(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
@@ -38,11 +37,12 @@ Span check_scale(std::string_view who, const char* arg, const TensorView& s, con
   for (int i = 0; i < 3; ++i)
     if (s.shape[i] != cache.k.shape[i])
       fail(who, arg,
-           std::string(kDims[i]) + " (shape[" + str(i) + "]) must equal cache.k's (" + str(cache.k.shape[i]) +
-               "), got " + str(s.shape[i]));
+           std::string(kDims[i]) + " (shape[" + std::to_string(i) + "]) must equal cache.k's (" +
+               std::to_string(cache.k.shape[i]) + "), got " + std::to_string(s.shape[i]));
   if (d % s.shape[3] != 0)
     fail(who, arg,
-         "groups (shape[3] = " + str(s.shape[3]) + ") must divide " + values_name + "'s head_dim (" + str(d) + ")");
+         "groups (shape[3] = " + std::to_string(s.shape[3]) + ") must divide " + values_name + "'s head_dim (" +
+             std::to_string(d) + ")");
   return span;
 }
 
@@ -99,16 +99,17 @@ void check_quantized_append(std::string_view who, const DecodeProblem& p) {
             if (!(std::isfinite(s) && s > 0))
               fail(who, side.scale_arg,
                    "a given (shared) scale must be finite and > 0 to quantize the appended values, got " +
-                       std::to_string(s) + " for sequence " + str(b) + ", position " + str(pos) + ", kv head " +
-                       str(g));
+                       std::to_string(s) + " for sequence " + std::to_string(b) + ", position " + std::to_string(pos) +
+                       ", kv head " + std::to_string(g));
           }
           dispatch_dtype(side.values.dtype, [&]<class T>() {
             const T* row = row_ptr<const T>(side.values, b, t, g);
             for (std::int64_t c = 0; c < side.dim; ++c)
               if (!std::isfinite(load<float>(row[c * side.values.strides[3]])))
                 fail(who, side.new_arg,
-                     "a non-finite value cannot be quantized with a given (shared) scale (sequence " + str(b) +
-                         ", row " + str(t) + ", kv head " + str(g) + ", element " + str(c) + ")");
+                     "a non-finite value cannot be quantized with a given (shared) scale (sequence " +
+                         std::to_string(b) + ", row " + std::to_string(t) + ", kv head " + std::to_string(g) +
+                         ", element " + std::to_string(c) + ")");
           });
         }
       }

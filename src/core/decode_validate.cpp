@@ -42,8 +42,6 @@
 namespace attn::detail {
 namespace {
 
-std::string str(std::int64_t x) { return std::to_string(x); }
-
 void require_dtype(std::string_view who, std::string_view arg, DType got, DType want, std::string_view whose) {
   if (got != want)
     fail(who, arg,
@@ -65,23 +63,24 @@ Span check_row_maps(std::string_view who, const KVCache& cache, std::int64_t bat
       const std::int64_t r = cache.batch_idx[b];
       if (r < 0 || r >= cache.k.shape[0])
         fail(who, "cache.batch_idx",
-             "entry [" + str(b) + "] = " + str(r) + " must be in [0, cache rows = " + str(cache.k.shape[0]) + ")");
+             "entry [" + std::to_string(b) + "] = " + std::to_string(r) +
+                 " must be in [0, cache rows = " + std::to_string(cache.k.shape[0]) + ")");
       rows.emplace_back(cache.batch_idx[b], b);
     }
     std::sort(rows.begin(), rows.end());
     for (std::size_t i = 1; appending && i < rows.size(); ++i)
       if (rows[i].first == rows[i - 1].first)
         fail(who, "cache.batch_idx",
-             "sequences " + str(rows[i - 1].second) + " and " + str(rows[i].second) + " append into cache row " +
-                 str(rows[i].first));
+             "sequences " + std::to_string(rows[i - 1].second) + " and " + std::to_string(rows[i].second) +
+                 " append into cache row " + std::to_string(rows[i].first));
     span = int32_span(cache.batch_idx, batch);
   }
   if (cache.leftpad) {
     for (std::int64_t b = 0; b < batch; ++b)
       if (cache.leftpad[b] < 0 || cache.leftpad[b] > cache.seqlens[b])
         fail(who, "cache.leftpad",
-             "entry [" + str(b) + "] = " + str(cache.leftpad[b]) +
-                 " must be in [0, seqlens[b] = " + str(cache.seqlens[b]) + "]");
+             "entry [" + std::to_string(b) + "] = " + std::to_string(cache.leftpad[b]) +
+                 " must be in [0, seqlens[b] = " + std::to_string(cache.seqlens[b]) + "]");
     if (span.empty()) span = int32_span(cache.leftpad, batch);
   }
   return span;
@@ -99,14 +98,15 @@ void check_rotary(std::string_view who, const DecodeOptions& dec, const KVCache&
   if (r->dtype != DType::f32 && r->dtype != DType::f64)
     fail(who, "rotary.dtype", "must be f32 or f64, got " + std::string(dtype_name(r->dtype)));
   if (r->rotary_dim < 2 || r->rotary_dim % 2 != 0 || r->rotary_dim > d)
-    fail(who, "rotary.rotary_dim", "must be even and in [2, head_dim = " + str(d) + "], got " + str(r->rotary_dim));
+    fail(who, "rotary.rotary_dim",
+         "must be even and in [2, head_dim = " + std::to_string(d) + "], got " + std::to_string(r->rotary_dim));
   std::int64_t need = 0;
   for (std::int64_t b = 0; b < batch; ++b)
     need = std::max(need, std::int64_t{cache.seqlens[b]} + std::max(seqlen_new, q_per_row ? seqlen_q : 1));
   if (r->positions < need)
     fail(who, "rotary.positions",
-         "must cover every position used (" + str(need) + " = max seqlens[b] + max(seqlen_new, " +
-             (q_per_row ? "seqlen_q" : "1") + ")), got " + str(r->positions));
+         "must cover every position used (" + std::to_string(need) + " = max seqlens[b] + max(seqlen_new, " +
+             (q_per_row ? "seqlen_q" : "1") + ")), got " + std::to_string(r->positions));
   std::int64_t extent = 0;
   if (!checked_mul(r->positions, r->rotary_dim / 2, extent) || extent > (std::int64_t{1} << 60))
     fail(who, "rotary.positions", "sizes overflow");
@@ -133,8 +133,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   if (v_in_k) {
     if (cache.v.shape[3] > cache.k.shape[3])
       fail(who, "cache.v",
-           "head_dim (" + str(cache.v.shape[3]) + ") must be <= cache.k's (" + str(cache.k.shape[3]) +
-               ") when cache.v views cache.k's rows (MLA)");
+           "head_dim (" + std::to_string(cache.v.shape[3]) + ") must be <= cache.k's (" +
+               std::to_string(cache.k.shape[3]) + ") when cache.v views cache.k's rows (MLA)");
     if (dec.v_new) fail(who, "v_new", "must be null when cache.v views cache.k's rows (MLA): k_new holds the values");
     if (dec.k_new && is_quantized(cache.k.dtype))
       fail(who, "cache.v",
@@ -176,11 +176,13 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     require_equal(who, "cache.v", paged ? kDimsPaged[i] : kDims[i], cache.v.shape[i], "cache.k", cache.k.shape[i]);
   require_equal(who, "cache.k", "head_dim", cache.k.shape[3], "q", d);
   if (heads % kv_heads != 0)
-    fail(who, "q", "heads (" + str(heads) + ") must be a multiple of cache.k's kv_heads (" + str(kv_heads) + ")");
+    fail(who, "q",
+         "heads (" + std::to_string(heads) + ") must be a multiple of cache.k's kv_heads (" + std::to_string(kv_heads) +
+             ")");
   if (!paged && !cache.batch_idx) require_equal(who, "cache.k", "batch", cache.k.shape[0], "q", batch);
   for (auto [name, t] : {std::pair<const char*, const TensorView*>{"cache.k", &cache.k}, {"cache.v", &cache.v}})
     if (t->shape[3] > 1 && t->strides[3] != 1)
-      fail(who, name, "last dimension must be contiguous (stride[3] = 1), got stride " + str(t->strides[3]));
+      fail(who, name, "last dimension must be contiguous (stride[3] = 1), got stride " + std::to_string(t->strides[3]));
   for (int i = 0; i < 3; ++i) require_equal(who, "out", kDims[i], out.shape[i], "q", q.shape[i]);
   require_equal(who, "out", "head_dim", out.shape[3], "cache.v", cache.v.shape[3]);
   if (lse) {
@@ -217,11 +219,12 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   const Span sseq = int32_span(cache.seqlens, batch);
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t n = cache.seqlens[b];
-    if (n < 0) fail(who, "cache.seqlens", "must be >= 0, got seqlens[" + str(b) + "] = " + str(n));
+    if (n < 0)
+      fail(who, "cache.seqlens", "must be >= 0, got seqlens[" + std::to_string(b) + "] = " + std::to_string(n));
     if (saturating_add(n, seqlen_new) > capacity)
       fail(who, "cache.seqlens",
-           "seqlens[" + str(b) + "] + seqlen_new (" + str(n) + " + " + str(seqlen_new) +
-               ") exceeds the cache capacity (" + str(capacity) +
+           "seqlens[" + std::to_string(b) + "] + seqlen_new (" + std::to_string(n) + " + " +
+               std::to_string(seqlen_new) + ") exceeds the cache capacity (" + std::to_string(capacity) +
                (paged ? " = max_pages x page_size)" : " = max_seqlen)"));
     if (paged)  // n + seqlen_new <= capacity: no overflow
       check_block_table_entries(who, "cache.block_table", cache.block_table, bt_stride, b, n + seqlen_new, page_size,
@@ -275,9 +278,9 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
       for (std::size_t i = 1; i < slots.size(); ++i)
         if (slots[i].first == slots[i - 1].first)
           fail(who, "cache.block_table",
-               "sequences " + str(slots[i - 1].second) + " and " + str(slots[i].second) +
-                   " append into the same slot (page " + str(slots[i].first / page_size) + ", slot " +
-                   str(slots[i].first % page_size) + ")");
+               "sequences " + std::to_string(slots[i - 1].second) + " and " + std::to_string(slots[i].second) +
+                   " append into the same slot (page " + std::to_string(slots[i].first / page_size) + ", slot " +
+                   std::to_string(slots[i].first % page_size) + ")");
     }
   }
 
@@ -290,8 +293,10 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
          "must be null when cache.v views cache.k's rows (MLA): it rotates the first rotary_dim dims, which are "
          "values there; rotate k_new's rope dims before appending");
   reject_dropout(who, resolved.dropout, "decode is an inference path");
-  if (dec.num_splits < 0) fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + str(dec.num_splits));
-  if (dec.keys_per_split < 0) fail(who, "keys_per_split", "must be >= 0 (0 = off), got " + str(dec.keys_per_split));
+  if (dec.num_splits < 0)
+    fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + std::to_string(dec.num_splits));
+  if (dec.keys_per_split < 0)
+    fail(who, "keys_per_split", "must be >= 0 (0 = off), got " + std::to_string(dec.keys_per_split));
 
   DecodeProblem p{};
   static_cast<ResolvedOptions&>(p) = resolved;

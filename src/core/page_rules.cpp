@@ -6,9 +6,6 @@
 #include "core/problem.hpp"
 
 namespace attn::detail {
-namespace {
-std::string str(std::int64_t x) { return std::to_string(x); }
-}  // namespace
 
 Span int32_span(const std::int32_t* p, std::int64_t count) {
   if (!p || count <= 0) return {};
@@ -22,10 +19,11 @@ BlockTableShape check_block_table(std::string_view who, std::string_view arg, co
   const std::string name(arg);
   const std::string base = name.substr(0, name.rfind('.') + 1);  // "cache." of "cache.block_table"
   if (table == nullptr) fail(who, arg, "data pointer is null");
-  if (max_pages < 1) fail(who, base + "max_pages", "must be >= 1, got " + str(max_pages));
+  if (max_pages < 1) fail(who, base + "max_pages", "must be >= 1, got " + std::to_string(max_pages));
   const std::int64_t s = stride == 0 ? max_pages : stride;
   if (s < max_pages)
-    fail(who, base + "block_table_stride", "must be >= max_pages (" + str(max_pages) + ") or 0, got " + str(stride));
+    fail(who, base + "block_table_stride",
+         "must be >= max_pages (" + std::to_string(max_pages) + ") or 0, got " + std::to_string(stride));
   std::int64_t extent = 0, capacity = 0;
   if (!checked_mul(batch - 1, s, extent) || !checked_add(extent, max_pages, extent) ||
       extent > (std::int64_t{1} << 60) || !checked_mul(max_pages, page_size, capacity))
@@ -40,9 +38,9 @@ void check_block_table_entries(std::string_view who, std::string_view arg, const
   for (std::int64_t j = 0; j < pages; ++j) {
     const std::int64_t e = table[b * stride + j];
     if (e < 0 || e >= num_pages)
-      fail(
-          who, arg,
-          "entry [" + str(b) + "][" + str(j) + "] = " + str(e) + " must be in [0, num_pages = " + str(num_pages) + ")");
+      fail(who, arg,
+           "entry [" + std::to_string(b) + "][" + std::to_string(j) + "] = " + std::to_string(e) +
+               " must be in [0, num_pages = " + std::to_string(num_pages) + ")");
   }
 }
 
