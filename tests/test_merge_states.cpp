@@ -126,5 +126,56 @@ TEST(MergeStates, BadArgumentsAreNamedAndNothingIsWritten) {
   expect(p, pl, TensorView::contiguous(parts.data(), 2, 1, 2, 4), "out");  // overlaps parts
 }
 
+// merge_state_in_place: the same result as merge_states on the two states, bitwise, including neutral
+// and NaN rows; bad arguments named with out and lse untouched.
+TEST(MergeStateInPlace, EqualsMergeStatesOfTheTwo) {
+  const std::int64_t R = 5, H = 3, D = 7;
+  auto a = random_tensor<float>(R, 1, H, D, 1), b = random_tensor<float>(R, 1, H, D, 2);
+  std::vector<float> la(R * H), lb(R * H);
+  for (std::int64_t i = 0; i < R * H; ++i) la[i] = 0.3f * float(i % 4) - 0.5f, lb[i] = 0.2f * float(i % 5);
+  la[1] = -INFINITY, lb[2] = -INFINITY, la[4] = lb[4] = -INFINITY, lb[7] = NAN;
+  std::vector<float> parts(R * 2 * H * D), plse(R * 2 * H), want(R * H * D), want_lse(R * H);
+  for (std::int64_t r = 0; r < R; ++r)
+    for (std::int64_t h = 0; h < H; ++h) {
+      plse[(r * 2 + 0) * H + h] = la[r * H + h], plse[(r * 2 + 1) * H + h] = lb[r * H + h];
+      for (std::int64_t c = 0; c < D; ++c) {
+        parts[((r * 2 + 0) * H + h) * D + c] = a.data[(r * H + h) * D + c];
+        parts[((r * 2 + 1) * H + h) * D + c] = b.data[(r * H + h) * D + c];
+      }
+    }
+  const TensorView wl = TensorView::contiguous(want_lse.data(), R, 1, H);
+  merge_states(TensorView::contiguous(parts.data(), R, 2, H, D), TensorView::contiguous(plse.data(), R, 2, H),
+               TensorView::contiguous(want.data(), R, 1, H, D), &wl);
+  merge_state_in_place(a.view(), TensorView::contiguous(la.data(), R, 1, H), b.view(),
+                       TensorView::contiguous(lb.data(), R, 1, H));
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(a.data[i] == want[i] || (std::isnan(a.data[i]) && std::isnan(want[i]))) << i;
+  for (std::size_t i = 0; i < want_lse.size(); ++i)
+    EXPECT_TRUE(la[i] == want_lse[i] || (std::isnan(la[i]) && std::isnan(want_lse[i]))) << i;
+}
+
+TEST(MergeStateInPlace, BadArgumentsAreNamedAndNothingIsWritten) {
+  std::vector<float> out(2 * 3 * 4, 42), lse(2 * 3, 42), other(2 * 3 * 4, 1), olse(2 * 3, 0);
+  const TensorView o = TensorView::contiguous(out.data(), 2, 1, 3, 4), l = TensorView::contiguous(lse.data(), 2, 1, 3),
+                   b = TensorView::contiguous(other.data(), 2, 1, 3, 4),
+                   bl = TensorView::contiguous(olse.data(), 2, 1, 3);
+  auto expect = [&](const TensorView& o2, const TensorView& l2, const TensorView& b2, const TensorView& bl2,
+                    const std::string& needle) {
+    try {
+      merge_state_in_place(o2, l2, b2, bl2);
+      ADD_FAILURE() << "no exception for " << needle;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("attn::merge_state_in_place: " + needle), std::string::npos) << e.what();
+    }
+    for (float x : out) ASSERT_EQ(x, 42.0f);
+    for (float x : lse) ASSERT_EQ(x, 42.0f);
+  };
+  expect(o, l, TensorView::contiguous(other.data(), 2, 1, 3, 3), bl, "other: head_dim");
+  std::vector<double> dl(6);
+  expect(o, l, b, TensorView::contiguous(dl.data(), 2, 1, 3), "other_lse: dtype must be f32");
+  expect(o, l, o, bl, "other: overlaps out or lse");
+  expect(o, TensorView::contiguous(lse.data(), 2, 1, 2), b, bl, "lse: heads");
+}
+
 }  // namespace
 }  // namespace attn

@@ -21,4 +21,11 @@ namespace attn {
 void merge_states(const TensorView& parts, const TensorView& parts_lse, const TensorView& out,
                   const TensorView* lse = nullptr);
 
+// FlashInfer's merge_state_in_place: (out, lse) <- their merge with (other, other_lse), row by row, as
+// merge_states would merge the two states in that order. out, other [rows, 1, heads, head_dim] (one
+// dtype); lse, other_lse [rows, 1, heads] (f64 for f64, else f32). out and lse are read and written;
+// other and other_lse only read and must not overlap them.
+void merge_state_in_place(const TensorView& out, const TensorView& lse, const TensorView& other,
+                          const TensorView& other_lse);
+
 }  // namespace attn

@@ -21,3 +21,10 @@ def merge_state(v_a, s_a, v_b, s_b):
     """Two states: v (seq_len, num_heads, head_dim), s (seq_len, num_heads) each -> (V, S)."""
     import torch
     return merge_states(torch.stack((v_a, v_b), dim=1), torch.stack((s_a, s_b), dim=1))
+
+
+def merge_state_in_place(v, s, v_other, s_other):
+    """FlashInfer's merge_state_in_place: v (seq_len, num_heads, head_dim) and s (seq_len, num_heads)
+    become the merge of (v, s) and (v_other, s_other); returns None."""
+    _C.merge_state_in_place(v.unsqueeze(1), s.unsqueeze(1), v_other.detach().unsqueeze(1),
+                            s_other.detach().unsqueeze(1))

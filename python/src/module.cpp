@@ -370,6 +370,14 @@ void merge_states(const Array& parts, const Array& parts_lse, const Array& out, 
   attn::merge_states(pv, lv, ov, &olv);
 }
 
+void merge_state_in_place(const Array& out, const Array& lse, const Array& other, const Array& other_lse) {
+  const char* who = "attn.merge_state_in_place";
+  const TensorView ov = view_of(who, "v", out, 4), lv = view_of(who, "s", lse, 3),
+                   bv = view_of(who, "v_other", other, 4), blv = view_of(who, "s_other", other_lse, 3);
+  nb::gil_scoped_release unlocked;
+  attn::merge_state_in_place(ov, lv, bv, blv);
+}
+
 nb::dict traffic_dict(const attn::io::Traffic& t) {
   nb::dict d;
   d["elements"] = t.elements;
@@ -473,6 +481,10 @@ NB_MODULE(_C, m) {
   m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),
         "attn::merge_states: parts [rows, states, heads, d], parts_lse [rows, states, heads] into out "
         "[rows, 1, heads, d], lse [rows, 1, heads].");
+  m.def("merge_state_in_place", &merge_state_in_place, nb::arg("out"), nb::arg("lse"), nb::arg("other"),
+        nb::arg("other_lse"),
+        "attn::merge_state_in_place: (out [rows, 1, heads, d], lse [rows, 1, heads]) merged with (other, "
+        "other_lse), written into out and lse.");
   m.def("io_model", &io_model, nb::arg("seqlen") = 4096, nb::arg("head_dim") = 64, nb::arg("sram_bytes") = 192.0 * 1024,
         nb::arg("element_bytes") = 2.0, nb::arg("bandwidth") = 3.35e12, nb::arg("derate") = 0.8,
         "attn::io::model: the traffic of the three schedules (dict).");

@@ -32,3 +32,21 @@ def test_bad_lse_dtype_is_named():
     v = torch.randn(3, 2, 1, 4)
     with pytest.raises(attn.AttnError, match="parts_lse: dtype must be f32"):
         attn.merge_states(v, torch.zeros(3, 2, 1, dtype=torch.float64))
+
+
+def test_merge_state_in_place_equals_merge_state():
+    v_a, v_b = torch.randn(6, 3, 8), torch.randn(6, 3, 8)
+    s_a, s_b = torch.randn(6, 3), torch.randn(6, 3)
+    s_b[2, 1] = float("-inf")
+    want, want_s = attn.merge_state(v_a, s_a, v_b, s_b)
+    attn.merge_state_in_place(v_a, s_a, v_b, s_b)
+    assert torch.equal(v_a, want) and torch.equal(s_a, want_s)
+
+
+def test_merge_state_in_place_bad_shape_is_named():
+    import pytest
+    v, s = torch.randn(6, 3, 8), torch.randn(6, 3)
+    before = v.clone()
+    with pytest.raises(attn.AttnError, match="other: head_dim"):
+        attn.merge_state_in_place(v, s, torch.randn(6, 3, 4), torch.randn(6, 3))
+    assert torch.equal(v, before)

@@ -3,6 +3,7 @@
 #include "attn/merge.hpp"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/online_softmax.hpp"
@@ -66,7 +67,59 @@ void run(const TensorView& parts, const TensorView& parts_lse, const TensorView&
     }
 }
 
+void validate_in_place(const TensorView& out, const TensorView& lse, const TensorView& other,
+                       const TensorView& other_lse) {
+  using detail::fail;
+  constexpr const char* who = "attn::merge_state_in_place";
+  const detail::Span so = detail::check_view(who, "out", out, 4, false),
+                     sl = detail::check_view(who, "lse", lse, 3, false),
+                     sb = detail::check_view(who, "other", other, 4, false),
+                     sbl = detail::check_view(who, "other_lse", other_lse, 3, false);
+  const DType lse_type = out.dtype == DType::f64 ? DType::f64 : DType::f32;
+  if (other.dtype != out.dtype) fail(who, "other", "dtype must match out's");
+  for (const auto& [name, t] : {std::pair{"lse", &lse}, std::pair{"other_lse", &other_lse}})
+    if (t->dtype != lse_type)
+      fail(who, name,
+           "dtype must be " + std::string(dtype_name(lse_type)) + " for out of dtype " +
+               std::string(dtype_name(out.dtype)));
+  const char* dims[] = {"rows", "states", "heads", "head_dim"};
+  for (int i : {0, 1, 2, 3}) detail::require_equal(who, "other", dims[i], other.shape[i], "out", out.shape[i]);
+  for (int i : {0, 1, 2}) {
+    detail::require_equal(who, "lse", dims[i], lse.shape[i], "out", out.shape[i]);
+    detail::require_equal(who, "other_lse", dims[i], other_lse.shape[i], "out", out.shape[i]);
+  }
+  if (out.shape[1] != 1) fail(who, "out", "states must be 1, got " + std::to_string(out.shape[1]));
+  detail::check_no_self_alias(who, "out", out);
+  detail::check_no_self_alias(who, "lse", lse);
+  if (detail::overlaps(so, sl)) fail(who, "lse", "overlaps out");
+  for (const auto& [name, s] : {std::pair{"other", sb}, std::pair{"other_lse", sbl}})
+    if (detail::overlaps(s, so) || detail::overlaps(s, sl)) fail(who, name, "overlaps out or lse");
+}
+
 }  // namespace
+
+void merge_state_in_place(const TensorView& out, const TensorView& lse, const TensorView& other,
+                          const TensorView& other_lse) {
+  validate_in_place(out, lse, other, other_lse);
+  detail::dispatch_dtype(out.dtype, [&]<class T>() {
+    using A = detail::Acc<T>;
+    const std::int64_t rows = out.shape[0], heads = out.shape[2], d = out.shape[3];
+    PartialState<A> acc(d), part(d);
+    std::vector<A> result(static_cast<std::size_t>(d));
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t h = 0; h < heads; ++h) {
+        A* l = static_cast<A*>(lse.data) + r * lse.strides[0] + h * lse.strides[2];
+        const A other_l = static_cast<const A*>(other_lse.data)[r * other_lse.strides[0] + h * other_lse.strides[2]];
+        T* o = detail::row_ptr<T>(out, r, 0, h);
+        reset(acc.view());
+        detail::merge_output(acc.view(), part, *l, o, out.strides[3]);
+        detail::merge_output(acc.view(), part, other_l, detail::row_ptr<const T>(other, r, 0, h), other.strides[3]);
+        *l = finalize(acc.view(), result.data());
+        for (std::int64_t c = 0; c < d; ++c)
+          o[c * out.strides[3]] = detail::store<T>(result[static_cast<std::size_t>(c)]);
+      }
+  });
+}
 
 void merge_states(const TensorView& parts, const TensorView& parts_lse, const TensorView& out, const TensorView* lse) {
   validate(parts, parts_lse, out, lse);
