@@ -45,8 +45,8 @@ DecodeTraffic decode_traffic(const DecodeParams& p) {
   require_positive(where, "kv_heads", p.kv_heads);
   require_positive(where, "head_dim", p.head_dim);
   if (p.heads % p.kv_heads != 0)
-    fail(where, "heads must be a multiple of kv_heads, got " + std::to_string(p.heads) + " and " +
-                    std::to_string(p.kv_heads));
+    fail(where,
+         "heads must be a multiple of kv_heads, got " + std::to_string(p.heads) + " and " + std::to_string(p.kv_heads));
   if (!(std::isfinite(p.element_bytes) && p.element_bytes > 0)) fail(where, "element_bytes must be finite and > 0");
   if (!(std::isfinite(p.bandwidth) && p.bandwidth > 0)) fail(where, "bandwidth must be finite and > 0 bytes/s");
   if (!(std::isfinite(p.derate) && p.derate > 0 && p.derate <= 1)) fail(where, "derate must be in (0, 1]");
