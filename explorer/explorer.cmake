@@ -7,14 +7,18 @@ set(ATTN_EXPLORER AUTO CACHE STRING "Build the explorer page with Emscripten: AU
 set_property(CACHE ATTN_EXPLORER PROPERTY STRINGS AUTO ON OFF)
 set(ATTN_EXPLORER_DIR ${CMAKE_BINARY_DIR}/explorer)
 
-if(NOT ATTN_EXPLORER STREQUAL "OFF" AND NOT ATTN_SANITIZE AND NOT ATTN_BUILD_FUZZERS)
+# Only with the CLI (the page runs its checks, `attn explore` serves it) and not in the sanitizer or
+# fuzzing builds, which test the native code; the Python package's build (no tools) skips it too.
+if(NOT ATTN_EXPLORER STREQUAL "OFF" AND ATTN_BUILD_TOOLS AND NOT ATTN_SANITIZE AND NOT ATTN_BUILD_FUZZERS)
   find_program(ATTN_EMXX em++)
+  set(attn_explorer_build ${ATTN_EMXX})
 endif()
-if(ATTN_EXPLORER STREQUAL "ON" AND NOT ATTN_EMXX)
-  message(FATAL_ERROR "ATTN_EXPLORER=ON but em++ was not found (apt-get install emscripten)")
+if(ATTN_EXPLORER STREQUAL "ON" AND NOT attn_explorer_build)
+  message(FATAL_ERROR "ATTN_EXPLORER=ON but em++ was not found (apt-get install emscripten), or the build "
+                      "has no tools (ATTN_BUILD_TOOLS) or is instrumented (ATTN_SANITIZE, ATTN_BUILD_FUZZERS)")
 endif()
 
-if(ATTN_EMXX)
+if(attn_explorer_build)
   message(STATUS "attn: explorer page with ${ATTN_EMXX} -> ${ATTN_EXPLORER_DIR}")
   set(src ${PROJECT_SOURCE_DIR})
   # Only what the page computes: the traffic model and its counted schedules, the reference, tiled and

@@ -57,9 +57,14 @@ std::string format_ratio(double r) {
 }
 
 json traffic_json(const attn::io::Traffic& t) {
-  return {{"elements", t.elements}, {"bytes", t.bytes},           {"seconds", t.seconds},
-          {"text_bytes", format_mb(t.bytes)}, {"text_time", format_seconds(t.seconds)},
-          {"block_rows", t.block_rows}, {"block_cols", t.block_cols}, {"passes", t.passes}};
+  return {{"elements", t.elements},
+          {"bytes", t.bytes},
+          {"seconds", t.seconds},
+          {"text_bytes", format_mb(t.bytes)},
+          {"text_time", format_seconds(t.seconds)},
+          {"block_rows", t.block_rows},
+          {"block_cols", t.block_cols},
+          {"passes", t.passes}};
 }
 
 attn::io::ModelParams params(double seq, double d, double sram, double elem, double bw, double derate) {
@@ -85,8 +90,7 @@ json break_even_json(std::int64_t n, std::int64_t d, double elem, bool fa2) {
 extern "C" {
 
 // The figures of `attn io --json` for one point, plus the break-even SRAM of both tiled orders.
-EMSCRIPTEN_KEEPALIVE const char* explorer_io(double seq, double d, double sram, double elem, double bw,
-                                             double derate) {
+EMSCRIPTEN_KEEPALIVE const char* explorer_io(double seq, double d, double sram, double elem, double bw, double derate) {
   return guarded([&] {
     const attn::io::Report r = attn::io::model(params(seq, d, sram, elem, bw, derate));
     return json{{"sram_elements", r.sram_elements},
@@ -104,8 +108,8 @@ EMSCRIPTEN_KEEPALIVE const char* explorer_io(double seq, double d, double sram, 
 
 // The three curves against one parameter (0 = N, 1 = d, 2 = SRAM bytes), `steps` points evenly spaced
 // in log space from `from` to `to`, the others held at the given values.
-EMSCRIPTEN_KEEPALIVE const char* explorer_sweep(double var, double from, double to, double steps, double seq,
-                                                double d, double sram, double elem, double bw, double derate) {
+EMSCRIPTEN_KEEPALIVE const char* explorer_sweep(double var, double from, double to, double steps, double seq, double d,
+                                                double sram, double elem, double bw, double derate) {
   return guarded([&] {
     const std::int64_t n = to_count(steps, "steps"), which = to_count(var, "var");
     if (n < 2 || n > 1000) throw std::invalid_argument("steps: must be in [2, 1000]");
@@ -115,8 +119,8 @@ EMSCRIPTEN_KEEPALIVE const char* explorer_sweep(double var, double from, double 
     for (std::int64_t i = 0; i < n; ++i) {
       double x = from * std::pow(to / from, static_cast<double>(i) / static_cast<double>(n - 1));
       if (which < 2) x = std::round(x);  // N and d are counts
-      const attn::io::Report r = attn::io::model(
-          params(which == 0 ? x : seq, which == 1 ? x : d, which == 2 ? x : sram, elem, bw, derate));
+      const attn::io::Report r =
+          attn::io::model(params(which == 0 ? x : seq, which == 1 ? x : d, which == 2 ? x : sram, elem, bw, derate));
       points.push_back({x, r.standard.bytes, r.tiled.bytes, r.fa2.bytes});
     }
     return json{{"points", points}};
@@ -129,9 +133,13 @@ EMSCRIPTEN_KEEPALIVE const char* explorer_count(double seq, double d, double sra
     const attn::io::Report r = attn::io::model(params(seq, d, sram, elem, 1, 1));
     const std::int64_t n = r.params.seqlen, hd = r.params.head_dim, m = r.sram_elements;
     const auto one = [](const attn::io::Counted& c, const attn::io::Traffic& t) {
-      return json{{"counted_elements", c.elements}, {"closed_form", t.elements}, {"reads", c.reads},
-                  {"writes", c.writes}, {"sram_peak_elements", c.sram_peak_elements},
-                  {"max_abs_diff", c.max_abs_diff}, {"match", c.elements == t.elements && c.max_abs_diff <= 1e-12}};
+      return json{{"counted_elements", c.elements},
+                  {"closed_form", t.elements},
+                  {"reads", c.reads},
+                  {"writes", c.writes},
+                  {"sram_peak_elements", c.sram_peak_elements},
+                  {"max_abs_diff", c.max_abs_diff},
+                  {"match", c.elements == t.elements && c.max_abs_diff <= 1e-12}};
     };
     return json{{"tiled", one(attn::io::count_algorithm1(n, hd, m), r.tiled)},
                 {"fa2", one(attn::io::count_fa2(n, hd, m), r.fa2)}};
@@ -170,8 +178,8 @@ EMSCRIPTEN_KEEPALIVE const char* explorer_splitk(double keys, double workers, do
 }
 
 // One decode step over a KV cache (attn::io::decode_traffic).
-EMSCRIPTEN_KEEPALIVE const char* explorer_decode(double cache_len, double heads, double kv_heads, double d,
-                                                 double elem, double bw, double derate) {
+EMSCRIPTEN_KEEPALIVE const char* explorer_decode(double cache_len, double heads, double kv_heads, double d, double elem,
+                                                 double bw, double derate) {
   return guarded([&] {
     attn::io::DecodeParams p;
     p.cache_len = to_count(cache_len, "cache_len");
@@ -182,9 +190,12 @@ EMSCRIPTEN_KEEPALIVE const char* explorer_decode(double cache_len, double heads,
     p.bandwidth = bw;
     p.derate = derate;
     const attn::io::DecodeTraffic t = attn::io::decode_traffic(p);
-    return json{{"kv_bytes", t.kv_bytes},       {"read_bytes", t.read_bytes},
-                {"write_bytes", t.write_bytes}, {"bytes", t.bytes},
-                {"seconds", t.seconds},         {"text_read", format_mb(t.read_bytes)},
+    return json{{"kv_bytes", t.kv_bytes},
+                {"read_bytes", t.read_bytes},
+                {"write_bytes", t.write_bytes},
+                {"bytes", t.bytes},
+                {"seconds", t.seconds},
+                {"text_read", format_mb(t.read_bytes)},
                 {"text_time", format_seconds(t.seconds)}};
   });
 }

@@ -32,9 +32,9 @@ TEST(StaticServer, ServesFilesUnderTheRoot) {
 
 TEST(StaticServer, RefusesEverythingElse) {
   const Root r;
-  for (const char* t : {"", "index.html", "/missing.html", "/sub", "/sub/", "/../index.html", "/sub/../index.html",
-                        "/./index.html", "/.hidden", "//index.html", "/%2e%2e/index.html", "/sub\\a.wasm",
-                        "http://host/index.html", "/index.html\r\n"})
+  for (const char* t :
+       {"", "index.html", "/missing.html", "/sub", "/sub/", "/../index.html", "/sub/../index.html", "/./index.html",
+        "/.hidden", "//index.html", "/%2e%2e/index.html", "/sub\\a.wasm", "http://host/index.html", "/index.html\r\n"})
     EXPECT_EQ(r.resolve(t), "") << t;
   EXPECT_EQ(r.resolve(std::string("/index.html") + '\0' + "x"), "");
 }

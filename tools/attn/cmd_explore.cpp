@@ -26,10 +26,12 @@ void add_explore_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("explore", "Serve the interactive explorer page on localhost and print its URL");
   cmd->add_option("--port", a->port, "TCP port (0: any free one)")->capture_default_str();
-  cmd->add_option("--dir", a->dir, "directory of the built page (index.html, attn_explorer.wasm)")->capture_default_str();
+  cmd->add_option("--dir", a->dir, "directory of the built page (index.html, attn_explorer.wasm)")
+      ->capture_default_str();
   cmd->add_option("--host", a->host, "IPv4 address to listen on")->capture_default_str();
   cmd->callback([a] {
-    if (a->port < 0 || a->port > 65535) throw UsageError("--port: must be in [0, 65535], got " + std::to_string(a->port));
+    if (a->port < 0 || a->port > 65535)
+      throw UsageError("--port: must be in [0, 65535], got " + std::to_string(a->port));
     struct stat st {};
     const std::string index = a->dir + "/index.html", wasm = a->dir + "/attn_explorer.wasm";
     if (a->dir.empty() || ::stat(index.c_str(), &st) != 0 || ::stat(wasm.c_str(), &st) != 0)
