@@ -30,9 +30,11 @@ if(attn_explorer_build)
   set(obj_dir ${CMAKE_BINARY_DIR}/explorer-obj)
   # The headers of Highway and nlohmann-json (both header-only here) without the rest of /usr/include,
   # whose glibc headers must not shadow Emscripten's libc.
+  find_path(ATTN_HWY_INCLUDE hwy/highway.h REQUIRED)
+  find_path(ATTN_JSON_INCLUDE nlohmann/json.hpp REQUIRED)
   file(MAKE_DIRECTORY ${obj_dir}/include)
-  file(CREATE_LINK /usr/include/hwy ${obj_dir}/include/hwy SYMBOLIC)
-  file(CREATE_LINK /usr/include/nlohmann ${obj_dir}/include/nlohmann SYMBOLIC)
+  file(CREATE_LINK ${ATTN_HWY_INCLUDE}/hwy ${obj_dir}/include/hwy SYMBOLIC)
+  file(CREATE_LINK ${ATTN_JSON_INCLUDE}/nlohmann ${obj_dir}/include/nlohmann SYMBOLIC)
   # Emscripten's JS optimiser needs node's acorn: Debian's node-acorn lives in /usr/share/nodejs, which
   # a node that is not Debian's (NodeSource's) does not search.
   set(em_env ${CMAKE_COMMAND} -E env NODE_PATH=/usr/share/nodejs)
@@ -53,8 +55,8 @@ if(attn_explorer_build)
       list(APPEND extra -include ${src}/explorer/wasm/hwy_single_target.hpp)
     endif()
     add_custom_command(OUTPUT ${o}
-      COMMAND ${em_env} ${ATTN_EMXX} ${em_flags} ${extra} -c ${src}/${f} -o ${o}
-      DEPENDS ${src}/${f} IMPLICIT_DEPENDS CXX ${src}/${f}
+      COMMAND ${em_env} ${ATTN_EMXX} ${em_flags} ${extra} -MD -MF ${o}.d -c ${src}/${f} -o ${o}
+      DEPENDS ${src}/${f} DEPFILE ${o}.d
       COMMENT "em++ ${f}" VERBATIM)
     list(APPEND objects ${o})
   endforeach()
