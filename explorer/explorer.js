@@ -241,6 +241,11 @@ function figures() {
 // the inputs and the shown figures after each move into #drive-log (JSON lines) for tests/explorer.
 function drive() {
   const log = [];
+  // Keyboard: every control takes the focus (Tab reaches it; arrows then move a slider natively).
+  const unfocusable = [...document.querySelectorAll("input, select, button")]
+                          .filter((el) => (el.focus(), document.activeElement !== el))
+                          .map((el) => el.id);
+  log.push({ moved: "focus", unfocusable, controls: document.querySelectorAll("input, select, button").length });
   const record = (what) => log.push({ moved: what, traffic: trafficInputs(), decode: decodeInputs(), shown: figures() });
   for (const [id, s] of Object.entries(sliders)) {
     const start = s.el.value;

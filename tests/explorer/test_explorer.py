@@ -186,6 +186,9 @@ def main():
         server.wait()
     cli = Cli(a.attn)
     for rec in records:
+        if rec["moved"] == "focus":
+            check(rec["unfocusable"] == [] and rec["controls"] >= 15, "keyboard: %s" % rec)
+            continue
         if rec["moved"] == "count":
             c, text = cli.io(rec["traffic"], count=True), rec["shown"]["count-out"]
             for name, key in (("Algorithm 1", "tiled"), ("FA2 order", "fa2")):
