@@ -5,7 +5,8 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 
 # `make demo` builds the library and the CLI only (target attn_cli, $(BUILD)/tools/attn) and runs
-# `attn demo`. It configures a new $(BUILD) without the CUDA backend, which the CLI does not use (nvcc
+# `attn demo`, then builds the explorer page (target attn_explorer, when em++ is found) and says how to
+# open it. It configures a new $(BUILD) without the CUDA backend, which the CLI does not use (nvcc
 # would add about a minute); an existing $(BUILD) is used as configured. `make build` and `make test`
 # configure with ATTN_CUDA (default AUTO: on when nvcc is found), so after `make demo` they recompile
 # the library once with the backend.
@@ -49,6 +50,10 @@ demo: $(call after,deps)
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DATTN_CUDA=OFF)
 	cmake --build $(BUILD) -j$(JOBS) --target attn_cli
 	$(BUILD)/tools/attn demo
+	@if grep -q '^ATTN_EMXX:FILEPATH=/' $(BUILD)/CMakeCache.txt; then \
+	  cmake --build $(BUILD) -j$(JOBS) --target attn_explorer && \
+	  echo "The explorer page: run $(BUILD)/tools/attn explore and open the URL it prints (docs/explorer.md)"; \
+	else echo "The explorer page needs Emscripten's em++ (apt-get install emscripten, then make demo; docs/explorer.md)"; fi
 
 test:
 	@scripts/run-stages $(BUILD)/stage-times \

@@ -67,3 +67,39 @@ Counted count_algorithm1(std::int64_t n, std::int64_t d, std::int64_t m, std::ui
 Counted count_fa2(std::int64_t n, std::int64_t d, std::int64_t m, std::uint64_t seed = 1);
 
 }  // namespace attn::io
+
+// ---- Planning figures built on the closed forms (src/io/planning.cpp) ------------------------------
+
+namespace attn::io {
+
+// The smallest SRAM, in elements, at which the tiled schedule moves fewer elements than the standard
+// one for this N and d: Algorithm 1 (fa2 = false) or the FlashAttention-2 order (fa2 = true). Both
+// counts only fall as M grows (T_c = ceil(N / ceil(M / 4d)) never rises), so the answer is a step, found
+// by bisection on the closed forms themselves. 0 when no SRAM wins: even one pass (M >= 4Nd) moves
+// more (d + 4 >= 4N for Algorithm 1). Throws std::invalid_argument for n or d < 1.
+std::int64_t break_even_sram_elements(std::int64_t n, std::int64_t d, bool fa2);
+
+// One decode step (one new query per sequence) over a KV cache of cache_len tokens, per layer: the
+// kernel reads K and V (2 x cache_len x kv_heads x head_dim elements) and q (heads x head_dim), and
+// writes the output (heads x head_dim). Bandwidth-bound: seconds = bytes / (bandwidth x derate).
+struct DecodeParams {
+  std::int64_t cache_len = 4096;
+  std::int64_t heads = 32;
+  std::int64_t kv_heads = 8;
+  std::int64_t head_dim = 128;
+  double element_bytes = 2;
+  double bandwidth = 3.35e12;
+  double derate = 0.8;
+};
+struct DecodeTraffic {
+  double kv_bytes = 0;     // the cache read: what grows with the context
+  double read_bytes = 0;   // kv_bytes + q
+  double write_bytes = 0;  // the output
+  double bytes = 0;        // read + write
+  double seconds = 0;
+};
+// Throws std::invalid_argument (naming the field) for non-positive sizes, heads not a multiple of
+// kv_heads, a non-finite or non-positive element size or bandwidth, or a derate outside (0, 1].
+DecodeTraffic decode_traffic(const DecodeParams& p);
+
+}  // namespace attn::io
