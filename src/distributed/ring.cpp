@@ -17,9 +17,8 @@ namespace attn {
 void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                     const AttentionOptions& opts, const RingOptions& ring, const TensorView* lse, RingStats* stats) {
   constexpr const char* kWho = "attn::ring_attention";
-  int R = 0, r = 0;
-  MPI_Comm_size(comm, &R);
-  MPI_Comm_rank(comm, &r);
+  const detail::RingPlace at = detail::ring_place(comm);
+  const int R = at.ranks, r = at.rank, left = at.left, right = at.right;
   const bool zigzag = ring.layout == RingLayout::zigzag;
   detail::Problem p{};
   detail::agree_collectively(
@@ -35,7 +34,6 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
   detail::Chunk cur{detail::dense_copy(k, p.dtype), detail::dense_copy(v, p.dtype), {}, {}};
   detail::BlockCounts blocks;
   std::vector<MPI_Request> reqs;
-  const int right = (r + 1) % R, left = (r + R - 1) % R;
   for (int s = 0; s < R; ++s) {
     const int owner = (r - s + R) % R;
     detail::Chunk next;

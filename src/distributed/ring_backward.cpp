@@ -45,9 +45,8 @@ void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorVie
                              const TensorView& out, const TensorView& dout, const TensorView& lse, const TensorView& dq,
                              const TensorView& dk, const TensorView& dv, const AttentionOptions& opts,
                              const RingOptions& ring, const TensorView* dsink, RingStats* stats) {
-  int R = 0, r = 0;
-  MPI_Comm_size(comm, &R);
-  MPI_Comm_rank(comm, &r);
+  const detail::RingPlace at = detail::ring_place(comm);
+  const int R = at.ranks, r = at.rank, left = at.left, right = at.right;
   const bool zigzag = ring.layout == RingLayout::zigzag;
   detail::BackwardProblem p{};
   detail::agree_collectively(
@@ -65,7 +64,6 @@ void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorVie
   detail::convert_into(v, cur.v.view);
   detail::BlockCounts blocks;
   std::vector<MPI_Request> reqs;
-  const int right = (r + 1) % R, left = (r + R - 1) % R;
   for (int s = 0; s < R; ++s) {
     const int owner = (r - s + R) % R;
     detail::Chunk next;

@@ -117,19 +117,13 @@ RingAccumulator::RingAccumulator(const Problem& local, std::vector<Segment> q_se
 
 void RingAccumulator::fold_chunk(const TensorView& k, const TensorView& v, const std::vector<Segment>& k_segs,
                                  BlockCounts& counts) {
-  for (const Segment& qs : q_segs_)
-    for (const Segment& ks : k_segs) {
-      if (qs.length == 0 || ks.length == 0) continue;
-      if (!block_visible(local_.rule, total_q_, total_k_, qs, ks)) {
-        ++counts.skipped;
-        continue;
-      }
-      ++counts.computed;
-      if (acc_ == DType::f64)
-        fold_block<double>(k, v, qs, ks);
-      else
-        fold_block<float>(k, v, qs, ks);
-    }
+  for_each_visible_block(local_.rule, total_q_, total_k_, q_segs_, k_segs, counts,
+                         [&](const Segment& qs, const Segment& ks) {
+                           if (acc_ == DType::f64)
+                             fold_block<double>(k, v, qs, ks);
+                           else
+                             fold_block<float>(k, v, qs, ks);
+                         });
 }
 
 template <class A>

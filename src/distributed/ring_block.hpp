@@ -47,6 +47,24 @@ struct BlockCounts {
   std::int64_t computed = 0, skipped = 0;
 };
 
+// Calls f(qs, ks) for every non-empty block of q_segs x k_segs that the mask does not hide entirely,
+// in segment order, and counts the blocks computed and skipped.
+template <class F>
+void for_each_visible_block(const ScoreRule& rule, std::int64_t total_q, std::int64_t total_k,
+                            const std::vector<Segment>& q_segs, const std::vector<Segment>& k_segs, BlockCounts& counts,
+                            F&& f) {
+  for (const Segment& qs : q_segs)
+    for (const Segment& ks : k_segs) {
+      if (qs.length == 0 || ks.length == 0) continue;
+      if (!block_visible(rule, total_q, total_k, qs, ks)) {
+        ++counts.skipped;
+        continue;
+      }
+      ++counts.computed;
+      f(qs, ks);
+    }
+}
+
 // A rank's view copied (and converted) into a dense [shape] buffer of `dtype` that it owns.
 struct DenseCopy {
   std::vector<std::byte> bytes;

@@ -75,6 +75,19 @@ inline Chunk empty_chunk(const Problem& p, std::int64_t rows, bool grads) {
   return c;
 }
 
+// This rank's place in the ring: R ranks, rank r, sending to r + 1 and receiving from r - 1.
+struct RingPlace {
+  int ranks = 1, rank = 0, left = 0, right = 0;
+};
+inline RingPlace ring_place(MPI_Comm comm) {
+  RingPlace p;
+  MPI_Comm_size(comm, &p.ranks);
+  MPI_Comm_rank(comm, &p.rank);
+  p.right = (p.rank + 1) % p.ranks;
+  p.left = (p.rank + p.ranks - 1) % p.ranks;
+  return p;
+}
+
 inline int elements(const DenseCopy& x) { return static_cast<int>(x.bytes.size() / dtype_size(x.view.dtype)); }
 
 // Posts the receive of x from `from` and the send of y to `to` (tag `tag`), appending both requests.

@@ -47,19 +47,13 @@ RingGradAccumulator::RingGradAccumulator(const BackwardProblem& local, std::vect
 
 void RingGradAccumulator::add_chunk(const TensorView& k, const TensorView& v, const TensorView& dk,
                                     const TensorView& dv, const std::vector<Segment>& k_segs, BlockCounts& counts) {
-  for (const Segment& qs : q_segs_)
-    for (const Segment& ks : k_segs) {
-      if (qs.length == 0 || ks.length == 0) continue;
-      if (!block_visible(local_.rule, total_q_, total_k_, qs, ks)) {
-        ++counts.skipped;
-        continue;
-      }
-      ++counts.computed;
-      if (acc_ == DType::f64)
-        add_block<double>(k, v, dk, dv, qs, ks);
-      else
-        add_block<float>(k, v, dk, dv, qs, ks);
-    }
+  for_each_visible_block(local_.rule, total_q_, total_k_, q_segs_, k_segs, counts,
+                         [&](const Segment& qs, const Segment& ks) {
+                           if (acc_ == DType::f64)
+                             add_block<double>(k, v, dk, dv, qs, ks);
+                           else
+                             add_block<float>(k, v, dk, dv, qs, ks);
+                         });
 }
 
 template <class A>
