@@ -22,6 +22,7 @@
 #include "attn/attention.hpp"
 #include "attn/decode.hpp"
 #include "core/element.hpp"
+#include "core/target_names.hpp"
 
 namespace attn::test {
 
@@ -166,12 +167,7 @@ inline std::int64_t cpu_targets() {
   return mask;
 }
 
-// " AVX2 SSE4" for a mask of target bits, best first.
-inline std::string target_names(std::int64_t mask) {
-  std::string s;
-  for (std::int64_t t = mask; t != 0; t &= t - 1) s += std::string(" ") + hwy::TargetName(t & -t);
-  return s;
-}
+using detail::target_names;
 
 // The targets ATTN_ISA names, restricted to cpu_targets(); 0 when it is unset or empty. A name that
 // is no target, or a list the CPU runs none of, throws std::invalid_argument.
@@ -180,25 +176,7 @@ inline std::int64_t isa_targets() {
     cpu_targets();
     const char* env = std::getenv("ATTN_ISA");
     if (env == nullptr || *env == '\0') return std::int64_t{0};
-    std::int64_t named = 0;
-    const std::string list = env;
-    for (std::size_t at = 0; at <= list.size();) {
-      const std::size_t end = std::min(list.find(',', at), list.size());
-      const std::string word = list.substr(at, end - at);
-      std::string upper = word;
-      for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-      std::int64_t bit = 0;
-      for (std::int64_t t = HWY_TARGETS; t != 0 && bit == 0; t &= t - 1)
-        if (upper == hwy::TargetName(t & -t)) bit = t & -t;
-      if (bit == 0)
-        throw std::invalid_argument("ATTN_ISA: '" + word +
-                                    "' is none of the targets compiled here:" + target_names(HWY_TARGETS));
-      named |= bit;
-      at = end + 1;
-    }
-    if ((named & cpu_targets()) == 0)
-      throw std::invalid_argument(std::string("ATTN_ISA=") + env + ": this CPU runs none of these targets");
-    return named & cpu_targets();
+    return detail::parse_target_list(env, HWY_TARGETS, cpu_targets(), "ATTN_ISA");
   }();
   return mask;
 }

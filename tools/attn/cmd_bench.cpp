@@ -1,6 +1,7 @@
 // `attn bench prefill|decode|backward`: the performance tables. Each subcommand lives in its own file.
 #include <CLI/CLI.hpp>
 
+#include "bench_isa.hpp"
 #include "commands.hpp"
 
 namespace attn::cli {
@@ -8,6 +9,12 @@ namespace attn::cli {
 void add_bench_command(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks against the machine's measured ceilings and baselines");
   bench->require_subcommand(1);
+  bench->fallthrough();  // --isa also after the subcommand's name
+  bench
+      ->add_option_function<std::string>("--isa", pin_isa,
+                                         "run every kernel and the FMA probe on these Highway targets only "
+                                         "(comma-separated, e.g. avx2 on an AVX-512 machine; as ATTN_ISA)")
+      ->type_name("TARGETS");
   add_bench_prefill(*bench);
   add_bench_decode(*bench);
   add_bench_mla(*bench);

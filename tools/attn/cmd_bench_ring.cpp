@@ -19,6 +19,7 @@
 #include "attn/ring_model.hpp"
 #include "bench_common.hpp"
 #include "bench_inputs.hpp"
+#include "bench_isa.hpp"
 #include "commands.hpp"
 #include "probes.hpp"
 #include "units.hpp"
@@ -49,7 +50,7 @@ nlohmann::json run_worker(const RingArgs& a, std::int64_t ranks, std::int64_t th
                           " --heads " + std::to_string(a.heads) + " --kv-heads " + std::to_string(a.kv_heads) +
                           " --head-dim " + std::to_string(a.head_dim) + " --dtype " + a.dtype + " --layout " +
                           a.layout + " --threads " + std::to_string(threads) + " --reps " + (a.quick ? "3" : "7") +
-                          (a.full ? " --full" : "");
+                          (a.full ? " --full" : "") + (pinned_isa().empty() ? "" : " --isa " + pinned_isa());
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("ring: cannot run " + cmd);
   std::string text;

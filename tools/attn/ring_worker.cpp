@@ -13,6 +13,7 @@
 
 #include "attn/distributed.hpp"
 #include "bench_inputs.hpp"
+#include "bench_isa.hpp"
 
 namespace {
 
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
   app.add_flag("--full", a.full, "no causal mask");
   app.add_option("--threads", a.threads, "OpenMP threads per rank");
   app.add_option("--reps", a.reps, "timed runs");
+  app.add_option_function<std::string>("--isa", attn::cli::pin_isa, "Highway targets to run on (attn bench --isa)");
   int rc = 0;
   try {
     app.parse(argc, argv);
