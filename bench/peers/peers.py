@@ -8,6 +8,7 @@ in one table with ratios (peer seconds / attn seconds: > 1 means attn is faster)
   ... --mode decode --seq 4096,16384         # seqlen_q = 1 over a KV cache of length L (32/8 heads, d=128)
   ... --mode backward --seq 8192 --head-dim 128   # the backward only: out.backward(dout) vs attn bench backward
   ... --mode train --seq 8192 --head-dim 128      # the training step: forward (with lse) + backward
+  ... --isa avx2                                  # attn and PyTorch restricted to AVX2 (on an AVX-512 machine)
 
 attn's numbers come from `attn bench prefill --json` (`attn bench backward --json --step` for the
 backward and train modes; or --attn-cmd, e.g. the decode bench) run by this script in the same session. Not part of `make test`.
@@ -45,6 +46,8 @@ def run_attn(args, sh):
         cmd = [args.attn, "bench", "backward", "--json", "--step", "--seq", str(sh["seq_k"]), "--head-dim",
                str(sh["head_dim"]), "--causal", "1" if sh["causal"] else "0", "--dtype", args.dtype, "--threads",
                str(args.threads), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--batch", str(args.batch)]
+    if args.isa:
+        cmd[2:2] = ["--isa", args.isa]
     if args.attn_cmd:
         cmd = args.attn_cmd.format(**sh, threads=args.threads, heads=args.heads, kv_heads=args.kv_heads,
                                    batch=args.batch, dtype=args.dtype).split()
@@ -146,7 +149,11 @@ def main():
     p.add_argument("--attn-cmd", default=None, help="command template replacing `attn bench prefill`, e.g. "
                    "'build/tools/attn bench decode --json --cache {seq_k} ...' ({seq_q} {seq_k} {head_dim} {threads} ...)")
     p.add_argument("--peers", default="torch,ort")
+    p.add_argument("--isa", default="", help="e.g. avx2: attn bench --isa avx2 and PyTorch with "
+                   "ATEN_CPU_CAPABILITY=avx2 (ONNX Runtime has no such switch: it keeps its best code path)")
     args = p.parse_args()
+    if args.isa:  # before torch is imported (run_torch imports it)
+        os.environ["ATEN_CPU_CAPABILITY"] = args.isa.split(",")[0].lower()
     dec = args.mode == "decode"
     args.seq = args.seq or ([4096, 16384] if dec else [1024, 4096, 8192])
     args.head_dim = args.head_dim or ([128] if dec or args.mode != "prefill" else [64, 128])
