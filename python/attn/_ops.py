@@ -77,7 +77,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal:
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     b, sq, h, _ = q.shape
-    return q.new_empty(q.shape[:-1] + v.shape[-1:]), q.new_empty((b, h, sq), dtype=_lse_dtype(q))
+    return _out_for(q, v), q.new_empty((b, h, sq), dtype=_lse_dtype(q))
 
 
 def _bwd_eager(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
@@ -126,7 +126,7 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
       dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
-    return q.new_empty(q.shape[:-1] + v.shape[-1:]), q.new_empty((h, total_q), dtype=_lse_dtype(q))
+    return _out_for(q, v), q.new_empty((h, total_q), dtype=_lse_dtype(q))
 
 
 def _varlen_paged_eager(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal,
@@ -153,7 +153,7 @@ def varlen_fwd_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: 
 def _(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal, window_left, window_right,
       softcap, alibi_slopes, dropout_p, seed, num_threads, sinks):
     total_q, h, _ = q.shape
-    return q.new_empty(q.shape[:-1] + v_cache.shape[-1:]), q.new_empty((h, total_q), dtype=_lse_dtype(q))
+    return _out_for(q, v_cache), q.new_empty((h, total_q), dtype=_lse_dtype(q))
 
 
 def _varlen_bwd_eager(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
