@@ -35,12 +35,13 @@ inline std::int64_t parse_target_list(const std::string& list, std::int64_t comp
     for (std::int64_t t = compiled; t != 0 && bit == 0; t &= t - 1)
       if (upper == hwy::TargetName(t & -t)) bit = t & -t;
     if (bit == 0)
-      throw std::invalid_argument(what + ": '" + word + "' is none of the targets compiled here:" +
-                                  target_names(compiled));
+      throw std::invalid_argument(what + ": '" + word +
+                                  "' is none of the targets compiled here:" + target_names(compiled));
     named |= bit;
     at = end + 1;
   }
-  if ((named & supported) == 0) throw std::invalid_argument(what + "=" + list + ": this CPU runs none of these targets");
+  if ((named & supported) == 0)
+    throw std::invalid_argument(what + "=" + list + ": this CPU runs none of these targets");
   return named & supported;
 }
 
