@@ -55,6 +55,16 @@ void agree_collectively(MPI_Comm comm, std::string_view who, const std::function
                                     std::to_string(r) + ": " + std::to_string(all[r * values.size() + i]) + ")");
 }
 
+void append_rule_fields(std::vector<SharedField>& fields, const ScoreRule& r, std::int64_t batch, std::int64_t heads) {
+  fields.push_back({"opts", "softmax_scale", double_bits(r.scale)});
+  fields.push_back({"opts", "softcap", double_bits(r.softcap)});
+  fields.push_back({"opts", "window_left (causal, window)", r.window_left});
+  fields.push_back({"opts", "window_right (causal, window)", r.window_right});
+  fields.push_back(
+      {"opts", "alibi_slopes (their values)", r.alibi_slopes ? hash_floats(r.alibi_slopes, batch * heads) : 0});
+  fields.push_back({"opts", "sinks (their values)", r.sinks ? hash_floats(r.sinks, heads) : 0});
+}
+
 std::int64_t hash_floats(const float* x, std::int64_t n, std::int64_t stride) {
   std::uint64_t h = 1469598103934665603ull;
   for (std::int64_t i = 0; i < n; ++i) {

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/score_rule.hpp"
+
 namespace attn::detail {
 
 // A value every rank must share, and the argument a mismatch is blamed on.
@@ -29,6 +31,11 @@ void agree_collectively(MPI_Comm comm, std::string_view who, const std::function
 
 // Every rank's x, in rank order (MPI_Allgather).
 std::vector<std::int64_t> all_ranks(MPI_Comm comm, std::int64_t x);
+
+// The score rule's fields every rank must share (scale, softcap, window, and hashes of the ALiBi
+// slopes and sinks of `batch` x `heads`), appended to `fields`.
+void append_rule_fields(std::vector<SharedField>& fields, const ScoreRule& rule, std::int64_t batch,
+                        std::int64_t heads);
 
 // FNV-1a over n floats' bits (the ALiBi slopes and sinks, compared across ranks by this hash).
 std::int64_t hash_floats(const float* x, std::int64_t n, std::int64_t stride = 1);

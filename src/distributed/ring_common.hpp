@@ -39,20 +39,15 @@ inline void check_ring_rules(const char* who, const Problem& p, bool zigzag) {
 }
 
 inline std::vector<SharedField> ring_fields(const Problem& p, const RingOptions& ring) {
-  const ScoreRule& r = p.rule;
-  return {{"q", "dtype", static_cast<std::int64_t>(p.dtype)},
-          {"q", "batch", p.batch},
-          {"q", "heads", p.heads},
-          {"k", "kv_heads", p.kv_heads},
-          {"q", "head_dim", p.head_dim},
-          {"v", "head_dim_v", p.head_dim_v},
-          {"ring", "layout", static_cast<std::int64_t>(ring.layout)},
-          {"opts", "softmax_scale", double_bits(r.scale)},
-          {"opts", "softcap", double_bits(r.softcap)},
-          {"opts", "window_left (causal, window)", r.window_left},
-          {"opts", "window_right (causal, window)", r.window_right},
-          {"opts", "alibi_slopes (their values)", r.alibi_slopes ? hash_floats(r.alibi_slopes, p.batch * p.heads) : 0},
-          {"opts", "sinks (their values)", r.sinks ? hash_floats(r.sinks, p.heads) : 0}};
+  std::vector<SharedField> f = {{"q", "dtype", static_cast<std::int64_t>(p.dtype)},
+                                {"q", "batch", p.batch},
+                                {"q", "heads", p.heads},
+                                {"k", "kv_heads", p.kv_heads},
+                                {"q", "head_dim", p.head_dim},
+                                {"v", "head_dim_v", p.head_dim_v},
+                                {"ring", "layout", static_cast<std::int64_t>(ring.layout)}};
+  append_rule_fields(f, p.rule, p.batch, p.heads);
+  return f;
 }
 
 // One chunk as it travels: its k and v (dense, the inputs' dtype) and, in the backward, its running

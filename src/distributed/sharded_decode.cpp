@@ -20,22 +20,16 @@ namespace {
 constexpr const char* kWho = "attn::sharded_decode";
 
 std::vector<detail::SharedField> shared_fields(const detail::DecodeProblem& p, ShardMerge merge) {
-  const detail::ScoreRule& r = p.rule;
-  return {{"q", "dtype", static_cast<std::int64_t>(p.q_dtype)},
-          {"q", "batch", p.batch},
-          {"q", "seqlen_q", p.seqlen_q},
-          {"q", "heads", p.heads},
-          {"cache.k", "kv_heads", p.kv_heads},
-          {"q", "head_dim", p.head_dim},
-          {"cache.v", "head_dim_v", p.head_dim_v},
-          {"merge", "mode", static_cast<std::int64_t>(merge)},
-          {"opts", "softmax_scale", detail::double_bits(r.scale)},
-          {"opts", "softcap", detail::double_bits(r.softcap)},
-          {"opts", "window_left (causal, window)", r.window_left},
-          {"opts", "window_right (causal, window)", r.window_right},
-          {"opts", "alibi_slopes (their values)",
-           r.alibi_slopes ? detail::hash_floats(r.alibi_slopes, p.batch * p.heads) : 0},
-          {"opts", "sinks (their values)", r.sinks ? detail::hash_floats(r.sinks, p.heads) : 0}};
+  std::vector<detail::SharedField> f = {{"q", "dtype", static_cast<std::int64_t>(p.q_dtype)},
+                                        {"q", "batch", p.batch},
+                                        {"q", "seqlen_q", p.seqlen_q},
+                                        {"q", "heads", p.heads},
+                                        {"cache.k", "kv_heads", p.kv_heads},
+                                        {"q", "head_dim", p.head_dim},
+                                        {"cache.v", "head_dim_v", p.head_dim_v},
+                                        {"merge", "mode", static_cast<std::int64_t>(merge)}};
+  detail::append_rule_fields(f, p.rule, p.batch, p.heads);
+  return f;
 }
 
 void reject_unsupported(const KVCache& slice, const DecodeOptions& dec) {
