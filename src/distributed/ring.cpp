@@ -18,7 +18,6 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
                     const AttentionOptions& opts, const RingOptions& ring, const TensorView* lse, RingStats* stats) {
   constexpr const char* kWho = "attn::ring_attention";
   const detail::RingPlace at = detail::ring_place(comm);
-  const int R = at.ranks, r = at.rank, left = at.left, right = at.right;
   const bool zigzag = ring.layout == RingLayout::zigzag;
   detail::Problem p{};
   detail::agree_collectively(
@@ -30,22 +29,11 @@ void ring_attention(MPI_Comm comm, const TensorView& q, const TensorView& k, con
       [&] { return detail::ring_fields(p, ring); });
 
   const detail::RingLengths len = detail::ring_lengths(comm, p);
-  detail::RingAccumulator acc(p, detail::ring_segments(zigzag, len.q, r), len.total_q, len.total_k);
-  detail::Chunk cur{detail::dense_copy(k, p.dtype), detail::dense_copy(v, p.dtype), {}, {}};
+  detail::RingAccumulator acc(p, detail::ring_segments(zigzag, len.q, at.rank), len.total_q, len.total_k);
   detail::BlockCounts blocks;
-  std::vector<MPI_Request> reqs;
-  for (int s = 0; s < R; ++s) {
-    const int owner = (r - s + R) % R;
-    detail::Chunk next;
-    if (s + 1 < R) {  // posted before this step's compute, so the transfer overlaps it
-      next = detail::empty_chunk(p, len.k[static_cast<std::size_t>((owner + R - 1) % R)], false);
-      detail::exchange(next.k, left, cur.k, right, 0, comm, reqs);
-      detail::exchange(next.v, left, cur.v, right, 1, comm, reqs);
-    }
-    acc.fold_chunk(cur.k.view, cur.v.view, detail::ring_segments(zigzag, len.k, owner), blocks);
-    detail::wait_all(reqs);
-    if (s + 1 < R) cur = std::move(next);
-  }
+  detail::ring_steps(comm, p, len.k, at, detail::own_chunk(p, k, v, false), false, [&](detail::Chunk& c, int owner) {
+    acc.fold_chunk(c.k.view, c.v.view, detail::ring_segments(zigzag, len.k, owner), blocks);
+  });
   acc.finish();
   if (stats) *stats = {blocks.computed, blocks.skipped};
 }

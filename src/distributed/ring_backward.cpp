@@ -46,7 +46,6 @@ void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorVie
                              const TensorView& dk, const TensorView& dv, const AttentionOptions& opts,
                              const RingOptions& ring, const TensorView* dsink, RingStats* stats) {
   const detail::RingPlace at = detail::ring_place(comm);
-  const int R = at.ranks, r = at.rank, left = at.left, right = at.right;
   const bool zigzag = ring.layout == RingLayout::zigzag;
   detail::BackwardProblem p{};
   detail::agree_collectively(
@@ -58,35 +57,21 @@ void ring_attention_backward(MPI_Comm comm, const TensorView& q, const TensorVie
       [&] { return detail::ring_fields(p, ring); });
 
   const detail::RingLengths len = detail::ring_lengths(comm, p);
-  detail::RingGradAccumulator acc(p, detail::ring_segments(zigzag, len.q, r), len.total_q, len.total_k);
-  detail::Chunk cur = detail::empty_chunk(p, p.seqlen_k, true);
-  detail::convert_into(k, cur.k.view);
-  detail::convert_into(v, cur.v.view);
+  detail::RingGradAccumulator acc(p, detail::ring_segments(zigzag, len.q, at.rank), len.total_q, len.total_k);
   detail::BlockCounts blocks;
-  std::vector<MPI_Request> reqs;
-  for (int s = 0; s < R; ++s) {
-    const int owner = (r - s + R) % R;
-    detail::Chunk next;
-    if (s + 1 < R) {
-      next = detail::empty_chunk(p, len.k[static_cast<std::size_t>((owner + R - 1) % R)], true);
-      detail::exchange(next.k, left, cur.k, right, 0, comm, reqs);
-      detail::exchange(next.v, left, cur.v, right, 1, comm, reqs);
-    }
-    acc.add_chunk(cur.k.view, cur.v.view, cur.dk.view, cur.dv.view, detail::ring_segments(zigzag, len.k, owner),
-                  blocks);
-    if (s + 1 < R) {  // this chunk's gradients now hold every rank's blocks up to this one
-      detail::exchange(next.dk, left, cur.dk, right, 2, comm, reqs);
-      detail::exchange(next.dv, left, cur.dv, right, 3, comm, reqs);
-    }
+  detail::Chunk cur =
+      detail::ring_steps(comm, p, len.k, at, detail::own_chunk(p, k, v, true), true, [&](detail::Chunk& c, int owner) {
+        acc.add_chunk(c.k.view, c.v.view, c.dk.view, c.dv.view, detail::ring_segments(zigzag, len.k, owner), blocks);
+      });
+  if (at.ranks > 1) {  // cur holds rank r + 1's chunk and its finished gradients; rank r - 1 holds ours
+    std::vector<MPI_Request> reqs;
+    detail::DenseCopy mine_dk = detail::dense_zeros({p.batch, p.seqlen_k, p.kv_heads, p.head_dim}, cur.dk.view.dtype),
+                      mine_dv = detail::dense_zeros({p.batch, p.seqlen_k, p.kv_heads, p.head_dim_v}, cur.dv.view.dtype);
+    detail::exchange(mine_dk, at.left, cur.dk, at.right, 4, comm, reqs);
+    detail::exchange(mine_dv, at.left, cur.dv, at.right, 5, comm, reqs);
     detail::wait_all(reqs);
-    if (s + 1 < R) cur = std::move(next);
-  }
-  if (R > 1) {  // cur holds rank r + 1's chunk; rank r - 1 holds ours
-    detail::Chunk mine = detail::empty_chunk(p, p.seqlen_k, true);
-    detail::exchange(mine.dk, left, cur.dk, right, 4, comm, reqs);
-    detail::exchange(mine.dv, left, cur.dv, right, 5, comm, reqs);
-    detail::wait_all(reqs);
-    cur = std::move(mine);
+    cur.dk = std::move(mine_dk);
+    cur.dv = std::move(mine_dv);
   }
   acc.store_dq();
   detail::convert_into(cur.dk.view, dk);

@@ -66,12 +66,21 @@ void convert_into(const TensorView& src, const TensorView& dst) {
   });
 }
 
-DenseCopy dense_copy(const TensorView& src, DType dtype) {
+TensorView dense_view(std::vector<std::byte>& bytes, std::array<std::int64_t, 4> shape, DType dtype) {
+  TensorView v = TensorView::contiguous(reinterpret_cast<float*>(bytes.data()), shape[0], shape[1], shape[2], shape[3]);
+  v.dtype = dtype;
+  return v;
+}
+
+DenseCopy dense_zeros(std::array<std::int64_t, 4> shape, DType dtype) {
   DenseCopy c;
-  const auto& sh = src.shape;
-  c.bytes.resize(static_cast<std::size_t>(sh[0] * sh[1] * sh[2] * sh[3]) * dtype_size(dtype));
-  c.view = TensorView::contiguous(reinterpret_cast<float*>(c.bytes.data()), sh[0], sh[1], sh[2], sh[3]);
-  c.view.dtype = dtype;
+  c.bytes.assign(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]) * dtype_size(dtype), std::byte{0});
+  c.view = dense_view(c.bytes, shape, dtype);
+  return c;
+}
+
+DenseCopy dense_copy(const TensorView& src, DType dtype) {
+  DenseCopy c = dense_zeros(src.shape, dtype);
   convert_into(src, c.view);
   return c;
 }

@@ -11,6 +11,7 @@
 // entirely is skipped, not computed.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -70,6 +71,10 @@ struct DenseCopy {
   std::vector<std::byte> bytes;
   TensorView view;
 };
+// A dense view of `shape` over bytes (its size already shape's elements x dtype's size).
+TensorView dense_view(std::vector<std::byte>& bytes, std::array<std::int64_t, 4> shape, DType dtype);
+// A dense zeroed [shape] buffer of `dtype`, and one holding src converted to `dtype`.
+DenseCopy dense_zeros(std::array<std::int64_t, 4> shape, DType dtype);
 DenseCopy dense_copy(const TensorView& src, DType dtype);
 // dst <- src, element by element, converted (same shapes, any strides and dtypes).
 void convert_into(const TensorView& src, const TensorView& dst);

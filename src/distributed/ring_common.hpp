@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "attn/distributed.hpp"
@@ -70,6 +71,14 @@ inline Chunk empty_chunk(const Problem& p, std::int64_t rows, bool grads) {
   return c;
 }
 
+// This rank's own chunk: its k and v rows, dense, with zeroed gradients when `grads`.
+inline Chunk own_chunk(const Problem& p, const TensorView& k, const TensorView& v, bool grads) {
+  Chunk c = empty_chunk(p, p.seqlen_k, grads);
+  convert_into(k, c.k.view);
+  convert_into(v, c.v.view);
+  return c;
+}
+
 // This rank's place in the ring: R ranks, rank r, sending to r + 1 and receiving from r - 1.
 struct RingPlace {
   int ranks = 1, rank = 0, left = 0, right = 0;
@@ -97,6 +106,36 @@ inline void exchange(DenseCopy& x, int from, DenseCopy& y, int to, int tag, MPI_
 inline void wait_all(std::vector<MPI_Request>& reqs) {
   MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
   reqs.clear();
+}
+
+// The ring's R steps on this rank, from its own chunk `cur`: at step s, compute(chunk, owner) on the
+// chunk of rank owner = r - s. The chunk's k and v go on to rank r + 1 (and the next chunk's come
+// from r - 1) while it computes, posted before the compute so that the transfer can overlap it; with
+// grads, its dk and dv go on once the step's blocks are in them. Returns the last step's chunk (rank
+// r + 1's; r's own when R = 1).
+template <class F>
+Chunk ring_steps(MPI_Comm comm, const Problem& p, const std::vector<std::int64_t>& rows_k, const RingPlace& at,
+                 Chunk cur, bool grads, F&& compute) {
+  const int R = at.ranks;
+  std::vector<MPI_Request> reqs;
+  for (int s = 0; s < R; ++s) {
+    const int owner = (at.rank - s + R) % R;
+    const bool pass = s + 1 < R;
+    Chunk next;
+    if (pass) {
+      next = empty_chunk(p, rows_k[static_cast<std::size_t>((owner + R - 1) % R)], grads);
+      exchange(next.k, at.left, cur.k, at.right, 0, comm, reqs);
+      exchange(next.v, at.left, cur.v, at.right, 1, comm, reqs);
+    }
+    compute(cur, owner);
+    if (pass && grads) {
+      exchange(next.dk, at.left, cur.dk, at.right, 2, comm, reqs);
+      exchange(next.dv, at.left, cur.dv, at.right, 3, comm, reqs);
+    }
+    wait_all(reqs);
+    if (pass) cur = std::move(next);
+  }
+  return cur;
 }
 
 // The whole sequence's lengths from every rank's (allgathered).

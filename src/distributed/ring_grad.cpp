@@ -23,20 +23,7 @@ void add_rows(const TensorView& dst, const TensorView& src, const Segment& seg) 
       }
 }
 
-TensorView dense_view(std::vector<std::byte>& bytes, std::array<std::int64_t, 4> shape, DType dtype) {
-  TensorView v = TensorView::contiguous(reinterpret_cast<float*>(bytes.data()), shape[0], shape[1], shape[2], shape[3]);
-  v.dtype = dtype;
-  return v;
-}
-
 }  // namespace
-
-DenseCopy dense_zeros(std::array<std::int64_t, 4> shape, DType dtype) {
-  DenseCopy c;
-  c.bytes.assign(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]) * dtype_size(dtype), std::byte{0});
-  c.view = dense_view(c.bytes, shape, dtype);
-  return c;
-}
 
 RingGradAccumulator::RingGradAccumulator(const BackwardProblem& local, std::vector<Segment> q_segs,
                                          std::int64_t total_q, std::int64_t total_k)

@@ -6,7 +6,6 @@
 // are in the accumulator type (f32 for bf16 and f16) and in a fixed order.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -45,8 +44,5 @@ class RingGradAccumulator {
   DenseCopy dq_;                                     // [batch, seqlen_q, heads, head_dim], acc_dtype()
   std::vector<std::byte> blk_dq_, blk_dk_, blk_dv_;  // one block's gradients
 };
-
-// A dense zeroed [shape] buffer of `dtype` that owns its storage.
-DenseCopy dense_zeros(std::array<std::int64_t, 4> shape, DType dtype);
 
 }  // namespace attn::detail
