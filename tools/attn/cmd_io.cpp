@@ -30,12 +30,6 @@ struct IoArgs {
   RingIoArgs ring;  // --ring and its options (cmd_io_ring.cpp)
 };
 
-std::string printf_str(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
 // Pads to `width` columns counting UTF-8 code points, not bytes (µ and × are two bytes each).
 std::string pad(const std::string& s, std::size_t width, bool right = false) {
   std::size_t cols = 0;

@@ -18,12 +18,6 @@
 namespace attn::cli {
 namespace {
 
-std::string printf_number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
 const char* const kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
 
 io::RingParams params_for(const RingIoArgs& a, double link_gbps, std::int64_t ranks) {
@@ -58,7 +52,7 @@ void write_plot(const RingIoArgs& a, const std::vector<double>& links) {
   plot.y = {"parallel efficiency T_1 / (R T)", true, 10, {}};
   for (std::size_t i = 0; i < links.size(); ++i) {
     svg::Series s;
-    s.name = printf_number(links[i]) + " Gb/s";
+    s.name = printf_str("%g", links[i]) + " Gb/s";
     s.color = kColors[i % 7];
     for (std::int64_t R = 1; R <= 1024; R *= 2) {
       s.x.push_back(static_cast<double>(R));

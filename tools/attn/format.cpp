@@ -8,6 +8,12 @@
 
 namespace attn::cli {
 
+std::string printf_str(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
 std::string format_mb(double bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);

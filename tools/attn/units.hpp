@@ -24,6 +24,7 @@ std::int64_t parse_count(std::string_view text, std::string_view flag);
 double parse_number(std::string_view text, std::string_view flag);
 
 // Human formatting: 136.3 MB (10^6 bytes), 50.9 µs, 7.3×.
+std::string printf_str(const char* format, double v);  // one number through a printf format, e.g. "%g"
 std::string format_mb(double bytes);
 std::string format_seconds(double s);
 std::string format_bytes(double bytes);  // B, KiB, MiB, GiB
