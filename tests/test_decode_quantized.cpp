@@ -297,6 +297,45 @@ TEST(DecodeQuantized, WithinTwiceTheTextbookErrorOnTheDequantizedCache) {
     }
 }
 
+// bf16 q and out over a quantized cache (the serving case; on AVX512-BF16 CPUs the dot-product kernel,
+// which may round p to bf16 for P V): within twice the textbook's error against the f64 oracle on the
+// dequantized cache, where the textbook computes in f32 and rounds its output to bf16, with no slack,
+// on every SIMD target, over logit spreads from nearly flat to nearly one-hot.
+TEST(DecodeQuantized, Bf16ActivationsWithinTwiceTheTextbookErrorWithoutSlack) {
+  const std::int64_t n = test::full_or_sanitized(700, 250);
+  double worst = 0;
+  for (const Format& f : kFormats)
+    for (std::int64_t page : {0, 16}) {
+      QuantCache c(f, {n, 129, 2}, page, 11);
+      auto q = random_tensor<float>(c.B, 1, 8, QuantCache::D, 6, 2.0);
+      std::vector<bf16_t> qb(q.data.size());
+      for (std::size_t i = 0; i < qb.size(); ++i) {
+        qb[i] = detail::float_to_bf16(q.data[i]);
+        q.data[i] = detail::bf16_to_float(qb[i]);  // the oracle sees the bf16 values themselves
+      }
+      const auto Kd = c.dequantized(true), Vd = c.dequantized(false);
+      for (double scale : {0.01, 0.09, 1.0}) {
+        AttentionOptions o;
+        o.softmax_scale = scale;
+        const auto oracle = reference<double>(q, Kd, Vd, o);
+        std::vector<float> textbook = reference<float>(q, Kd, Vd, o);
+        for (float& x : textbook) x = detail::bf16_to_float(detail::float_to_bf16(x));
+        const double base = max_abs_diff(textbook, oracle);
+        test::for_each_simd_target("decode", nullptr, [&](std::int64_t) {
+          std::vector<bf16_t> out(qb.size(), detail::float_to_bf16(42.0f));
+          attention_decode(TensorView::contiguous(qb.data(), c.B, 1, 8, QuantCache::D), c.cache(),
+                           TensorView::contiguous(out.data(), c.B, 1, 8, QuantCache::D), o);
+          std::vector<float> got(out.size());
+          for (std::size_t i = 0; i < out.size(); ++i) got[i] = detail::bf16_to_float(out[i]);
+          const double err = max_abs_diff(got, oracle);
+          if (base > 0) worst = std::max(worst, err / base);
+          EXPECT_LE(err, 2 * base) << f.name << " page " << page << " scale " << scale << " textbook " << base;
+        });
+      }
+    }
+  std::printf("worst err / textbook err: %.2f\n", worst);
+}
+
 TEST(DecodeQuantized, BitwiseIdenticalForAnyThreadCount) {
   QuantCache c(kFormats[1], {test::full_or_sanitized(1500, 400), 300, 9}, 16, 5);
   const auto q = random_tensor<float>(c.B, 1, 8, QuantCache::D, 4, 2.0);

@@ -123,8 +123,9 @@ DecodePlan plan_decode(const DecodeProblem& p) {
 }
 
 // Step 2, the queries in the accumulator type, [batch][heads][seqlen_q][d] = per kv head
-// [group * seqlen_q][d], and the ALiBi slopes [batch][heads]. For the bf16 dot-product kernel also
-// q = q_hi + q_lo in bf16 (q_lo dropped when every q is a bf16 value): a bf16 q is its own q_hi.
+// [group * seqlen_q][d], and the ALiBi slopes [batch][heads]. For the bf16 dot-product kernel (bf16 and
+// quantized caches) also q = q_hi + q_lo in bf16 (q_lo dropped when every q is a bf16 value): a bf16 q
+// is its own q_hi.
 template <class A>
 struct PackedQueries {
   std::vector<A> q, slopes;
@@ -136,7 +137,7 @@ template <class A>
 PackedQueries<A> pack_queries(const DecodeProblem& p) {
   const std::int64_t d = p.head_dim;
   const std::size_t q_size = static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d);
-  const bool split_q = std::is_same_v<A, float> && p.cache_dtype == DType::bf16;
+  const bool split_q = std::is_same_v<A, float> && dots_in_bf16(p.cache_dtype);
   PackedQueries<A> pq;
   pq.q.resize(q_size);
   pq.q_hi.resize(split_q ? q_size : 0);
@@ -243,11 +244,17 @@ class ItemWorker {
       const std::int64_t groups = sv.shape[3];
       (side == 0 ? a_.k_scales : a_.v_scales) = dst;
       (side == 0 ? a_.k_groups : a_.v_groups) = groups;
+      const std::int64_t hs = sv.strides[2], xs = sv.strides[3];
       for (std::int64_t c = 0; c < a_.n; ++c) {
         const std::int64_t at = p_.key_offset(sv, b, a_.j0 + c);
+        if (sv.dtype == DType::f32 && groups == 1) {  // the common case (per token or per kv head) in a tight loop
+          const float* src = static_cast<const float*>(sv.data) + at;
+          for (std::int64_t g = 0; g < p_.kv_heads; ++g) dst[g * kChunk + c] = src[g * hs];
+          continue;
+        }
         for (std::int64_t g = 0; g < p_.kv_heads; ++g)
           for (std::int64_t x = 0; x < groups; ++x)
-            dst[(g * kChunk + c) * groups + x] = read_scale(sv, at + g * sv.strides[2] + x * sv.strides[3]);
+            dst[(g * kChunk + c) * groups + x] = read_scale(sv, at + g * hs + x * xs);
       }
       dst += p_.kv_heads * kChunk * groups;
     }

@@ -55,6 +55,10 @@ struct ChunkArgs {
   std::int64_t k_groups = 1, v_groups = 1;
 };
 
+// The cache types whose every value bf16 holds exactly, so the bf16 dot-product kernel can take them
+// (q is then packed as q_hi + q_lo: decode.cpp).
+constexpr bool dots_in_bf16(DType t) { return t == DType::bf16 || is_quantized(t); }
+
 inline std::int64_t state_stride_for(std::int64_t head_dim_v) { return (head_dim_v + 15) / 16 * 16 + 16; }
 
 // A chunk kernel's scratch, for R = group x seqlen_q query rows per kv head, in values. The SIMD kernels:

@@ -16,7 +16,8 @@
 //           fp8 per kv head) RunChunk scales the dots by K's scales and p by V's, with scales per
 //           block of dims (q8_0) the dots sum the blocks' partial dots times their scales and P V
 //           weights each block by p times its scale (Dots4Grouped, PvSumGrouped).
-//   ChunkDp (decode_simd_bf16-inl.h), bf16 caches on AVX512-BF16 CPUs: VDPBF16PS on the bf16 values.
+//   ChunkDp (decode_simd_bf16-inl.h), on AVX512-BF16 CPUs for bf16 caches and the 1-byte quantized ones
+//           (their codes turned into bf16 as they are loaded): VDPBF16PS on the bf16 values.
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -252,7 +253,7 @@ void FinishDispatch(const ChunkArgs<float>& a, DType t) {
 
 void ChunkDispatch(const ChunkArgs<float>& a, DType t) {
 #if ATTN_DPBF16_TARGET
-  if (UseDp(a, t)) return ChunkDp(a);
+  if (UseDp(a, t)) return ChunkDpOf(a, t);
 #endif
   switch (t) {
     case DType::bf16:

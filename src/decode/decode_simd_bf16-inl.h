@@ -1,8 +1,10 @@
-// The decode chunk kernel for bf16 caches on CPUs with AVX512-BF16 (core/dpbf16.hpp), a Highway
+// The decode chunk kernel for bf16 and 1-byte quantized caches on CPUs with AVX512-BF16 (core/dpbf16.hpp), a Highway
 // per-target header holding code only for the AVX-512 targets; included by decode_simd.cpp inside
 // foreach_target, once per target.
 //
 // ChunkDp is RunChunk (decode_chunk-inl.h) with these inner steps:
+// A quantized cache's codes are turned into bf16 (exactly) as they are loaded, and then go the bf16 values'
+// way; their scales are applied as in the generic kernel (decode_simd.cpp).
 //   q . k with VDPBF16PS, 32 products per instruction with no widening of K. q is split into
 //         q_hi + q_lo (both bf16) when it is not exactly a bf16 value, so an f32 q loses nothing that
 //         matters (|q_lo| <= 2^-9 |q|, and the rounding of q_lo is 2^-17 |q|, far below f32
@@ -24,35 +26,60 @@
 #include <hwy/highway.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dpbf16.hpp"
 #include "decode/decode_chunk-inl.h"
 #include "decode/decode_internal.hpp"
+#include "decode/decode_quant-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail::HWY_NAMESPACE {
 
 #if ATTN_DPBF16_TARGET
+// 32 values of a cache row from element x as bf16. A bf16 row is loaded as it is; a quantized row's codes
+// are widened to f32 (decode_quant-inl.h) and narrowed to bf16, which holds every i8, e4m3 and e5m2 value
+// exactly (at most 7 significant bits of bf16's 8, exponents far inside its range), NaN and Inf included.
+template <class T>
+ATTN_DPBF16_ATTR HWY_INLINE __m512i LoadBf16x32(const T* row, std::int64_t x) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    return _mm512_loadu_si512(row + x);
+  } else {
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(row) + x;
+    const DF df;
+    const __m512 lo = LoadStored<dtype_of<T>()>(df, codes).raw, hi = LoadStored<dtype_of<T>()>(df, codes + 16).raw;
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // elements 0-15 from lo, 16-31 from hi
+  }
+}
+
+// Key c's weight for one block of dims: p times the block's scale in a quantized cache whose V has scales
+// per block of dims (vs[c * vs_stride]), else p.
+HWY_INLINE float BlockWeight(const float* p, std::int64_t c, const float* vs, std::int64_t vs_stride) {
+  return vs ? p[c] * vs[c * vs_stride] : p[c];
+}
+
 // o is kept per 32-element block in the order VPUNPCK{L,H}WD leaves it: lanes 0-15 hold elements
 // {0-3, 8-11, 16-19, 24-27}, lanes 16-31 elements {4-7, 12-15, 20-23, 28-31} (FinishDispatch restores).
-// o_r (permuted, NB blocks of 32 from x) += sum_c p[r][c] v_c, f32 FMAs on V widened by unpacking.
-template <int NR, int NB>
-ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
-                                              std::int64_t n, float* o, std::int64_t S, std::int64_t x) {
+// o_r (permuted, NB blocks of 32 from x) += sum_c w[r][c] v_c, f32 FMAs on V widened by unpacking; w is p
+// (times each key's block scale when vs is given: BlockWeight).
+template <int NR, int NB, class T>
+ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDp(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
+                                              float* o, std::int64_t S, std::int64_t x, const float* vs,
+                                              std::int64_t vs_stride) {
   __m512 acc[NR][2 * NB];
   for (int r = 0; r < NR; ++r)
     for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
   const __m512i zero = _mm512_setzero_si512();
   for (std::int64_t c = 0; c < n; ++c) {
-    const std::uint16_t* vr = vrows[c] + vhs + x;
+    const T* vr = vrows[c] + vhs;
     __m512 vv[2 * NB];
     for (int b = 0; b < NB; ++b) {
-      const __m512i raw = _mm512_loadu_si512(vr + 32 * b);
+      const __m512i raw = LoadBf16x32(vr, x + 32 * b);
       vv[2 * b] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
       vv[2 * b + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
     }
     for (int r = 0; r < NR; ++r) {
-      const __m512 pr = _mm512_set1_ps(p[r * kChunk + c]);
+      const __m512 pr = _mm512_set1_ps(BlockWeight(p + r * kChunk, c, vs, vs_stride));
       for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_fmadd_ps(pr, vv[v], acc[r][v]);
     }
   }
@@ -60,23 +87,24 @@ ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDp(const float* p, const std::uint16_
     for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(o + r * S + x + 16 * v, acc[r][v]);
 }
 
-// The same sum with p rounded to bf16 and two keys per VDPBF16PS: pb[r][j] holds (p[r][2j], p[r][2j + 1])
-// as bf16, V rows 2j and 2j + 1 are interleaved by VPUNPCK{L,H}WD (the o order above). An odd tail
-// pairs the last key with a zero row, never with a real one (0 x NaN is NaN).
-template <int NR, int NB>
-ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDpPairs(const std::uint32_t* pb, const std::uint16_t* const* vrows,
+// The same sum with the weights rounded to bf16 and two keys per VDPBF16PS: pb[r][j] holds (w[r][2j],
+// w[r][2j + 1]) as bf16, V rows 2j and 2j + 1 are interleaved by VPUNPCK{L,H}WD (the o order above). An
+// odd tail pairs the last key with a zero row, never with a real one (0 x NaN is NaN). With sigma, the
+// weights are w / sigma[r] and o_r += sigma[r] x the sum (RoundWeightPairs).
+template <int NR, int NB, class T>
+ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDpPairs(const std::uint32_t* pb, const float* sigma, const T* const* vrows,
                                                    std::int64_t vhs, std::int64_t n, float* o, std::int64_t S,
                                                    std::int64_t x) {
   __m512 acc[NR][2 * NB];
   for (int r = 0; r < NR; ++r)
-    for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
+    for (int v = 0; v < 2 * NB; ++v) acc[r][v] = sigma ? _mm512_setzero_ps() : _mm512_loadu_ps(o + r * S + x + 16 * v);
   for (std::int64_t c = 0; c < n; c += 2) {
-    const std::uint16_t* v0 = vrows[c] + vhs + x;
-    const std::uint16_t* v1 = c + 1 < n ? vrows[c + 1] + vhs + x : nullptr;
+    const T* v0 = vrows[c] + vhs;
+    const T* v1 = c + 1 < n ? vrows[c + 1] + vhs : nullptr;
     __m512bh vv[2 * NB];
     for (int b = 0; b < NB; ++b) {
-      const __m512i a = _mm512_loadu_si512(v0 + 32 * b);
-      const __m512i z = v1 ? _mm512_loadu_si512(v1 + 32 * b) : _mm512_setzero_si512();
+      const __m512i a = LoadBf16x32(v0, x + 32 * b);
+      const __m512i z = v1 ? LoadBf16x32(v1, x + 32 * b) : _mm512_setzero_si512();
       vv[2 * b] = (__m512bh)_mm512_unpacklo_epi16(a, z);
       vv[2 * b + 1] = (__m512bh)_mm512_unpackhi_epi16(a, z);
     }
@@ -86,86 +114,172 @@ ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDpPairs(const std::uint32_t* pb, cons
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int v = 0; v < 2 * NB; ++v) _mm512_storeu_ps(o + r * S + x + 16 * v, acc[r][v]);
+    for (int v = 0; v < 2 * NB; ++v) {
+      float* dst = o + r * S + x + 16 * v;
+      _mm512_storeu_ps(dst,
+                       sigma ? _mm512_fmadd_ps(_mm512_set1_ps(sigma[r]), acc[r][v], _mm512_loadu_ps(dst)) : acc[r][v]);
+    }
 }
 
-// o_r += sum_{c < n} p[r][c] v_c for NR rows over all of d (a multiple of 32), in blocks of 64 then 32.
+// pb[r][c / 2] = the weights of keys c and c + 1 of row r rounded to bf16 (round to nearest even), zero
+// past n: p, or p times each key's block scale (BlockWeight). With sigma (a quantized cache), the weights
+// are first divided by their largest, sigma[r] (1 if they are all 0), so that the largest is exactly 1:
+// rounding p to bf16 is exact for the key that sets the row's maximum (p = exp(0) = 1), and p times a
+// scale would lose that, costing the most accurate term its accuracy (a nearly one-hot row).
 template <int NR>
-ATTN_DPBF16_ATTR HWY_INLINE void PvSumDp(const float* p, const std::uint16_t* const* vrows, std::int64_t vhs,
-                                         std::int64_t n, float* o, std::int64_t S, std::int64_t d, bool bf16_p) {
-  std::int64_t x = 0;
-  if (bf16_p) {
-    // p rows [0, n) rounded to bf16 (round to nearest even), zero past n: pairs are 32-bit words.
-    alignas(64) std::uint32_t pb[NR * (kChunk / 2)];
-    for (int r = 0; r < NR; ++r) {
-      const float* pr = p + r * kChunk;
-      auto* dst = reinterpret_cast<__m256bh*>(pb + r * (kChunk / 2));
-      for (std::int64_t c = 0; c < kChunk; c += 16) {
-        const __mmask16 live = c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
-        dst[c / 16] = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, pr + c));
-      }
+ATTN_DPBF16_ATTR HWY_INLINE void RoundWeightPairs(const float* p, std::int64_t n, const float* vs,
+                                                  std::int64_t vs_stride, float* sigma, std::uint32_t* pb) {
+  alignas(64) float w[kChunk];
+  for (int r = 0; r < NR; ++r) {
+    const float* pr = p + r * kChunk;
+    if (vs)
+      for (std::int64_t c = 0; c < n; ++c) w[c] = BlockWeight(pr, c, vs, vs_stride);
+    const float* src = vs ? w : pr;
+    const auto live = [n](std::int64_t c) -> __mmask16 {
+      return c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
+    };
+    __m512 top_v = _mm512_set1_ps(1.0f);
+    bool divide = false;
+    if (sigma) {
+      __m512 m = _mm512_setzero_ps();
+      for (std::int64_t c = 0; c < kChunk; c += 16) m = _mm512_max_ps(m, _mm512_maskz_loadu_ps(live(c), src + c));
+      const float top = _mm512_reduce_max_ps(m);
+      sigma[r] = top > 0 ? top : 1.0f;
+      top_v = _mm512_set1_ps(sigma[r]);
+      divide = sigma[r] != 1.0f;
     }
-    for (; x + 64 <= d; x += 64) PvSumBlockDpPairs<NR, 2>(pb, vrows, vhs, n, o, S, x);
-    if (x < d) PvSumBlockDpPairs<NR, 1>(pb, vrows, vhs, n, o, S, x);
+    auto* dst = reinterpret_cast<__m256bh*>(pb + r * (kChunk / 2));
+    for (std::int64_t c = 0; c < kChunk; c += 16) {
+      const __m512 wv = _mm512_maskz_loadu_ps(live(c), src + c);
+      dst[c / 16] = _mm512_cvtneps_pbh(divide ? _mm512_div_ps(wv, top_v) : wv);  // x / x = 1 exactly
+    }
+  }
+}
+
+// o_r += sum_{c < n} p[r][c] v_c for NR rows over dims [x, end) (multiples of 32), in blocks of 64 then
+// 32; with vs, key c's weight is p times vs[c * vs_stride] (the scale of V's block of dims there). With
+// bf16_p the weights are rounded to bf16, and for a quantized cache (its scales in the weights) first
+// divided by their largest (RoundWeightPairs).
+template <int NR, class T>
+ATTN_DPBF16_ATTR HWY_INLINE void PvSumDpRange(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
+                                              float* o, std::int64_t S, std::int64_t x, std::int64_t end, bool bf16_p,
+                                              const float* vs, std::int64_t vs_stride) {
+  if (bf16_p) {
+    constexpr bool kQuantized = !std::is_same_v<T, bf16_t>;
+    alignas(64) std::uint32_t pb[NR * (kChunk / 2)];
+    float sigma[NR];
+    float* sg = kQuantized ? sigma : nullptr;
+    RoundWeightPairs<NR>(p, n, vs, vs_stride, sg, pb);
+    for (; x + 64 <= end; x += 64) PvSumBlockDpPairs<NR, 2>(pb, sg, vrows, vhs, n, o, S, x);
+    if (x < end) PvSumBlockDpPairs<NR, 1>(pb, sg, vrows, vhs, n, o, S, x);
     return;
   }
-  for (; x + 64 <= d; x += 64) PvSumBlockDp<NR, 2>(p, vrows, vhs, n, o, S, x);
-  if (x < d) PvSumBlockDp<NR, 1>(p, vrows, vhs, n, o, S, x);
+  for (; x + 64 <= end; x += 64) PvSumBlockDp<NR, 2>(p, vrows, vhs, n, o, S, x, vs, vs_stride);
+  if (x < end) PvSumBlockDp<NR, 1>(p, vrows, vhs, n, o, S, x, vs, vs_stride);
+}
+
+// P V over all of d; V's scales per block of dims (groups > 1, vs[c * groups + b]) weight each block.
+template <int NR, class T>
+ATTN_DPBF16_ATTR HWY_INLINE void PvSumDp(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
+                                         float* o, std::int64_t S, std::int64_t d, bool bf16_p, const float* vs,
+                                         std::int64_t groups) {
+  if (groups <= 1) return PvSumDpRange<NR>(p, vrows, vhs, n, o, S, 0, d, bf16_p, nullptr, 0);
+  const std::int64_t G = d / groups;
+  for (std::int64_t b = 0; b < groups; ++b)
+    PvSumDpRange<NR>(p, vrows, vhs, n, o, S, b * G, (b + 1) * G, bf16_p, vs + b, groups);
 }
 
 // Dots4 (decode_simd.cpp) with VDPBF16PS: dst[r] = q_r . k for NR <= 4 query rows (q_hi + q_lo, stride
-// d) and one key row (d a multiple of 32); dst[NR ..] = 0.
-template <int NR, int D, bool kLo>
-ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d,
-                                        const bf16_t* k, float* dst) {
+// d) and one key row (d a multiple of 32); dst[NR ..] = 0. With scales per block of G dims (s given, G
+// a multiple of 32), each block's partial dot is multiplied by its scale s[b] as it is added up.
+template <int NR, int D, bool kLo, class T>
+ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d, const T* k,
+                                        const float* s, std::int64_t G, float* dst) {
   __m512 acc[4];
   for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
   const std::int64_t dd = D > 0 ? D : d;
-#pragma GCC unroll 8
-  for (std::int64_t x = 0; x < dd; x += 32) {
-    const __m512bh kv = (__m512bh)_mm512_loadu_si512(k + x);
+  const auto add_dots = [&](__m512* sum, std::int64_t x) ATTN_DPBF16_ATTR {
+    const __m512bh kv = (__m512bh)LoadBf16x32(k, x);
     for (int r = 0; r < NR; ++r) {
-      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(qh + r * dd + x), kv);
-      if constexpr (kLo) acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(ql + r * dd + x), kv);
+      sum[r] = _mm512_dpbf16_ps(sum[r], (__m512bh)_mm512_loadu_si512(qh + r * dd + x), kv);
+      if constexpr (kLo) sum[r] = _mm512_dpbf16_ps(sum[r], (__m512bh)_mm512_loadu_si512(ql + r * dd + x), kv);
+    }
+  };
+  if (s == nullptr) {
+#pragma GCC unroll 8
+    for (std::int64_t x = 0; x < dd; x += 32) add_dots(acc, x);
+  } else {
+    for (std::int64_t x0 = 0, b = 0; x0 < dd; x0 += G, ++b) {
+      __m512 part[NR];
+      for (int r = 0; r < NR; ++r) part[r] = _mm512_setzero_ps();
+      for (std::int64_t x = x0; x < x0 + G; x += 32) add_dots(part, x);
+      const __m512 vs = _mm512_set1_ps(s[b]);
+      for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(part[r], vs, acc[r]);
     }
   }
   StoreSum4(DF(), VF{acc[0]}, VF{acc[1]}, VF{acc[2]}, VF{acc[3]}, dst);
 }
 
-// The key walk with DotsDp; kLo: q_lo is there (q is not exactly bf16).
-template <int D, bool kLo>
+// The key walk with DotsDp; kLo: q_lo is there (q is not exactly bf16). K's scales per block of dims
+// (k_groups > 1) go into the dots; one scale per row is applied by RunChunk.
+template <class T, int D, bool kLo>
 ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
-  const auto dots = [](auto rows, const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d, const bf16_t* k,
-                       float* dst) ATTN_DPBF16_ATTR { DotsDp<decltype(rows)::value, D, kLo>(qh, ql, d, k, dst); };
-  WalkKeys<bf16_t>(a, dots4,
-                   [&](std::int64_t nr, std::int64_t row, const bf16_t* k, float* dst, std::int64_t, std::int64_t)
-                       ATTN_DPBF16_ATTR {
-                         const std::int64_t d = D > 0 ? D : a.head_dim;
-                         WithRowCount(nr, dots, a.q_hi + row * d, kLo ? a.q_lo + row * d : nullptr, d, k, dst);
-                       });
-}
-
-ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
-  const auto* const* vrows = reinterpret_cast<const std::uint16_t* const*>(a.v_rows);
-  RunChunk(
-      a,
-      [&](float* dots4) ATTN_DPBF16_ATTR {
-        WithHeadDim(a.head_dim, [&](auto D) ATTN_DPBF16_ATTR {
-          constexpr int kD = decltype(D)::value;
-          a.q_lo != nullptr ? ScoreKeysDp<kD, true>(a, dots4) : ScoreKeysDp<kD, false>(a, dots4);
-        });
-      },
-      [&](auto nr, std::int64_t g, const float* p, std::int64_t c0, std::int64_t m, float* o) ATTN_DPBF16_ATTR {
-        PvSumDp<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim_v,
-                                     a.bf16_out);
+  const auto dots = [](auto rows, const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d, const T* k,
+                       const float* s, std::int64_t G, float* dst)
+                        ATTN_DPBF16_ATTR { DotsDp<decltype(rows)::value, D, kLo>(qh, ql, d, k, s, G, dst); };
+  const bool grouped = a.k_scales != nullptr && a.k_groups > 1;
+  WalkKeys<T>(
+      a, dots4,
+      [&](std::int64_t nr, std::int64_t row, const T* k, float* dst, std::int64_t c, std::int64_t g) ATTN_DPBF16_ATTR {
+        const std::int64_t d = D > 0 ? D : a.head_dim;
+        const float* s = grouped ? a.k_scales + (g * kChunk + c) * a.k_groups : nullptr;
+        WithRowCount(nr, dots, a.q_hi + row * d, kLo ? a.q_lo + row * d : nullptr, d, k, s, d / a.k_groups, dst);
       });
 }
 
-// The path ChunkDp serves: a bf16 cache on a CPU with the instruction, q split (q_hi set), head_dim and
-// head_dim_v multiples of 32.
+template <class T>
+ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
+  const T* const* vrows = reinterpret_cast<const T* const*>(a.v_rows);
+  const bool v_grouped = a.v_scales != nullptr && a.v_groups > 1;
+  RunChunk(
+      a,
+      [&](float* dots4) ATTN_DPBF16_ATTR {
+        const auto score = [&](auto D) ATTN_DPBF16_ATTR {
+          constexpr int kD = decltype(D)::value;
+          a.q_lo != nullptr ? ScoreKeysDp<T, kD, true>(a, dots4) : ScoreKeysDp<T, kD, false>(a, dots4);
+        };
+        a.k_scales != nullptr&& a.k_groups > 1 ? score(std::integral_constant<int, 0>())
+                                               : WithHeadDim(a.head_dim, score);
+      },
+      [&](auto nr, std::int64_t g, const float* p, std::int64_t c0, std::int64_t m, float* o) ATTN_DPBF16_ATTR {
+        PvSumDp<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim_v, a.bf16_out,
+                                     v_grouped ? a.v_scales + (g * kChunk + c0) * a.v_groups : nullptr,
+                                     v_grouped ? a.v_groups : 1);
+      });
+}
+
+// ChunkDp for cache type t (one that dots_in_bf16 takes).
+ATTN_DPBF16_ATTR void ChunkDpOf(const ChunkArgs<float>& a, DType t) {
+  switch (t) {
+    case DType::i8:
+      return ChunkDp<std::int8_t>(a);
+    case DType::fp8_e4m3:
+      return ChunkDp<fp8_e4m3_t>(a);
+    case DType::fp8_e5m2:
+      return ChunkDp<fp8_e5m2_t>(a);
+    default:
+      return ChunkDp<bf16_t>(a);
+  }
+}
+
+// The path ChunkDp serves: a cache type whose values bf16 holds (dots_in_bf16), on a CPU with the
+// instruction, q split (q_hi set), head_dim and head_dim_v multiples of 32, and a quantized cache's blocks
+// of dims (if it has scales per block) multiples of 32.
 bool UseDp(const ChunkArgs<float>& a, DType t) {
-  return cpu_has_avx512bf16() && t == DType::bf16 && a.head_dim % 32 == 0 && a.head_dim_v % 32 == 0 &&
-         a.q_hi != nullptr;
+  const auto blocks_fit = [](std::int64_t d, std::int64_t groups) { return groups <= 1 || (d / groups) % 32 == 0; };
+  return cpu_has_avx512bf16() && dots_in_bf16(t) && a.head_dim % 32 == 0 && a.head_dim_v % 32 == 0 &&
+         a.q_hi != nullptr && (a.k_scales == nullptr || blocks_fit(a.head_dim, a.k_groups)) &&
+         (a.v_scales == nullptr || blocks_fit(a.head_dim_v, a.v_groups));
 }
 #else
 bool UseDp(const ChunkArgs<float>&, DType) { return false; }
