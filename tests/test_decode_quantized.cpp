@@ -102,6 +102,27 @@ TEST(QuantizedTypes, SimdDequantizationMatchesTheScalarRuleOnEveryCode) {
 // ---- Decode on a quantized cache ----
 
 // A cache format: the stored type, scale groups per row (0: one shared scale per kv head), scale dtype.
+// The AVX512-BF16 decode kernel's bf16 form of every code of each type is the code's value (bits
+// equal, or both NaN), on every SIMD target where that kernel runs.
+TEST(QuantizedTypes, TheBf16KernelsConversionIsExactOnEveryCode) {
+  std::vector<std::uint8_t> codes(256);
+  std::iota(codes.begin(), codes.end(), 0);
+  for (DType t : {DType::i8, DType::fp8_e4m3, DType::fp8_e5m2}) {
+    bool ran = false;
+    test::for_each_simd_target("decode", nullptr, [&](std::int64_t) {
+      std::vector<std::uint16_t> out(256, 0xdead);
+      if (!detail::decode_codes_to_bf16(t, codes.data(), 256, out.data())) return;
+      ran = true;
+      for (int c = 0; c < 256; ++c) {
+        const float want = stored_value(t, static_cast<std::uint8_t>(c));
+        const float got = detail::bf16_to_float(bf16_t{out[static_cast<std::size_t>(c)]});
+        EXPECT_TRUE(same_value(got, want)) << "code " << c << ": " << got << ", want " << want;
+      }
+    });
+    if (!ran) GTEST_SKIP() << "no SIMD target here runs the AVX512-BF16 kernel";
+  }
+}
+
 // Blocks of 16 do not fill AVX2's two-vector P V block, so the one-vector path runs too.
 struct Format {
   const char* name;

@@ -79,6 +79,9 @@ inline std::int64_t chunk_scratch_size(std::int64_t kv_heads, std::int64_t R, st
 // order between chunks; decode_finish_simd puts it back in order once an item's last chunk is done.
 void decode_chunk_simd(const ChunkArgs<float>& a, DType cache_dtype);
 void decode_finish_simd(const ChunkArgs<float>& a, DType cache_dtype);
+// The bf16 dot-product kernel's conversion of n (a multiple of 32) codes of a quantized cache to bf16
+// bits, for the tests; false (nothing written) where that kernel does not run on the dispatched target.
+bool decode_codes_to_bf16(DType t, const std::uint8_t* codes, std::int64_t n, std::uint16_t* out);
 
 // Quantized caches (i8, fp8): n rows dequantized to out[c][head_dim] with the scales scales[c][groups]
 // (core/quant.hpp's rule, the kernel's SIMD conversions; decode_dequant.cpp).

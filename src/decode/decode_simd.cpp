@@ -278,11 +278,15 @@ HWY_AFTER_NAMESPACE();
 namespace attn::detail {
 HWY_EXPORT(ChunkDispatch);
 HWY_EXPORT(FinishDispatch);
+HWY_EXPORT(CodesToBf16);
 void decode_chunk_simd(const ChunkArgs<float>& a, DType cache_dtype) {
   HWY_DYNAMIC_DISPATCH(ChunkDispatch)(a, cache_dtype);
 }
 void decode_finish_simd(const ChunkArgs<float>& a, DType cache_dtype) {
   HWY_DYNAMIC_DISPATCH(FinishDispatch)(a, cache_dtype);
+}
+bool decode_codes_to_bf16(DType t, const std::uint8_t* codes, std::int64_t n, std::uint16_t* out) {
+  return HWY_DYNAMIC_DISPATCH(CodesToBf16)(t, codes, n, out);
 }
 }  // namespace attn::detail
 #endif

@@ -29,26 +29,38 @@
 #include <type_traits>
 
 #include "core/dpbf16.hpp"
+#include "core/quant.hpp"
 #include "decode/decode_chunk-inl.h"
 #include "decode/decode_internal.hpp"
-#include "decode/decode_quant-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail::HWY_NAMESPACE {
 
 #if ATTN_DPBF16_TARGET
 // 32 values of a cache row from element x as bf16. A bf16 row is loaded as it is; a quantized row's codes
-// are widened to f32 (decode_quant-inl.h) and narrowed to bf16, which holds every i8, e4m3 and e5m2 value
-// exactly (at most 7 significant bits of bf16's 8, exponents far inside its range), NaN and Inf included.
+// become bf16, which holds every i8, e4m3 and e5m2 value exactly (at most 7 significant bits of bf16's 8,
+// exponents far inside its range), NaN and Inf included: i8 through f32 (sign-extended, converted, and
+// narrowed two vectors at a time), fp8 by a lookup of the magnitude in core/quant.hpp's table of 128
+// bf16 values (VPERMI2W on 64 entries at a time, the half picked by bit 6) with the sign put back.
 template <class T>
 ATTN_DPBF16_ATTR HWY_INLINE __m512i LoadBf16x32(const T* row, std::int64_t x) {
+  const auto* codes = reinterpret_cast<const std::uint8_t*>(row) + x;
   if constexpr (std::is_same_v<T, bf16_t>) {
     return _mm512_loadu_si512(row + x);
-  } else {
-    const auto* codes = reinterpret_cast<const std::uint8_t*>(row) + x;
-    const DF df;
-    const __m512 lo = LoadStored<dtype_of<T>()>(df, codes).raw, hi = LoadStored<dtype_of<T>()>(df, codes + 16).raw;
+  } else if constexpr (std::is_same_v<T, std::int8_t>) {
+    const __m512 lo =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+    const __m512 hi =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16))));
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // elements 0-15 from lo, 16-31 from hi
+  } else {
+    const std::uint16_t* tab = fp8_bf16_table(dtype_of<T>()).bits;
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
+    const __m512i low = _mm512_permutex2var_epi16(_mm512_load_si512(tab), w, _mm512_load_si512(tab + 32));
+    const __m512i high = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 64), w, _mm512_load_si512(tab + 96));
+    const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), low, high);
+    // mag | (w << 8 & 0x8000): the code's bit 7 becomes the sign (0xF8 = A | (B & C)).
+    return _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(w, 8), _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
   }
 }
 
@@ -281,8 +293,26 @@ bool UseDp(const ChunkArgs<float>& a, DType t) {
          a.q_hi != nullptr && (a.k_scales == nullptr || blocks_fit(a.head_dim, a.k_groups)) &&
          (a.v_scales == nullptr || blocks_fit(a.head_dim_v, a.v_groups));
 }
+
+// The test hook decode_codes_to_bf16 (decode_internal.hpp): LoadBf16x32 over n codes (a multiple of 32).
+ATTN_DPBF16_ATTR void CodesToBf16Dp(DType t, const std::uint8_t* codes, std::int64_t n, std::uint16_t* out) {
+  const auto run = [&](auto type) ATTN_DPBF16_ATTR {
+    using T = decltype(type);
+    for (std::int64_t x = 0; x < n; x += 32)
+      _mm512_storeu_si512(out + x, LoadBf16x32(reinterpret_cast<const T*>(codes), x));
+  };
+  if (t == DType::i8) return run(std::int8_t{});
+  if (t == DType::fp8_e4m3) return run(fp8_e4m3_t{});
+  run(fp8_e5m2_t{});
+}
+bool CodesToBf16(DType t, const std::uint8_t* codes, std::int64_t n, std::uint16_t* out) {
+  if (!cpu_has_avx512bf16()) return false;
+  CodesToBf16Dp(t, codes, n, out);
+  return true;
+}
 #else
 bool UseDp(const ChunkArgs<float>&, DType) { return false; }
+bool CodesToBf16(DType, const std::uint8_t*, std::int64_t, std::uint16_t*) { return false; }
 #endif  // ATTN_DPBF16_TARGET
 
 }  // namespace attn::detail::HWY_NAMESPACE
