@@ -58,22 +58,37 @@ inline float stored_value(DType t, std::uint8_t bits) {
   }
 }
 
-// The bf16 bits of the fp8 codes 0..127 of type t (fp8_e4m3 or fp8_e5m2): every fp8 value is a bf16
-// value, so these are stored_value exactly, NaN and Inf included. Code c is sign (bit 7) and magnitude
-// c & 127: its bf16 is table[c & 127] with bit 15 set from bit 7. A lookup table of 128 entries (four
+// The bf16 bits of the fp8 codes 0..127 of type t (fp8_e4m3 or fp8_e5m2; M mantissa bits, exponent
+// bias B, E the all-ones exponent): every fp8 value is a bf16 value, so the table is stored_value exactly
+// (tests/test_decode_quantized.cpp checks every code), NaN and Inf included. Code c is sign (bit 7) and
+// magnitude c & 127: its bf16 is bits[c & 127] with bit 15 set from bit 7. A table of 128 entries (four
 // 512-bit registers) turns 32 codes into bf16 in a few instructions (decode_simd_bf16-inl.h).
 struct Fp8Bf16Table {
   alignas(64) std::uint16_t bits[128];
 };
-inline const Fp8Bf16Table& fp8_bf16_table(DType t) {
-  static const auto make = [](DType type) {
-    Fp8Bf16Table tab{};
-    for (int c = 0; c < 128; ++c) tab.bits[c] = float_to_bf16(stored_value(type, static_cast<std::uint8_t>(c))).bits;
-    return tab;
-  };
-  static const Fp8Bf16Table e4m3 = make(DType::fp8_e4m3), e5m2 = make(DType::fp8_e5m2);
-  return t == DType::fp8_e4m3 ? e4m3 : e5m2;
+template <int M, int B, bool kIeeeSpecials>
+constexpr Fp8Bf16Table make_fp8_bf16_table() {
+  Fp8Bf16Table t{};
+  for (int c = 0; c < 128; ++c) {
+    const int e = c >> M, m = c & ((1 << M) - 1), top = (1 << (7 - M)) - 1;
+    if (kIeeeSpecials && e == top) {  // e5m2: Inf, NaN
+      t.bits[c] = static_cast<std::uint16_t>(m == 0 ? 0x7f80 : 0x7fc0);
+    } else if (!kIeeeSpecials && c == 127) {  // e4m3: S.1111.111 is its only NaN
+      t.bits[c] = 0x7fc0;
+    } else if (e == 0 && m == 0) {
+      t.bits[c] = 0;
+    } else {
+      // value = f * 2^x with f = 1.m (normal) or 0.m (subnormal, x = 1 - B): normalise to 1.g * 2^x.
+      int f = e == 0 ? m : (1 << M) | m, x = (e == 0 ? 1 : e) - B - M;  // value = f * 2^x, f integer
+      while (f < (1 << M)) f <<= 1, --x;                                // now 2^M <= f < 2^(M+1)
+      const int exponent = x + M + 127, fraction = (f - (1 << M)) << (7 - M);
+      t.bits[c] = static_cast<std::uint16_t>(exponent << 7 | fraction);
+    }
+  }
+  return t;
 }
+inline constexpr Fp8Bf16Table kE4m3Bf16 = make_fp8_bf16_table<3, 7, false>();
+inline constexpr Fp8Bf16Table kE5m2Bf16 = make_fp8_bf16_table<2, 15, true>();
 
 // x / scale stored in type t (see the header comment); scale 0 stores 0.
 inline std::uint8_t quantize_value(DType t, float x, float scale) {

@@ -40,7 +40,7 @@ namespace attn::detail::HWY_NAMESPACE {
 // 32 values of a cache row from element x as bf16. A bf16 row is loaded as it is; a quantized row's codes
 // become bf16, which holds every i8, e4m3 and e5m2 value exactly (at most 7 significant bits of bf16's 8,
 // exponents far inside its range), NaN and Inf included: i8 through f32 (sign-extended, converted, and
-// narrowed two vectors at a time), fp8 by a lookup of the magnitude in core/quant.hpp's table of 128
+// narrowed two vectors at a time), fp8 by a lookup of the magnitude in core/quant.hpp's tables of 128
 // bf16 values (VPERMI2W on 64 entries at a time, the half picked by bit 6) with the sign put back.
 template <class T>
 ATTN_DPBF16_ATTR HWY_INLINE __m512i LoadBf16x32(const T* row, std::int64_t x) {
@@ -54,7 +54,7 @@ ATTN_DPBF16_ATTR HWY_INLINE __m512i LoadBf16x32(const T* row, std::int64_t x) {
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16))));
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // elements 0-15 from lo, 16-31 from hi
   } else {
-    const std::uint16_t* tab = fp8_bf16_table(dtype_of<T>()).bits;
+    const std::uint16_t* tab = (dtype_of<T>() == DType::fp8_e4m3 ? kE4m3Bf16 : kE5m2Bf16).bits;
     const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
     const __m512i low = _mm512_permutex2var_epi16(_mm512_load_si512(tab), w, _mm512_load_si512(tab + 32));
     const __m512i high = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 64), w, _mm512_load_si512(tab + 96));
