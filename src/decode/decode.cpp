@@ -235,8 +235,8 @@ class ItemWorker {
   }
 
  private:
-  // A quantized cache's scales for the chunk's keys, [kv_heads][kChunk][groups] for K and for V, in
-  // the scale buffer (the kernel applies them: decode_internal.hpp).
+  // A quantized cache's scales for the chunk's keys, [kv_heads][kChunk][groups] for K and
+  // [kv_heads][groups][kChunk] for V, in the scale buffer (the kernel applies them: decode_internal.hpp).
   void point_at_scales(std::int64_t b) {
     float* dst = scales_;
     for (int side = 0; side < 2; ++side) {
@@ -254,7 +254,8 @@ class ItemWorker {
         }
         for (std::int64_t g = 0; g < p_.kv_heads; ++g)
           for (std::int64_t x = 0; x < groups; ++x)
-            dst[(g * kChunk + c) * groups + x] = read_scale(sv, at + g * hs + x * xs);
+            dst[side == 0 ? (g * kChunk + c) * groups + x : (g * groups + x) * kChunk + c] =
+                read_scale(sv, at + g * hs + x * xs);
       }
       dst += p_.kv_heads * kChunk * groups;
     }

@@ -93,10 +93,10 @@ HWY_INLINE void Dots4(const float* q, std::int64_t d, const T* k, float* dst) {
 }
 
 // o_r[x .. x + NV*N) += sum_c p[r][c] v_c[x ..] for NR rows (states stride S, p stride kChunk); with
-// kScaled, p[r][c] times key c's scale vs[c * vs_stride] (a quantized cache's scale of this block).
+// kScaled, p[r][c] times key c's scale vs[c] (a quantized cache's scale of this block).
 template <int NR, int NV, class T, bool kScaled = false>
 HWY_INLINE void PvSumBlock(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
-                           std::int64_t S, std::int64_t x, const float* vs = nullptr, std::int64_t vs_stride = 0) {
+                           std::int64_t S, std::int64_t x, const float* vs = nullptr) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   VF acc[NR][NV];
@@ -107,7 +107,7 @@ HWY_INLINE void PvSumBlock(const float* p, const T* const* vrows, std::int64_t v
     VF vv[NV];
     for (int v = 0; v < NV; ++v) vv[v] = LoadRow(df, vr, x + v * N);
     for (int r = 0; r < NR; ++r) {
-      const VF pr = hn::Set(df, kScaled ? p[r * kChunk + c] * vs[c * vs_stride] : p[r * kChunk + c]);
+      const VF pr = hn::Set(df, kScaled ? p[r * kChunk + c] * vs[c] : p[r * kChunk + c]);
       for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(pr, vv[v], acc[r][v]);
     }
   }
@@ -192,24 +192,23 @@ void ScoreKeysGrouped(const ChunkArgs<float>& a, float* dots4) {
   });
 }
 
-// PvSum with key c's scale of block b at vs[c * groups + b].
+// PvSum with key c's scale of block b at vs[b * kChunk + c].
 template <int NR, class T>
 HWY_INLINE void PvSumGrouped(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
                              std::int64_t S, std::int64_t d, const float* vs, std::int64_t groups) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), G = d / groups;
   for (std::int64_t b = 0; b < groups; ++b) {
-    const float* vsb = vs + b;
+    const float* vsb = vs + b * kChunk;
     std::int64_t x = b * G;
     const std::int64_t end = x + G;
     for (; x + kPvVectors * N <= end; x += kPvVectors * N)
-      PvSumBlock<NR, kPvVectors, T, true>(p, vrows, vhs, n, o, S, x, vsb, groups);
-    for (; x + N <= end; x += N) PvSumBlock<NR, 1, T, true>(p, vrows, vhs, n, o, S, x, vsb, groups);
+      PvSumBlock<NR, kPvVectors, T, true>(p, vrows, vhs, n, o, S, x, vsb);
+    for (; x + N <= end; x += N) PvSumBlock<NR, 1, T, true>(p, vrows, vhs, n, o, S, x, vsb);
     for (; x < end; ++x)
       for (int r = 0; r < NR; ++r) {
         float acc = o[r * S + x];
-        for (std::int64_t c = 0; c < n; ++c)
-          acc += p[r * kChunk + c] * vsb[c * groups] * load<float>(vrows[c][vhs + x]);
+        for (std::int64_t c = 0; c < n; ++c) acc += p[r * kChunk + c] * vsb[c] * load<float>(vrows[c][vhs + x]);
         o[r * S + x] = acc;
       }
   }
@@ -230,7 +229,7 @@ void Chunk(const ChunkArgs<float>& a) {
         if constexpr (kQuantized)
           if (a.v_groups > 1)
             return PvSumGrouped<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride,
-                                                     a.head_dim_v, a.v_scales + (g * kChunk + c0) * a.v_groups,
+                                                     a.head_dim_v, a.v_scales + g * a.v_groups * kChunk + c0,
                                                      a.v_groups);
         PvSum<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim_v);
       });

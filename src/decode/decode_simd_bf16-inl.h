@@ -65,10 +65,8 @@ ATTN_DPBF16_ATTR HWY_INLINE __m512i LoadBf16x32(const T* row, std::int64_t x) {
 }
 
 // Key c's weight for one block of dims: p times the block's scale in a quantized cache whose V has scales
-// per block of dims (vs[c * vs_stride]), else p.
-HWY_INLINE float BlockWeight(const float* p, std::int64_t c, const float* vs, std::int64_t vs_stride) {
-  return vs ? p[c] * vs[c * vs_stride] : p[c];
-}
+// per block of dims (vs[c]), else p.
+HWY_INLINE float BlockWeight(const float* p, std::int64_t c, const float* vs) { return vs ? p[c] * vs[c] : p[c]; }
 
 // o is kept per 32-element block in the order VPUNPCK{L,H}WD leaves it: lanes 0-15 hold elements
 // {0-3, 8-11, 16-19, 24-27}, lanes 16-31 elements {4-7, 12-15, 20-23, 28-31} (FinishDispatch restores).
@@ -76,8 +74,7 @@ HWY_INLINE float BlockWeight(const float* p, std::int64_t c, const float* vs, st
 // (times each key's block scale when vs is given: BlockWeight).
 template <int NR, int NB, class T>
 ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDp(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
-                                              float* o, std::int64_t S, std::int64_t x, const float* vs,
-                                              std::int64_t vs_stride) {
+                                              float* o, std::int64_t S, std::int64_t x, const float* vs) {
   __m512 acc[NR][2 * NB];
   for (int r = 0; r < NR; ++r)
     for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_loadu_ps(o + r * S + x + 16 * v);
@@ -91,7 +88,7 @@ ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDp(const float* p, const T* const* vr
       vv[2 * b + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
     }
     for (int r = 0; r < NR; ++r) {
-      const __m512 pr = _mm512_set1_ps(BlockWeight(p + r * kChunk, c, vs, vs_stride));
+      const __m512 pr = _mm512_set1_ps(BlockWeight(p + r * kChunk, c, vs));
       for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_fmadd_ps(pr, vv[v], acc[r][v]);
     }
   }
@@ -139,66 +136,65 @@ ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDpPairs(const std::uint32_t* pb, cons
 // rounding p to bf16 is exact for the key that sets the row's maximum (p = exp(0) = 1), and p times a
 // scale would lose that, costing the most accurate term its accuracy (a nearly one-hot row).
 template <int NR>
-ATTN_DPBF16_ATTR HWY_INLINE void RoundWeightPairs(const float* p, std::int64_t n, const float* vs,
-                                                  std::int64_t vs_stride, float* sigma, std::uint32_t* pb) {
-  alignas(64) float w[kChunk];
+ATTN_DPBF16_ATTR HWY_INLINE void RoundWeightPairs(const float* p, std::int64_t n, const float* vs, float* sigma,
+                                                  std::uint32_t* pb) {
+  const auto live = [n](std::int64_t c) -> __mmask16 {
+    return c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
+  };
   for (int r = 0; r < NR; ++r) {
     const float* pr = p + r * kChunk;
-    if (vs)
-      for (std::int64_t c = 0; c < n; ++c) w[c] = BlockWeight(pr, c, vs, vs_stride);
-    const float* src = vs ? w : pr;
-    const auto live = [n](std::int64_t c) -> __mmask16 {
-      return c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
-    };
+    __m512 w[kChunk / 16];
+    for (std::int64_t c = 0; c < kChunk; c += 16) {
+      w[c / 16] = _mm512_maskz_loadu_ps(live(c), pr + c);
+      if (vs) w[c / 16] = _mm512_mul_ps(w[c / 16], _mm512_maskz_loadu_ps(live(c), vs + c));
+    }
     __m512 top_v = _mm512_set1_ps(1.0f);
     bool divide = false;
     if (sigma) {
       __m512 m = _mm512_setzero_ps();
-      for (std::int64_t c = 0; c < kChunk; c += 16) m = _mm512_max_ps(m, _mm512_maskz_loadu_ps(live(c), src + c));
+      for (const __m512 v : w) m = _mm512_max_ps(m, v);
       const float top = _mm512_reduce_max_ps(m);
       sigma[r] = top > 0 ? top : 1.0f;
       top_v = _mm512_set1_ps(sigma[r]);
       divide = sigma[r] != 1.0f;
     }
     auto* dst = reinterpret_cast<__m256bh*>(pb + r * (kChunk / 2));
-    for (std::int64_t c = 0; c < kChunk; c += 16) {
-      const __m512 wv = _mm512_maskz_loadu_ps(live(c), src + c);
-      dst[c / 16] = _mm512_cvtneps_pbh(divide ? _mm512_div_ps(wv, top_v) : wv);  // x / x = 1 exactly
-    }
+    for (std::int64_t c = 0; c < kChunk; c += 16)  // x / x = 1 exactly
+      dst[c / 16] = _mm512_cvtneps_pbh(divide ? _mm512_div_ps(w[c / 16], top_v) : w[c / 16]);
   }
 }
 
 // o_r += sum_{c < n} p[r][c] v_c for NR rows over dims [x, end) (multiples of 32), in blocks of 64 then
-// 32; with vs, key c's weight is p times vs[c * vs_stride] (the scale of V's block of dims there). With
+// 32; with vs, key c's weight is p times vs[c] (the scale of V's block of dims there). With
 // bf16_p the weights are rounded to bf16, and for a quantized cache (its scales in the weights) first
 // divided by their largest (RoundWeightPairs).
 template <int NR, class T>
 ATTN_DPBF16_ATTR HWY_INLINE void PvSumDpRange(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
                                               float* o, std::int64_t S, std::int64_t x, std::int64_t end, bool bf16_p,
-                                              const float* vs, std::int64_t vs_stride) {
+                                              const float* vs) {
   if (bf16_p) {
     constexpr bool kQuantized = !std::is_same_v<T, bf16_t>;
     alignas(64) std::uint32_t pb[NR * (kChunk / 2)];
     float sigma[NR];
     float* sg = kQuantized ? sigma : nullptr;
-    RoundWeightPairs<NR>(p, n, vs, vs_stride, sg, pb);
+    RoundWeightPairs<NR>(p, n, vs, sg, pb);
     for (; x + 64 <= end; x += 64) PvSumBlockDpPairs<NR, 2>(pb, sg, vrows, vhs, n, o, S, x);
     if (x < end) PvSumBlockDpPairs<NR, 1>(pb, sg, vrows, vhs, n, o, S, x);
     return;
   }
-  for (; x + 64 <= end; x += 64) PvSumBlockDp<NR, 2>(p, vrows, vhs, n, o, S, x, vs, vs_stride);
-  if (x < end) PvSumBlockDp<NR, 1>(p, vrows, vhs, n, o, S, x, vs, vs_stride);
+  for (; x + 64 <= end; x += 64) PvSumBlockDp<NR, 2>(p, vrows, vhs, n, o, S, x, vs);
+  if (x < end) PvSumBlockDp<NR, 1>(p, vrows, vhs, n, o, S, x, vs);
 }
 
-// P V over all of d; V's scales per block of dims (groups > 1, vs[c * groups + b]) weight each block.
+// P V over all of d; V's scales per block of dims (groups > 1, vs[b * kChunk + c]) weight each block.
 template <int NR, class T>
 ATTN_DPBF16_ATTR HWY_INLINE void PvSumDp(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
                                          float* o, std::int64_t S, std::int64_t d, bool bf16_p, const float* vs,
                                          std::int64_t groups) {
-  if (groups <= 1) return PvSumDpRange<NR>(p, vrows, vhs, n, o, S, 0, d, bf16_p, nullptr, 0);
+  if (groups <= 1) return PvSumDpRange<NR>(p, vrows, vhs, n, o, S, 0, d, bf16_p, nullptr);
   const std::int64_t G = d / groups;
   for (std::int64_t b = 0; b < groups; ++b)
-    PvSumDpRange<NR>(p, vrows, vhs, n, o, S, b * G, (b + 1) * G, bf16_p, vs + b, groups);
+    PvSumDpRange<NR>(p, vrows, vhs, n, o, S, b * G, (b + 1) * G, bf16_p, vs + b * kChunk);
 }
 
 // Dots4 (decode_simd.cpp) with VDPBF16PS: dst[r] = q_r . k for NR <= 4 query rows (q_hi + q_lo, stride
@@ -265,7 +261,7 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
       },
       [&](auto nr, std::int64_t g, const float* p, std::int64_t c0, std::int64_t m, float* o) ATTN_DPBF16_ATTR {
         PvSumDp<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim_v, a.bf16_out,
-                                     v_grouped ? a.v_scales + (g * kChunk + c0) * a.v_groups : nullptr,
+                                     v_grouped ? a.v_scales + g * a.v_groups * kChunk + c0 : nullptr,
                                      v_grouped ? a.v_groups : 1);
       });
 }
