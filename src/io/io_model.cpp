@@ -4,6 +4,7 @@
 // Element counts are exact integers: the counted simulations (src/io/counted.cpp) must reproduce them
 // to the element, so nothing here goes through floating point until bytes and seconds.
 #include "attn/io_model.hpp"
+#include "io/arg_checks.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -15,19 +16,14 @@
 namespace attn::io {
 namespace {
 
-[[noreturn]] void fail(const char* where, const std::string& what) {
-  throw std::invalid_argument(std::string(where) + ": " + what);
-}
+using detail::fail;
+using detail::require_positive;
 
 std::string num(double v) {
   // Readable text for a double parameter (e.g. 0.8, 196608, nan).
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.10g", v);
   return buf;
-}
-
-void require_positive(const char* where, const char* name, std::int64_t v) {
-  if (v < 1) fail(where, std::string(name) + " must be >= 1, got " + std::to_string(v));
 }
 
 // Checked int64 arithmetic: a count that does not fit is a parameter error, not a wrong answer.

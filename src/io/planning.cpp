@@ -6,19 +6,12 @@
 #include <string>
 
 #include "attn/io_model.hpp"
+#include "io/arg_checks.hpp"
 
 namespace attn::io {
-namespace {
 
-[[noreturn]] void fail(const char* where, const std::string& what) {
-  throw std::invalid_argument(std::string(where) + ": " + what);
-}
-
-void require_positive(const char* where, const char* name, std::int64_t v) {
-  if (v < 1) fail(where, std::string(name) + " must be >= 1, got " + std::to_string(v));
-}
-
-}  // namespace
+using detail::fail;
+using detail::require_positive;
 
 std::int64_t break_even_sram_elements(std::int64_t n, std::int64_t d, bool fa2) {
   constexpr const char* where = "io::break_even_sram_elements";
