@@ -167,17 +167,17 @@ HWY_INLINE void GradDispatch(D d, int rb, int cv, bool masked, const A* t, std::
   }
 }
 
-// out[m][0 .. dp) += the product over output rows [m_begin, M) (keys if KeyRows, else queries) and
-// k in [k_begin, K), d
+// out[m][0 .. width) += the product over output rows [m_begin, M) (keys if KeyRows, else queries) and
+// k in [k_begin, K) (b's and out's rows dp apart, width <= dp a multiple of the lanes), the width
 // split into near-equal chunks of at most kGradCv vectors. The chunk loop is outer: one chunk's slab of
 // b (K rows x kGradCv vectors, 12 KiB at K = 128 on AVX2) stays in L1 while every row block of the
 // output streams its few rows of t past it.
 template <bool KeyRows, class D, class A>
 HWY_INLINE void GradProduct(D d, bool masked, const A* t, std::size_t R, std::size_t m_begin, std::size_t M,
-                            std::size_t k_begin, std::size_t K, const A* b, std::size_t dp, A* out,
+                            std::size_t k_begin, std::size_t K, const A* b, std::size_t dp, std::size_t width, A* out,
                             const Rows<A>& rows) {
   const std::size_t N = hn::Lanes(d);
-  const int dv = static_cast<int>(dp / N), chunks = (dv + kGradCv - 1) / kGradCv;
+  const int dv = static_cast<int>(width / N), chunks = (dv + kGradCv - 1) / kGradCv;
   std::size_t x0 = 0;
   for (int ch = 0; ch < chunks; ++ch) {
     const int cv = dv / chunks + (ch < dv % chunks ? 1 : 0);

@@ -108,10 +108,10 @@ struct Scratch {
   }
 };
 
-// The width the kernel computes at: q and k rows (head_dim) and v, out and dout rows (head_dim_v) are
-// packed into rows of the wider of the two, zero past their own length. The zeros add nothing to any
-// dot product (S, dP, D) and give zero gradient columns, which are not stored; unequal dims pay the
-// wider dim's flops in every product.
+// The width the kernel packs at: q and k rows (head_dim) and v, out and dout rows (head_dim_v) are
+// packed into rows of the wider of the two, zero past their own length. Each product runs at its own
+// dim, not the width: S = Q K^T, dK = dS^T Q and dQ = dS K at head_dim, dP = dO V^T and dV = P^T dO at
+// head_dim_v (the zeros past a row's length would add nothing but flops).
 inline std::size_t Width(const BackwardProblem& p) {
   return static_cast<std::size_t>(std::max(p.head_dim, p.head_dim_v));
 }
@@ -212,8 +212,8 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
   // capped logit alone.
   ScoreRule s_rule = p.rule;
   if (s_rule.softcap > 0) s_rule.alibi_slopes = nullptr;
-  ProductTile(d, ScoreOperands<A>{w.qt, w.k, R, dim}, nn, w.s, w.rows, Epilogue{&s_rule, masked}, r0, r1);
-  ProductTile(d, ScoreOperands<A>{w.dot, w.v, R, dim}, nn, w.dpt, w.rows, Epilogue{&kIdentity, false}, r0, r1);
+  ProductTile(d, ScoreOperands<A>{w.qt, w.k, R, dim, dq}, nn, w.s, w.rows, Epilogue{&s_rule, masked}, r0, r1);
+  ProductTile(d, ScoreOperands<A>{w.dot, w.v, R, dim, dv}, nn, w.dpt, w.rows, Epilogue{&kIdentity, false}, r0, r1);
   // Dropout (keep mask Z, factor Z / (1 - p), regenerated as the forward drew it): dS = P (Z dP / (1 - p)
   // - D) needs the dropped dP before GradStep, and dV = (P Z / (1 - p))^T dO the dropped P after it
   // (GradStep's dX keeps the undropped P). The only places the backward drops.
@@ -222,9 +222,10 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
   if (drop) ps::DropTile(d, p.dropout, w.ctr_i + r0, w.ctr_h + r0, j0, n, w.dpt + r0, R, r1 - r0);
   GradStep(d, w.s, w.dpt, R, nn, RowGrads<A>{w.lse, w.dsum}, w.rows, p.rule, masked, r0, r1);
   if (drop) ps::DropTile(d, p.dropout, w.ctr_i + r0, w.ctr_h + r0, j0, n, w.s + r0, R, r1 - r0);
-  GradProduct<true>(d, masked, w.s, R, 0, nn, r0, r1, w.dout, dp, dv_acc + j0 * dp, w.rows);
-  GradProduct<true>(d, masked, w.dpt, R, 0, nn, r0, r1, w.q, dp, dk_acc + j0 * dp, w.rows);
-  GradProduct<false>(d, masked, w.dpt, R, r0, r1, 0, nn, w.kdp, dp, w.dq, w.rows);
+  const std::size_t wq = RoundUp(dq, hn::Lanes(d)), wv = RoundUp(dv, hn::Lanes(d));  // the products' widths
+  GradProduct<true>(d, masked, w.s, R, 0, nn, r0, r1, w.dout, dp, wv, dv_acc + j0 * dp, w.rows);
+  GradProduct<true>(d, masked, w.dpt, R, 0, nn, r0, r1, w.q, dp, wq, dk_acc + j0 * dp, w.rows);
+  GradProduct<false>(d, masked, w.dpt, R, r0, r1, 0, nn, w.kdp, dp, wq, w.dq, w.rows);
 }
 
 // Gradients are stored as T, or in the accumulator type when the view has it (a ring block's partial

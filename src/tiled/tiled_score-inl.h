@@ -105,12 +105,13 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreEpilogue(D d, hn::Vec<D> (&acc)[RK_][QV_], 
 
 // Where the packed operands of the scores live (packed by RunTask): Q^T [dim][R] and K [n][dim] in the
 // accumulator type, or, on the bf16 dot-product path, Q^T as [dim/2][R] pairs and K as [n][dim/2] pairs
-// of raw bf16 (one 32-bit lane = elements 2x and 2x + 1; Bf16Pair and PackKPairs below).
+// of raw bf16 (one 32-bit lane = elements 2x and 2x + 1; Bf16Pair and PackKPairs below). The dots run
+// over the first len <= dim elements (the backward packs rows of two head dims at the wider one).
 template <class A>
 struct ScoreOperands {
   const A* qt;
   const A* k;
-  std::size_t R, dim;
+  std::size_t R, dim, len;
 };
 
 // S^T[c0 + kk][r0 + v*N + lane] for kk < RK_, v < QV_: the d-long dot products (RK_ keys broadcast x
@@ -118,7 +119,7 @@ struct ScoreOperands {
 template <int RK_, int QV_, bool Dp, class D, class A = hn::TFromD<D>>
 ATTN_SCORE_ATTR HWY_INLINE void ScoreBlock(D d, const ScoreOperands<A>& op, std::size_t c0, std::size_t r0,
                                            A* HWY_RESTRICT s, const Rows<A>& rows, const Epilogue& ep) {
-  const std::size_t N = hn::Lanes(d), R = op.R, dim = op.dim;
+  const std::size_t N = hn::Lanes(d), R = op.R, dim = op.dim, len = op.len;
   hn::Vec<D> acc[RK_][QV_];
   ATTN_UNROLL
   for (int kk = 0; kk < RK_; ++kk) ATTN_UNROLL
@@ -126,14 +127,14 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreBlock(D d, const ScoreOperands<A>& op, std:
   if constexpr (Dp) {
 #if ATTN_DPBF16_TARGET
     // Pairs of bf16 along d: half the instructions of the f32 loop, and K needs no widening.
-    const std::size_t dim2 = (dim + 1) / 2;
+    const std::size_t dim2 = (dim + 1) / 2, len2 = (len + 1) / 2;
     const auto* qt = reinterpret_cast<const std::uint32_t*>(op.qt);
     const auto* krow = reinterpret_cast<const std::uint32_t*>(op.k) + c0 * dim2;
     __m512 raw[RK_][QV_];
     ATTN_UNROLL
     for (int kk = 0; kk < RK_; ++kk) ATTN_UNROLL
     for (int v = 0; v < QV_; ++v) raw[kk][v] = _mm512_setzero_ps();
-    for (std::size_t x = 0; x < dim2; ++x) {
+    for (std::size_t x = 0; x < len2; ++x) {
       __m512i q[QV_];
       ATTN_UNROLL
       for (int v = 0; v < QV_; ++v) q[v] = _mm512_load_si512(qt + x * R + r0 + v * N);
@@ -150,7 +151,7 @@ ATTN_SCORE_ATTR HWY_INLINE void ScoreBlock(D d, const ScoreOperands<A>& op, std:
 #endif
   } else {
     const A* krow = op.k + c0 * dim;
-    for (std::size_t x = 0; x < dim; ++x) {
+    for (std::size_t x = 0; x < len; ++x) {
       hn::Vec<D> q[QV_];
       ATTN_UNROLL
       for (int v = 0; v < QV_; ++v) q[v] = hn::Load(d, op.qt + x * R + r0 + v * N);
