@@ -339,22 +339,29 @@ HWY_EXPORT(RunF16);
 HWY_EXPORT(Target);
 }  // namespace backward_simd
 
-std::int64_t backward_target() { return HWY_DYNAMIC_DISPATCH(backward_simd::Target)(); }
+// The dispatches below name the exported functions unqualified, under `using namespace backward_simd`: where
+// one target is compiled (AArch64, where this kernel is NEON only), HWY_DYNAMIC_DISPATCH(F) is
+// HWY_STATIC_DISPATCH(F), i.e. N_NEON::F, and backward_simd::F would be the undeclared N_NEON::backward_simd::F.
+std::int64_t backward_target() {
+  using namespace backward_simd;
+  return HWY_DYNAMIC_DISPATCH(Target)();
+}
 
 void run_backward(const std::vector<BackwardProblem>& problems, const TileOptions& tiles, int threads) {
   if (problems.empty()) return;
   std::vector<BackwardPlan> plans;
   plans.reserve(problems.size());
   for (const BackwardProblem& p : problems) plans.push_back(plan_backward(p, tiles));
+  using namespace backward_simd;
   switch (problems[0].dtype) {
     case DType::f64:
-      return HWY_DYNAMIC_DISPATCH(backward_simd::RunF64)(problems, plans, threads);
+      return HWY_DYNAMIC_DISPATCH(RunF64)(problems, plans, threads);
     case DType::f32:
-      return HWY_DYNAMIC_DISPATCH(backward_simd::RunF32)(problems, plans, threads);
+      return HWY_DYNAMIC_DISPATCH(RunF32)(problems, plans, threads);
     case DType::bf16:
-      return HWY_DYNAMIC_DISPATCH(backward_simd::RunBF16)(problems, plans, threads);
+      return HWY_DYNAMIC_DISPATCH(RunBF16)(problems, plans, threads);
     case DType::f16:
-      return HWY_DYNAMIC_DISPATCH(backward_simd::RunF16)(problems, plans, threads);
+      return HWY_DYNAMIC_DISPATCH(RunF16)(problems, plans, threads);
     default:  // the quantized cache types: validation admits them in decode only
       break;
   }

@@ -382,7 +382,13 @@ HWY_EXPORT(RunF16);
 HWY_EXPORT(Target);
 }  // namespace tiled_simd
 
-std::int64_t tiled_target() { return HWY_DYNAMIC_DISPATCH(tiled_simd::Target)(); }
+// The dispatches below name the exported functions unqualified, under `using namespace tiled_simd`: where
+// one target is compiled (AArch64, where this kernel is NEON only), HWY_DYNAMIC_DISPATCH(F) is
+// HWY_STATIC_DISPATCH(F), i.e. N_NEON::F, and tiled_simd::F would be the undeclared N_NEON::tiled_simd::F.
+std::int64_t tiled_target() {
+  using namespace tiled_simd;
+  return HWY_DYNAMIC_DISPATCH(Target)();
+}
 
 void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, int threads) {
   if (problems.empty()) return;
@@ -399,15 +405,16 @@ void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, i
     plans.push_back({q_tile, t.k_tile});
     first_task.push_back(first_task.back() + p.batch * p.kv_heads * ((p.seqlen_q + q_tile - 1) / q_tile));
   }
+  using namespace tiled_simd;
   switch (problems[0].dtype) {
     case DType::f64:
-      return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF64)(problems, plans, first_task, threads);
+      return HWY_DYNAMIC_DISPATCH(RunF64)(problems, plans, first_task, threads);
     case DType::f32:
-      return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF32)(problems, plans, first_task, threads);
+      return HWY_DYNAMIC_DISPATCH(RunF32)(problems, plans, first_task, threads);
     case DType::bf16:
-      return HWY_DYNAMIC_DISPATCH(tiled_simd::RunBF16)(problems, plans, first_task, threads);
+      return HWY_DYNAMIC_DISPATCH(RunBF16)(problems, plans, first_task, threads);
     case DType::f16:
-      return HWY_DYNAMIC_DISPATCH(tiled_simd::RunF16)(problems, plans, first_task, threads);
+      return HWY_DYNAMIC_DISPATCH(RunF16)(problems, plans, first_task, threads);
     default:  // the quantized cache types: validation admits them in decode only
       break;
   }
