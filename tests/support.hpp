@@ -195,6 +195,16 @@ class PinTarget {
   PinTarget& operator=(const PinTarget&) = delete;
 };
 
+// The target the decode kernel's dispatch picks now, as simd_targets' `dispatched`. decode_simd.cpp
+// exports no Target() of its own (as the tiled and backward kernels do: tiled_target, backward_target),
+// so this is Highway's choice restated: the best target supported now (the pin's) among those decode
+// is compiled for, HWY_TARGETS less ATTN_DECODE_DISABLED_TARGETS (CMakeLists.txt: SVE, on AArch64),
+// else the static target.
+inline std::int64_t decode_dispatched() {
+  const std::int64_t run = hwy::SupportedTargets() & HWY_TARGETS & ~std::int64_t{ATTN_DECODE_DISABLED_TARGETS};
+  return run != 0 ? run & -run : std::int64_t{HWY_STATIC_TARGET};
+}
+
 // The targets to test a kernel on: those this CPU supports (and ATTN_ISA allows) that the kernel was
 // compiled for, best first. `dispatched` returns the target the kernel's own dispatch picks now (e.g.
 // detail::tiled_target); with it, a target the kernel leaves out (its dispatch falls back to another

@@ -265,7 +265,8 @@ void check_precision(std::int64_t page, double slack, std::int64_t h = 8, std::i
                                        << " err " << err << " textbook " << base;
     };
     if (every_target)
-      test::for_each_simd_target("decode", nullptr, [&](std::int64_t target) { check(hwy::TargetName(target)); });
+      test::for_each_simd_target("decode", test::decode_dispatched,
+                                 [&](std::int64_t target) { check(hwy::TargetName(target)); });
     else
       check("best target");
   }

@@ -71,7 +71,7 @@ template <class T>
 void check_invariance(bool paged) {
   const Batch<T> x;
   const std::size_t row = static_cast<std::size_t>(H * D);
-  test::for_each_simd_target("decode", nullptr, [&](std::int64_t) {
+  test::for_each_simd_target("decode", test::decode_dispatched, [&](std::int64_t) {
     const auto [all_out, all_lse] = decode(x, 0, B, 2, 256, paged);
     const auto [part_out, part_lse] = decode(x, 40, 9, 3, 256, paged);  // another batch: sequences 40..48
     for (std::int64_t b : {0, 1, 7, 40, 44, 48, 63}) {

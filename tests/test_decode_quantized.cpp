@@ -303,7 +303,7 @@ TEST(DecodeQuantized, WithinTwiceTheTextbookErrorOnTheDequantizedCache) {
         const auto oracle = reference<double>(q, Kd, Vd, o);
         const auto textbook = reference<float>(q, Kd, Vd, o);
         const double base = max_abs_diff(textbook, oracle);
-        test::for_each_simd_target("decode", nullptr, [&](std::int64_t) {
+        test::for_each_simd_target("decode", test::decode_dispatched, [&](std::int64_t) {
           const double err = max_abs_diff(decode(c, q, o), oracle);
           EXPECT_LE(err, 2 * base + 1e-6) << f.name << " page " << page << " causal " << causal << " textbook " << base;
         });

@@ -191,7 +191,7 @@ TEST(Sinks, VarlenAndDecodeFoldTheSinkOnce) {
   cache.k = k.view();
   cache.v = v.view();
   cache.seqlens = seqlens.data();
-  test::for_each_simd_target("decode", nullptr, [&](std::int64_t) {
+  test::for_each_simd_target("decode", test::decode_dispatched, [&](std::int64_t) {
     for (std::int64_t splits : {1, 4, 50}) {
       std::vector<double> dout(q.data.size()), dlse(want_lse.size());
       TensorView dl = TensorView::contiguous(dlse.data(), 2, H, SQ);
