@@ -106,11 +106,25 @@ ATTN_HOST_DEVICE inline void merge(RowState<Acc> a, const RowState<Acc>& b) {
   // Equal maxima that differ only in sign (+0 and -0) give +0, so that merge is bitwise commutative.
   const Acc m = *a.m > *b.m ? *a.m : *b.m > *a.m ? *b.m : *a.m == Acc(0) ? Acc(0) : *a.m;
   if (m == -std::numeric_limits<Acc>::infinity()) return;  // both neutral
-  const Acc fa = rescale_factor(*a.m, m);
-  const Acc fb = rescale_factor(*b.m, m);
+  // A +inf score: e^{inf-inf} is NaN, so l and o are NaN, as fold makes them.
+  if (m == std::numeric_limits<Acc>::infinity()) {
+    const Acc nan = std::numeric_limits<Acc>::quiet_NaN();
+    *a.m = m;
+    *a.l = nan;
+    for (std::int64_t c = 0; c < a.dim; ++c) a.o[c] = nan;
+    return;
+  }
+  // The state with the larger maximum keeps its l and o (its factor is e^0 = 1, exactly) and only the
+  // other one is rescaled: each element is x + y f, one product, x and y picked by value, not by
+  // argument order. Where the compiler contracts that into an FMA (GCC does by default on AArch64),
+  // merge(a, b) and merge(b, a) still compute the same fma(y, f, x); x e^{m_a-m} + y e^{m_b-m} would
+  // contract one product or the other, depending on the order. Equal maxima: f = 1, x + y.
+  const RowState<Acc>& hi = *b.m > *a.m ? b : a;
+  const RowState<Acc>& lo = *b.m > *a.m ? a : b;
+  const Acc f = rescale_factor(*lo.m, m);
   *a.m = m;
-  *a.l = *a.l * fa + *b.l * fb;
-  for (std::int64_t c = 0; c < a.dim; ++c) a.o[c] = a.o[c] * fa + b.o[c] * fb;
+  *a.l = *hi.l + *lo.l * f;
+  for (std::int64_t c = 0; c < a.dim; ++c) a.o[c] = hi.o[c] + lo.o[c] * f;
 }
 
 // An attention sink (gpt-oss): one logit per head that joins every row's softmax denominator and has
