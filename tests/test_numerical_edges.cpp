@@ -690,16 +690,23 @@ TEST(Conversions, FloatToBf16RoundsToNearestEvenAndKeepsNaN) {
   }
 }
 
-// f16 conversions (element.hpp: float arithmetic and bit operations) against the compiler's _Float16,
-// an independent implementation (libgcc's soft-float routines): every f16 value both ways, every
-// halfway point between neighbouring f16 values and its two neighbouring floats, the overflow edge,
-// and 2^20 random floats.
+// The compiler's IEEE half type: _Float16 (on x86 converted by libgcc's soft-float routines), or on
+// Arm __fp16, which the FPU converts (FCVT): GCC before 13 has no _Float16 in C++ there.
+#if defined(__ARM_FP16_FORMAT_IEEE)
+using CompilerHalf = __fp16;
+#else
+using CompilerHalf = _Float16;
+#endif
+
+// f16 conversions (element.hpp: float arithmetic and bit operations) against the compiler's half type,
+// an independent implementation: every f16 value both ways, every halfway point between neighbouring
+// f16 values and its two neighbouring floats, the overflow edge, and 2^20 random floats.
 TEST(Conversions, F16MatchesTheCompilersHalfType) {
   auto check_down = [](std::uint32_t u) {
     float f;
     std::memcpy(&f, &u, 4);
     const std::uint16_t got = detail::float_to_f16(f).bits;
-    const _Float16 h = static_cast<_Float16>(f);
+    const CompilerHalf h = static_cast<CompilerHalf>(f);
     std::uint16_t want;
     std::memcpy(&want, &h, 2);
     if (std::isnan(f)) {
@@ -710,7 +717,7 @@ TEST(Conversions, F16MatchesTheCompilersHalfType) {
     ASSERT_EQ(got, want) << std::hex << u << " = " << f;
   };
   for (std::uint32_t b = 0; b < 0x10000u; ++b) {
-    _Float16 h;
+    CompilerHalf h;
     const std::uint16_t bits = static_cast<std::uint16_t>(b);
     std::memcpy(&h, &bits, 2);
     const float want = static_cast<float>(h), got = detail::f16_to_float(f16_t{bits});
@@ -723,7 +730,7 @@ TEST(Conversions, F16MatchesTheCompilersHalfType) {
     check_down(detail::float_bits(want));
     if (std::isfinite(want) && (b & 0x7fffu) != 0x7bffu) {  // up to the largest finite magnitude
       std::uint16_t next_bits = static_cast<std::uint16_t>(b + 1);
-      _Float16 next;
+      CompilerHalf next;
       std::memcpy(&next, &next_bits, 2);
       const float mid =
           static_cast<float>((static_cast<double>(want) + static_cast<double>(static_cast<float>(next))) / 2);
