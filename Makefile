@@ -14,11 +14,13 @@ JOBS  ?= $(shell nproc)
 # `make test` = the format check (scripts/check-format), the release suite, the Python package's tests
 # (scripts/python-tests), then the same suite under
 # AddressSanitizer + UBSan, the threaded tests under ThreadSanitizer, and a few seconds of each
-# libFuzzer target (docs/robustness.md). scripts/run-stages runs the stages in that order, stops at the
-# first that fails and names it, and prints the seconds of each at the end (also in $(BUILD)/stage-times).
+# libFuzzer target (docs/robustness.md), and last the tests of the SIMD kernels on AArch64: cross-compiled
+# and run under qemu-aarch64 (`make test-aarch64`, below). scripts/run-stages runs the stages in that
+# order, stops at the first that fails and names it, and prints the seconds of each at the end (also in
+# $(BUILD)/stage-times).
 # Knobs: FUZZ_SECONDS (the differential test's budget in the release build), FUZZ_RUN_SECONDS (per
 # libFuzzer target), SAN_JOBS (parallel compile jobs, <= 2 on CI), ATTN_CUDA (AUTO, ON or OFF: the CUDA
-# backend of the release build).
+# backend of the release build), AARCH64_FUZZ_SECONDS (the differential test's budget under qemu).
 FUZZ_SECONDS     ?= 60
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
@@ -26,6 +28,18 @@ ATTN_CUDA        ?= AUTO
 FUZZERS          := reference tiled splitk splitk_partials varlen decode decode_quantized backward
 LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
 TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
+AARCH64_FUZZ_SECONDS ?= 21
+# The AArch64 stage's test binaries: those of the SIMD kernels (tiled forward, varlen, decode and its
+# quantized caches, backward, dropout, sinks, head dims, numerical edges, the differential test) and of
+# the online softmax they share. Not the validation, IO-model, ring-model or CUDA-emulation tests: no
+# SIMD code, the same on every architecture (under qemu the emulation's alone take over 15 minutes).
+AARCH64_TESTS := test_online_softmax test_merge_states test_exactness test_features test_prefill \
+                 test_prefill_varlen test_varlen_paged test_head_dims test_decode test_decode_quantized \
+                 test_decode_batch_invariant test_backward test_backward_varlen test_dropout \
+                 test_dropout_backward test_sinks test_sinks_backward test_numerical_edges \
+                 test_option_extremes test_differential
+empty :=
+space := $(empty) $(empty)
 
 # ccache (scripts/setup-deps installs it), for every compile: `pip install .` (the Python stage)
 # compiles libattn with the same commands as the release build, so it takes the release build's objects
@@ -45,7 +59,8 @@ endif
 # the prerequisites those stages made, so that each stage's time is its own work.
 after = $(if $(NODEPS),,$(1))
 
-.PHONY: demo test build deps check-format test-release test-python asan-build test-asan test-tsan test-fuzz
+.PHONY: demo test build deps deps-aarch64 check-format test-release test-python asan-build test-asan test-tsan \
+        test-fuzz test-aarch64
 demo: $(call after,deps)
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DATTN_CUDA=OFF)
 	cmake --build $(BUILD) -j$(JOBS) --target attn_cli
@@ -57,7 +72,7 @@ demo: $(call after,deps)
 
 test:
 	@scripts/run-stages $(BUILD)/stage-times \
-	  "packages"         "$(MAKE) --no-print-directory deps" \
+	  "packages"         "$(MAKE) --no-print-directory deps deps-aarch64" \
 	  "format check"     "$(MAKE) --no-print-directory NODEPS=1 check-format" \
 	  "release build"    "$(MAKE) --no-print-directory NODEPS=1 build" \
 	  "release tests"    "$(MAKE) --no-print-directory NODEPS=1 test-release" \
@@ -65,7 +80,8 @@ test:
 	  "ASan build"       "$(MAKE) --no-print-directory NODEPS=1 asan-build" \
 	  "ASan tests"       "$(MAKE) --no-print-directory NODEPS=1 test-asan" \
 	  "TSan build+tests" "$(MAKE) --no-print-directory NODEPS=1 test-tsan" \
-	  "fuzz"             "$(MAKE) --no-print-directory NODEPS=1 test-fuzz"
+	  "fuzz"             "$(MAKE) --no-print-directory NODEPS=1 test-fuzz" \
+	  "AArch64 build+tests" "$(MAKE) --no-print-directory NODEPS=1 test-aarch64"
 
 check-format: $(call after,deps)
 	scripts/check-format
@@ -112,9 +128,33 @@ test-fuzz: $(call after,asan-build)
 	  grep -E "stat::number_of_executed_units|Done [0-9]+ runs" build-asan/fuzz_$$f.log; \
 	done
 
+# AArch64: libattn and $(AARCH64_TESTS) cross-compiled by Debian's aarch64-linux-gnu-g++
+# (cmake/aarch64-linux-gnu.cmake; Release, no CUDA, MPI, tools or explorer) in build-aarch64, and run by
+# ctest under qemu-aarch64: all of them with QEMU_CPU=max (Highway's NEON, SVE and SVE2 at 512 bits;
+# the tiled, backward and decode kernels are NEON only), then the dequantization test, whose kernel is
+# compiled for every SVE target, at 256- and 128-bit vectors (SVE_256, SVE2_128). Each run ends with the
+# targets the tests ran on ([  TARGETS ] lines). The toolchain file fails the configure if the cross
+# compiler or qemu is missing.
+AARCH64_CTEST := ctest --output-on-failure --timeout 600
+AARCH64_RAN   := grep -h '^\[  TARGETS \]' Testing/Temporary/LastTest.log | sort | uniq -c
+test-aarch64: $(call after,deps deps-aarch64)
+	cmake -S . -B build-aarch64 --toolchain cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
+	  -DATTN_CUDA=OFF -DATTN_MPI=OFF -DATTN_BUILD_TOOLS=OFF -DATTN_EXPLORER=OFF \
+	  "-DATTN_TEST_SUBSET=$(subst $(space),;,$(AARCH64_TESTS))"
+	cmake --build build-aarch64 -j$(JOBS) --target attn_test_subset
+	cd build-aarch64 && QEMU_CPU=max ATTN_FUZZ_SECONDS=$(AARCH64_FUZZ_SECONDS) $(AARCH64_CTEST) -j$(JOBS) \
+	  -L '^($(subst $(space),|,$(AARCH64_TESTS)))$$' && $(AARCH64_RAN)
+	set -e; cd build-aarch64 && for bytes in 32 16; do \
+	  echo "== SVE vectors of $$bytes bytes"; \
+	  QEMU_CPU=max,sve-default-vector-length=$$bytes $(AARCH64_CTEST) -R '^QuantizedTypes\.SimdDequantization'; \
+	  $(AARCH64_RAN); \
+	done
+
 build: $(call after,deps)
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DATTN_CUDA=$(ATTN_CUDA)
 	cmake --build $(BUILD) -j$(JOBS)
 
 deps:
 	@scripts/setup-deps
+deps-aarch64:
+	@scripts/setup-cross-deps
