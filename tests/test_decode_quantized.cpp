@@ -109,7 +109,7 @@ TEST(QuantizedTypes, TheBf16KernelsConversionIsExactOnEveryCode) {
   std::iota(codes.begin(), codes.end(), 0);
   for (DType t : {DType::i8, DType::fp8_e4m3, DType::fp8_e5m2}) {
     bool ran = false;
-    test::for_each_simd_target("decode", nullptr, [&](std::int64_t) {
+    test::for_each_simd_target("decode", test::decode_dispatched, [&](std::int64_t) {
       std::vector<std::uint16_t> out(256, 0xdead);
       if (!detail::decode_codes_to_bf16(t, codes.data(), 256, out.data())) return;
       ran = true;
@@ -342,7 +342,7 @@ TEST(DecodeQuantized, Bf16ActivationsWithinTwiceTheTextbookErrorWithoutSlack) {
         std::vector<float> textbook = reference<float>(q, Kd, Vd, o);
         for (float& x : textbook) x = detail::bf16_to_float(detail::float_to_bf16(x));
         const double base = max_abs_diff(textbook, oracle);
-        test::for_each_simd_target("decode", nullptr, [&](std::int64_t) {
+        test::for_each_simd_target("decode", test::decode_dispatched, [&](std::int64_t) {
           std::vector<bf16_t> out(qb.size(), detail::float_to_bf16(42.0f));
           attention_decode(TensorView::contiguous(qb.data(), c.B, 1, 8, QuantCache::D), c.cache(),
                            TensorView::contiguous(out.data(), c.B, 1, 8, QuantCache::D), o);
