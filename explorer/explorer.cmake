@@ -38,7 +38,7 @@ if(attn_explorer_build)
   # Emscripten's JS optimiser needs node's acorn: Debian's node-acorn lives in /usr/share/nodejs, which
   # a node that is not Debian's (NodeSource's) does not search.
   set(em_env ${CMAKE_COMMAND} -E env NODE_PATH=/usr/share/nodejs)
-  # One thread, no OpenMP (explorer/wasm/omp.h), EMU128 for the kernel (explorer/wasm/hwy_single_target.hpp),
+  # One thread, no OpenMP (explorer/wasm/omp.h), EMU128 for the kernel (its only Highway target),
   # exceptions on so that a bad input reaches the page as the library's message.
   set(em_flags -std=c++20 -O2 -fexceptions -DHWY_COMPILE_ONLY_EMU128 -I${src}/explorer/wasm -I${src}/include
       -I${src}/src -I${src}/tools/attn -I${obj_dir}/include)
@@ -50,9 +50,6 @@ if(attn_explorer_build)
     if(f IN_LIST lib_sources)
       # Without OpenMP the kernels' thread-count parameters and cpu.cpp's sysconf helper go unused.
       list(APPEND extra -Wno-unused-parameter -Wno-unused-function)
-    endif()
-    if(f STREQUAL "src/tiled/tiled_kernel.cpp")
-      list(APPEND extra -include ${src}/explorer/wasm/hwy_single_target.hpp)
     endif()
     add_custom_command(OUTPUT ${o}
       COMMAND ${em_env} ${ATTN_EMXX} ${em_flags} ${extra} -MD -MF ${o}.d -c ${src}/${f} -o ${o}
