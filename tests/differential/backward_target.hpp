@@ -101,7 +101,10 @@ std::string check_backward(Config c) {
     // logit_slack x 2 amplitude (|dP - D| <= 2, |q|, |k| <= amplitude), even where the gradient itself is
     // small by cancellation (f32, d = 1, amplitude 8: 6-8x the textbook's error, seeds
     // 13019020273406444371 and 13019020273406445860; a saturated soft-cap, 9286785742921532745).
-    const double logit_term = logit_slack(c) * std::max(mag, 2 * c.amplitude);
+    // With dropout the kept entries of P and dP are scaled by 1 / (1 - p), and so is that error (f32,
+    // d = 1, dropout 0.9: dq at 6.9x the textbook's error, seed 18204366566546473379).
+    const double dropout_gain = 1 / (1 - c.opts.dropout_p);
+    const double logit_term = logit_slack(c) * std::max(mag, 2 * c.amplitude) * dropout_gain;
     double tol = 0;
     switch (t) {
       case DType::f64:
