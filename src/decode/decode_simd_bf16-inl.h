@@ -173,7 +173,7 @@ ATTN_DPBF16_ATTR HWY_INLINE void PvSumDpRange(const float* p, const T* const* vr
                                               float* o, std::int64_t S, std::int64_t x, std::int64_t end, bool bf16_p,
                                               const float* vs) {
   if (bf16_p) {
-    constexpr bool kQuantized = !std::is_same_v<T, bf16_t>;
+    constexpr bool kQuantized = is_quantized(dtype_of<T>());
     alignas(64) std::uint32_t pb[NR * (kChunk / 2)];
     float sigma[NR];
     float* sg = kQuantized ? sigma : nullptr;
@@ -252,12 +252,10 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
   RunChunk(
       a,
       [&](float* dots4) ATTN_DPBF16_ATTR {
-        const auto score = [&](auto D) ATTN_DPBF16_ATTR {
+        WithHeadDim(a.head_dim, [&](auto D) ATTN_DPBF16_ATTR {
           constexpr int kD = decltype(D)::value;
           a.q_lo != nullptr ? ScoreKeysDp<T, kD, true>(a, dots4) : ScoreKeysDp<T, kD, false>(a, dots4);
-        };
-        a.k_scales != nullptr&& a.k_groups > 1 ? score(std::integral_constant<int, 0>())
-                                               : WithHeadDim(a.head_dim, score);
+        });
       },
       [&](auto nr, std::int64_t g, const float* p, std::int64_t c0, std::int64_t m, float* o) ATTN_DPBF16_ATTR {
         PvSumDp<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim_v, a.bf16_out,
