@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -21,6 +22,7 @@
 
 #include "attn/attention.hpp"
 #include "attn/decode.hpp"
+#include "core/dpbf16.hpp"
 #include "core/element.hpp"
 #include "core/target_names.hpp"
 
@@ -237,19 +239,42 @@ inline std::vector<std::int64_t> simd_targets(const char* kernel, std::int64_t (
   return run;
 }
 
-// f(target) once per target of simd_targets(kernel, dispatched), with the dispatch pinned to it and
-// every failure inside naming it. Fails if there is no target at all.
+// While alive, the kernels' bf16 paths take VDPBF16PS (on) or widen to f32 (off), whatever the CPU's
+// default (detail::bf16_dots); afterwards the default again. RAII, as PinTarget.
+class ForceBf16Dots {
+ public:
+  explicit ForceBf16Dots(bool on) { detail::force_bf16_dots(on ? 1 : 0); }
+  ~ForceBf16Dots() { detail::force_bf16_dots(-1); }
+  ForceBf16Dots(const ForceBf16Dots&) = delete;
+  ForceBf16Dots& operator=(const ForceBf16Dots&) = delete;
+};
+
+// The bf16 modes a target runs in: both the dot-product path and the widening one on the AVX-512
+// targets of a CPU with AVX512-BF16 (whichever the CPU's default is, both are tested), else the one.
+inline std::vector<int> bf16_dot_modes(std::int64_t target) {
+  const bool dots = (target == HWY_AVX3 || target == HWY_AVX3_DL) && detail::cpu_has_avx512bf16();
+  return dots ? std::vector<int>{1, 0} : std::vector<int>{-1};
+}
+
+// f(target) once per target of simd_targets(kernel, dispatched) and bf16 mode of it (bf16_dot_modes),
+// with the dispatch pinned to it and every failure inside naming both. Fails if there is no target.
 template <class F>
 void for_each_simd_target(const char* kernel, std::int64_t (*dispatched)(), F&& f) {
   const std::vector<std::int64_t> targets = simd_targets(kernel, dispatched);
   EXPECT_FALSE(targets.empty()) << kernel << ": no SIMD target to test"
                                 << (isa_targets() != 0 ? " among ATTN_ISA's" + target_names(isa_targets()) : "");
-  for (const std::int64_t target : targets) {
-    SCOPED_TRACE(::testing::Message() << "SIMD target " << hwy::TargetName(target));
-    const PinTarget pin(target);
-    if (dispatched != nullptr) ASSERT_EQ(dispatched(), target) << kernel << " did not dispatch to the pinned target";
-    f(target);
-  }
+  for (const std::int64_t target : targets)
+    for (const int mode : bf16_dot_modes(target)) {
+      SCOPED_TRACE(::testing::Message() << "SIMD target " << hwy::TargetName(target)
+                                        << (mode < 0 ? ""
+                                            : mode   ? ", bf16 dot products"
+                                                     : ", bf16 widened"));
+      const PinTarget pin(target);
+      std::optional<ForceBf16Dots> force;
+      if (mode >= 0) force.emplace(mode == 1);
+      if (dispatched != nullptr) ASSERT_EQ(dispatched(), target) << kernel << " did not dispatch to the pinned target";
+      f(target);
+    }
 }
 
 // Registered by every test binary that includes this file: with ATTN_ISA set, every test runs pinned to

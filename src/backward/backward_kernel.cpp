@@ -13,6 +13,7 @@
 //       pack K, V [n][d] (and K [n][dp] when d is not a multiple of the vector width)
 //       S^T  [n][R] = K Q^T     the forward's score block and epilogue          2 n R d flops
 //       dP^T [n][R] = V dO^T    the same block, identity epilogue               2 n R d
+//                               (both on bf16 pairs with VDPBF16PS for bf16 on AVX512-BF16: UsesDp)
 //       P^T = exp(S^T - lse), dX^T = P (dP - D) dlogit/ddot, in place, lane-wise (GradStep)
 //       dV_j += P^T dO,  dK_j += dX^T Q   into this task's f32 (f64) [seqlen_k][dp] partials   4 n R d
 //       dQ   += dX K                      in scratch                                          2 n R d
@@ -35,6 +36,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include <omp.h>
 
@@ -51,19 +53,21 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::detail::backward_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using tiled_simd::HWY_NAMESPACE::Bf16Pair;
 using tiled_simd::HWY_NAMESPACE::Epilogue;
 using tiled_simd::HWY_NAMESPACE::kQV;
 using tiled_simd::HWY_NAMESPACE::kRK;
+using tiled_simd::HWY_NAMESPACE::PackKPairs;
 using tiled_simd::HWY_NAMESPACE::PackRows;
 using tiled_simd::HWY_NAMESPACE::RoundUp;
 using tiled_simd::HWY_NAMESPACE::ScoreDispatch;
 using tiled_simd::HWY_NAMESPACE::ScoreOperands;
 
 // [n][r_begin, r_end) = B A^T for B [n][dim] (broadcast) and A^T [dim][R] (lanes), with the forward's
-// epilogue.
+// epilogue; Dp: the operands are bf16 pairs and VDPBF16PS does the products (ScoreOperands).
 // Not inlined: on AVX-512 targets the score block carries the avx512bf16 attribute (ATTN_SCORE_ATTR),
 // which the rest of the kernel must not (the f32 block uses no bf16 instruction).
-template <class D, class A = hn::TFromD<D>>
+template <bool Dp, class D, class A = hn::TFromD<D>>
 ATTN_SCORE_ATTR HWY_NOINLINE void ProductTile(D d, const ScoreOperands<A>& op, std::size_t n, A* out,
                                               const Rows<A>& rows, const Epilogue& ep, std::size_t r_begin,
                                               std::size_t r_end) {
@@ -72,9 +76,19 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ProductTile(D d, const ScoreOperands<A>& op, s
     const int qv = static_cast<int>(std::min<std::size_t>(kQV, (r_end - r0) / N));
     for (std::size_t c0 = 0; c0 < n; c0 += kRK) {
       const int rk = static_cast<int>(std::min<std::size_t>(kRK, n - c0));
-      ScoreDispatch<kRK, false>(d, rk, qv, op, c0, r0, out, rows, ep);
+      ScoreDispatch<kRK, Dp>(d, rk, qv, op, c0, r0, out, rows, ep);
     }
   }
+}
+
+// bf16 on CPUs with AVX512-BF16: the two score-like products (S = Q K^T, dP = dO V^T) take the bf16 inputs
+// as pairs, as the forward's scores do (half the instructions, no widening); the three gradient products
+// stay f32 FMAs, since P and dS are not bf16 values and rounding them would cost accuracy.
+template <class T>
+constexpr bool kMayDp = std::is_same_v<T, bf16_t>&& static_cast<bool>(ATTN_DPBF16_TARGET);
+template <class T>
+bool UsesDp() {
+  return kMayDp<T> && bf16_dots();
 }
 
 // One thread's scratch, carved from one aligned block. Blocks loaded as whole vectors come first and
@@ -84,10 +98,14 @@ struct Scratch {
   A *qt, *dot, *q, *dout, *dq, *s, *dpt, *kdp, *lse, *dsum, *k, *v;
   std::uint32_t *ctr_i, *ctr_h;  // dropout's per-row counter words (DropTile): query position, head word
   Rows<A> rows;
-  static std::size_t elements(std::size_t R, std::size_t bc, std::size_t dim, std::size_t dp) {
-    return 2 * dim * R + 3 * R * dp + 2 * bc * R + (dim == dp ? 0 : bc * dp) + 10 * R + 2 * bc * dim;
+  bool pairs;  // the dot-product path (UsesDp, asked once per call): qt, dot, k and v hold bf16 pairs
+  // kdp: K's rows at the products' width dp, a buffer of their own when k does not hold them (dim < dp,
+  // or k_pairs: k holds K as bf16 pairs for the dot-product path, and v V).
+  static bool own_kdp(std::size_t dim, std::size_t dp, bool k_pairs) { return dim != dp || k_pairs; }
+  static std::size_t elements(std::size_t R, std::size_t bc, std::size_t dim, std::size_t dp, bool k_pairs) {
+    return 2 * dim * R + 3 * R * dp + 2 * bc * R + (own_kdp(dim, dp, k_pairs) ? bc * dp : 0) + 10 * R + 2 * bc * dim;
   }
-  Scratch(A* base, std::size_t R, std::size_t bc, std::size_t dim, std::size_t dp) {
+  Scratch(A* base, std::size_t R, std::size_t bc, std::size_t dim, std::size_t dp, bool k_pairs) : pairs(k_pairs) {
     qt = base;
     dot = qt + dim * R;
     q = dot + dim * R;
@@ -96,7 +114,7 @@ struct Scratch {
     s = dq + R * dp;
     dpt = s + bc * R;
     kdp = dpt + bc * R;
-    A* x = kdp + (dim == dp ? 0 : bc * dp);
+    A* x = kdp + (own_kdp(dim, dp, k_pairs) ? bc * dp : 0);
     rows = {nullptr, nullptr, nullptr, x, x + R, x + 2 * R, x + 3 * R, x + 4 * R};
     lse = x + 5 * R;
     dsum = x + 6 * R;
@@ -104,7 +122,7 @@ struct Scratch {
     ctr_h = ctr_i + R;
     k = x + 10 * R;  // x + 7R spare (keeps the offsets multiples of the lanes), x + 8R: the counters
     v = k + bc * dim;
-    if (dim == dp) kdp = k;
+    if (!own_kdp(dim, dp, k_pairs)) kdp = k;
   }
 };
 
@@ -121,6 +139,54 @@ struct QueryTile {
   std::int64_t b, h, hk, i0, rows;
   std::size_t R;
 };
+
+// Query row r's column of a transposed operand [len][R] (Q^T, dO^T) from its packed row (the accumulator
+// type), or, on the dot-product path, [len / 2][R] bf16 pairs from the tensor's own row.
+template <class T, class A>
+void PackTransposed(bool pairs, const TensorView& t, const A* packed, std::size_t len, const QueryTile& qt,
+                    std::size_t r, std::size_t R, A* dst) {
+  if constexpr (kMayDp<T>) {
+    if (pairs) {
+      const bf16_t* src = row_ptr<const bf16_t>(t, qt.b, qt.i0 + static_cast<std::int64_t>(r), qt.h);
+      auto* pairs = reinterpret_cast<std::uint32_t*>(dst);  // [len / 2][R] fits in [len][R]
+      for (std::size_t x = 0; x < (len + 1) / 2; ++x) pairs[x * R + r] = Bf16Pair(src, x, len, t.strides[3]);
+      return;
+    }
+  }
+  for (std::size_t x = 0; x < len; ++x) dst[x * R + r] = packed[x];
+}
+
+// D = rowsum(dO * O) for query row r, summed as the score block sums dP^T = V dO^T: one multiply-add per
+// element in order (hn::MulAdd, on one lane), or VDPBF16PS on the same pairs on the dot-product path. So
+// where D and dP are equal in exact arithmetic (one key: O = v, and dS = P (dP - D) = 0) they are equal
+// as computed, and a gradient that vanishes comes out 0, not rounding noise.
+#if ATTN_DPBF16_TARGET
+ATTN_SCORE_ATTR HWY_NOINLINE float RowSumDp(const bf16_t* dout, std::int64_t dout_stride, const bf16_t* o,
+                                            std::int64_t o_stride, std::size_t len) {
+  __m512 acc = _mm512_setzero_ps();
+  for (std::size_t x = 0; x < (len + 1) / 2; ++x) {
+    const __m512i g = _mm512_set1_epi32(static_cast<int>(Bf16Pair(dout, x, len, dout_stride)));
+    const __m512i v = _mm512_set1_epi32(static_cast<int>(Bf16Pair(o, x, len, o_stride)));
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)g, (__m512bh)v);
+  }
+  return _mm512_cvtss_f32(acc);
+}
+#endif
+template <class T, class A>
+A RowSum(bool pairs, const BackwardProblem& p, const QueryTile& qt, std::size_t r, const A* dout_row, const T* o) {
+  const std::size_t len = static_cast<std::size_t>(p.head_dim_v);
+  if constexpr (kMayDp<T>) {
+    if (pairs) {
+      const bf16_t* g = row_ptr<const bf16_t>(p.dout, qt.b, qt.i0 + static_cast<std::int64_t>(r), qt.h);
+      return RowSumDp(g, p.dout.strides[3], o, p.out.strides[3], len);
+    }
+  }
+  const hn::CappedTag<A, 1> d1;
+  auto sum = hn::Zero(d1);
+  for (std::size_t x = 0; x < len; ++x)
+    sum = hn::MulAdd(hn::Set(d1, load<A>(o[x * p.out.strides[3]])), hn::Set(d1, dout_row[x]), sum);
+  return hn::GetLane(sum);
+}
 
 template <class T, class D, class A = hn::TFromD<D>>
 void PackQueries(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w) {
@@ -139,13 +205,9 @@ void PackQueries(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>&
     if (r >= static_cast<std::size_t>(qt.rows)) continue;
     const std::int64_t i = qt.i0 + static_cast<std::int64_t>(r);
     const T* o = row_ptr<const T>(p.out, qt.b, i, qt.h);
-    A sum = 0;
-    for (std::size_t x = 0; x < dq; ++x) w.qt[x * R + r] = w.q[r * dp + x];
-    for (std::size_t x = 0; x < dv; ++x) {
-      w.dot[x * R + r] = w.dout[r * dp + x];
-      sum += w.dout[r * dp + x] * load<A>(o[x * p.out.strides[3]]);
-    }
-    w.dsum[r] = sum;
+    PackTransposed<T>(w.pairs, p.q, w.q + r * dp, dq, qt, r, R, w.qt);
+    PackTransposed<T>(w.pairs, p.dout, w.dout + r * dp, dv, qt, r, R, w.dot);
+    w.dsum[r] = RowSum<T>(w.pairs, p, qt, r, w.dout + r * dp, o);
     w.lse[r] = static_cast<const A*>(l.data)[qt.b * l.strides[0] + qt.h * l.strides[1] + i * l.strides[2]];
   }
 }
@@ -177,8 +239,14 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
           std::int64_t next_n, A* dk_acc, A* dv_acc) {
   const std::size_t dim = Width(p), dp = RoundUp(dim, hn::Lanes(d)), R = qt.R;
   const std::size_t dq = static_cast<std::size_t>(p.head_dim), dv = static_cast<std::size_t>(p.head_dim_v);
-  PackRows<T>(d, w.k, dim, p.k, qt.b, j0, n, qt.hk, dq);  // columns past a row's own length stay zero
-  PackRows<T>(d, w.v, dim, p.v, qt.b, j0, n, qt.hk, dv);
+  const bool use_dp = w.pairs;
+  if (use_dp) {  // K and V as bf16 pairs of their own dims (the products' operands: ScoreOperands below)
+    PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, qt.b, j0, n, qt.hk, dq, KeyPages{});
+    PackKPairs(reinterpret_cast<std::uint32_t*>(w.v), p.v, qt.b, j0, n, qt.hk, dv, KeyPages{});
+  } else {
+    PackRows<T>(d, w.k, dim, p.k, qt.b, j0, n, qt.hk, dq);  // columns past a row's own length stay zero
+    PackRows<T>(d, w.v, dim, p.v, qt.b, j0, n, qt.hk, dv);
+  }
   if (w.kdp != w.k) PackRows<T>(d, w.kdp, dp, p.k, qt.b, j0, n, qt.hk, dq);
   PrefetchKeyTile<T>(p, qt, j0 + n, next_n, dp, dk_acc, dv_acc);
   const Mask mask = p.mask();
@@ -212,8 +280,16 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
   // capped logit alone.
   ScoreRule s_rule = p.rule;
   if (s_rule.softcap > 0) s_rule.alibi_slopes = nullptr;
-  ProductTile(d, ScoreOperands<A>{w.qt, w.k, R, dim, dq}, nn, w.s, w.rows, Epilogue{&s_rule, masked}, r0, r1);
-  ProductTile(d, ScoreOperands<A>{w.dot, w.v, R, dim, dv}, nn, w.dpt, w.rows, Epilogue{&kIdentity, false}, r0, r1);
+  // The pairs are packed at each product's own dim (PackKPairs' row length), the accumulator rows at the width.
+  const ScoreOperands<A> s_op{w.qt, w.k, R, use_dp ? dq : dim, dq}, dp_op{w.dot, w.v, R, use_dp ? dv : dim, dv};
+  const Epilogue s_ep{&s_rule, masked}, dp_ep{&kIdentity, false};
+  if (use_dp) {
+    ProductTile<kMayDp<T>>(d, s_op, nn, w.s, w.rows, s_ep, r0, r1);
+    ProductTile<kMayDp<T>>(d, dp_op, nn, w.dpt, w.rows, dp_ep, r0, r1);
+  } else {
+    ProductTile<false>(d, s_op, nn, w.s, w.rows, s_ep, r0, r1);
+    ProductTile<false>(d, dp_op, nn, w.dpt, w.rows, dp_ep, r0, r1);
+  }
   // Dropout (keep mask Z, factor Z / (1 - p), regenerated as the forward drew it): dS = P (Z dP / (1 - p)
   // - D) needs the dropped dP before GradStep, and dV = (P Z / (1 - p))^T dO the dropped P after it
   // (GradStep's dX keeps the undropped P). The only places the backward drops.
@@ -277,14 +353,16 @@ void RunAll(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPl
   // All memory before anything is written: a bad_alloc leaves the gradients untouched.
   AlignedBuffer<A> partials(layout.partial_elements);
   std::vector<AlignedBuffer<A>> scratch;
+  const bool pairs = UsesDp<T>();
   for (int t = 0; t < threads; ++t) {
-    scratch.emplace_back(Scratch<A>::elements(layout.max_R, layout.max_bc, dim, dp));
+    scratch.emplace_back(Scratch<A>::elements(layout.max_R, layout.max_bc, dim, dp, pairs));
     std::fill(scratch.back().data(), scratch.back().data() + scratch.back().size(), A(0));
   }
   const std::int64_t tasks = layout.first_task.back();
 #pragma omp parallel num_threads(threads)
   {
-    Scratch<A> w(scratch[static_cast<std::size_t>(omp_get_thread_num())].data(), layout.max_R, layout.max_bc, dim, dp);
+    Scratch<A> w(scratch[static_cast<std::size_t>(omp_get_thread_num())].data(), layout.max_R, layout.max_bc, dim, dp,
+                 pairs);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const BackwardLayout::Task task = layout.task(plans, ps, t);

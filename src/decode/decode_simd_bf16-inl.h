@@ -283,8 +283,8 @@ ATTN_DPBF16_ATTR void ChunkDpOf(const ChunkArgs<float>& a, DType t) {
 // of dims (if it has scales per block) multiples of 32.
 bool UseDp(const ChunkArgs<float>& a, DType t) {
   const auto blocks_fit = [](std::int64_t d, std::int64_t groups) { return groups <= 1 || (d / groups) % 32 == 0; };
-  return cpu_has_avx512bf16() && dots_in_bf16(t) && a.head_dim % 32 == 0 && a.head_dim_v % 32 == 0 &&
-         a.q_hi != nullptr && (a.k_scales == nullptr || blocks_fit(a.head_dim, a.k_groups)) &&
+  return bf16_dots() && dots_in_bf16(t) && a.head_dim % 32 == 0 && a.head_dim_v % 32 == 0 && a.q_hi != nullptr &&
+         (a.k_scales == nullptr || blocks_fit(a.head_dim, a.k_groups)) &&
          (a.v_scales == nullptr || blocks_fit(a.head_dim_v, a.v_groups));
 }
 

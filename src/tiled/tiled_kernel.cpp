@@ -187,7 +187,7 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
 
   // bf16 with AVX512-BF16: the scores take bf16 pairs (core/dpbf16.hpp); otherwise the accumulator type.
   constexpr bool kMayDp = std::is_same_v<T, bf16_t> && static_cast<bool>(ATTN_DPBF16_TARGET);
-  const bool use_dp = kMayDp && cpu_has_avx512bf16();
+  const bool use_dp = kMayDp && bf16_dots();
   const ScoreOperands<A> op{w.qt, w.k, R, dim, dim};
 
   // Q^T, zero for the padding rows; the states reset to the neutral element.

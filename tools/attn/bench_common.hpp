@@ -13,6 +13,8 @@
 
 #include <hwy/targets.h>
 
+#include "core/dpbf16.hpp"
+
 namespace attn::cli {
 
 struct Timing {
@@ -52,16 +54,17 @@ inline std::string machine_name() {
 }
 
 // The kernel paths this CPU gets: the Highway target that runtime dispatch picks, and whether bf16
-// inputs take the VDPBF16PS dot products (AVX512-BF16; otherwise they are widened to f32).
+// inputs take the VDPBF16PS dot products (AVX512-BF16, where they pay or --bf16-dots says so:
+// core/dpbf16.hpp; otherwise they are widened to f32).
 inline std::string kernel_paths() {
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();  // best first
   std::string s = std::string("SIMD ") + (targets.empty() ? "none" : hwy::TargetName(targets.front()));
-  bool dp = false;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  dp = __builtin_cpu_supports("avx512bf16") && !targets.empty() &&
-       (targets.front() == HWY_AVX3 || targets.front() == HWY_AVX3_DL);
-#endif
-  return s + (dp ? ", bf16 dot products (AVX512-BF16)" : ", bf16 widened to f32");
+  const bool dp =
+      detail::bf16_dots() && !targets.empty() && (targets.front() == HWY_AVX3 || targets.front() == HWY_AVX3_DL);
+  const bool has = detail::cpu_has_avx512bf16();
+  return s + (dp    ? ", bf16 dot products (AVX512-BF16)"
+              : has ? ", bf16 widened to f32 (AVX512-BF16 not used)"
+                    : ", bf16 widened to f32");
 }
 
 }  // namespace attn::cli

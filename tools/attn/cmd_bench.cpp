@@ -3,6 +3,7 @@
 
 #include "bench_isa.hpp"
 #include "commands.hpp"
+#include "core/dpbf16.hpp"
 
 namespace attn::cli {
 
@@ -15,6 +16,15 @@ void add_bench_command(CLI::App& app) {
                                          "run every kernel and the FMA probe on these Highway targets only "
                                          "(comma-separated, e.g. avx2 on an AVX-512 machine; as ATTN_ISA)")
       ->type_name("TARGETS");
+  bench
+      ->add_option_function<std::string>(
+          "--bf16-dots", [](const std::string& v) { detail::force_bf16_dots(v == "on"    ? 1
+                                                                            : v == "off" ? 0
+                                                                                         : -1); },
+          "bf16 kernels on VDPBF16PS (on) or widened to f32 FMAs (off), on CPUs with AVX512-BF16; "
+          "auto: where it pays (as ATTN_BF16_DOTS; docs/prefill.md)")
+      ->check(CLI::IsMember({"on", "off", "auto"}))
+      ->type_name("on|off|auto");
   add_bench_prefill(*bench);
   add_bench_decode(*bench);
   add_bench_mla(*bench);
