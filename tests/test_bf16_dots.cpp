@@ -42,7 +42,8 @@ TEST(Bf16Dots, ForcingOverridesTheDefaultOnlyWhereTheCpuHasTheInstruction) {
 struct SubnormalProblem {
   test::Tensor<bf16_t> q{B, S, H, D}, k{B, S, H, D}, v, dout;
   SubnormalProblem() : v(test::random_tensor<bf16_t>(B, S, H, D, 3)), dout(test::random_tensor<bf16_t>(B, S, H, D, 4)) {
-    for (std::size_t i = 0; i < q.data.size(); ++i) q.data[i].bits = static_cast<std::uint16_t>(0x007fu | (i % 3 == 0 ? 0x8000u : 0u));
+    for (std::size_t i = 0; i < q.data.size(); ++i)
+      q.data[i].bits = static_cast<std::uint16_t>(0x007fu | (i % 3 == 0 ? 0x8000u : 0u));
     for (std::size_t i = 0; i < k.data.size(); ++i)
       k.data[i].bits = static_cast<std::uint16_t>(0x7f00u | ((i * 7 + i / D) % 5 < 2 ? 0x8000u : 0u));
   }
@@ -75,7 +76,8 @@ TEST(Bf16Dots, TheSwitchReachesTheTiledForwardAndTheBackward) {
     out[on].resize(n);
     lse[on].resize(static_cast<std::size_t>(B * H * S));
     const TensorView lv = TensorView::contiguous(lse[on].data(), B, H, S);
-    attention_tiled(p.q.view(), p.k.view(), p.v.view(), TensorView::contiguous(out[on].data(), B, S, H, D), {}, {}, &lv);
+    attention_tiled(p.q.view(), p.k.view(), p.v.view(), TensorView::contiguous(out[on].data(), B, S, H, D), {}, {},
+                    &lv);
   }
   // On the dot products every score is 0, so each row's lse is log(S) exactly (rounded to f32).
   for (const float l : lse[1]) EXPECT_NEAR(l, std::log(double(S)), 1e-6);

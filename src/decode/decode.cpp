@@ -125,7 +125,11 @@ DecodePlan plan_decode(const DecodeProblem& p) {
 // Step 2, the queries in the accumulator type, [batch][heads][seqlen_q][d] = per kv head
 // [group * seqlen_q][d], and the ALiBi slopes [batch][heads]. For the bf16 dot-product kernel (bf16 and
 // quantized caches) also q = q_hi + q_lo in bf16 (q_lo dropped when every q is a bf16 value): a bf16 q
-// is its own q_hi.
+// is its own q_hi, and an f16 q (11 significant bits) is hi + lo exactly. An f32 q (24 bits; also a
+// rotated q, computed in f32) is not split: hi + lo keeps 16 of its bits, which put the scores' error
+// past twice the f32 textbook method's (the differential test's quantized targets found it), and a
+// third bf16 part would cost more VDPBF16PS than the widening kernel's FMAs; without q_hi the generic
+// kernel runs (UseDp).
 template <class A>
 struct PackedQueries {
   std::vector<A> q, slopes;
@@ -137,7 +141,8 @@ template <class A>
 PackedQueries<A> pack_queries(const DecodeProblem& p) {
   const std::int64_t d = p.head_dim;
   const std::size_t q_size = static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d);
-  const bool split_q = std::is_same_v<A, float> && dots_in_bf16(p.cache_dtype);
+  const bool split_q = std::is_same_v<A, float> && dots_in_bf16(p.cache_dtype) && !p.rotary &&
+                       (p.q_dtype == DType::bf16 || p.q_dtype == DType::f16);
   PackedQueries<A> pq;
   pq.q.resize(q_size);
   pq.q_hi.resize(split_q ? q_size : 0);
@@ -152,13 +157,13 @@ PackedQueries<A> pack_queries(const DecodeProblem& p) {
             pq.q[static_cast<std::size_t>(at + c)] = load<A>(src[c * p.q.strides[3]]);
           if (p.rotary) rotate_row(pq.q.data() + at, *p.rotary, p.query_position(b, i));
           if constexpr (std::is_same_v<Q, bf16_t>)
-            if (split_q && !p.rotary)  // a rotated q is no longer its own bf16 value
+            if (split_q)
               for (std::int64_t c = 0; c < d; ++c)
                 pq.q_hi[static_cast<std::size_t>(at + c)] = src[c * p.q.strides[3]].bits;
         }
   });
   if constexpr (std::is_same_v<A, float>) {
-    if (split_q && (p.q_dtype != DType::bf16 || p.rotary)) {
+    if (split_q && p.q_dtype == DType::f16) {
       pq.q_lo.resize(q_size);
       std::uint32_t inexact = 0;  // any q_lo other than +-0 (a NaN q gives a NaN q_lo)
       for (std::size_t e = 0; e < q_size; ++e) {

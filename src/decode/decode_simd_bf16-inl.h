@@ -5,10 +5,9 @@
 // ChunkDp is RunChunk (decode_chunk-inl.h) with these inner steps:
 // A quantized cache's codes are turned into bf16 (exactly) as they are loaded, and then go the bf16 values'
 // way; their scales are applied as in the generic kernel (decode_simd.cpp).
-//   q . k with VDPBF16PS, 32 products per instruction with no widening of K. q is split into
-//         q_hi + q_lo (both bf16) when it is not exactly a bf16 value, so an f32 q loses nothing that
-//         matters (|q_lo| <= 2^-9 |q|, and the rounding of q_lo is 2^-17 |q|, far below f32
-//         accumulation error).
+//   q . k with VDPBF16PS, 32 products per instruction with no widening of K. A bf16 q is its own
+//         q_hi; an f16 q is q_hi + q_lo (both bf16) exactly. An f32 q goes to the generic kernel
+//         (decode.cpp's pack_queries says why).
 //   P V:  with a bf16 output, p is rounded to bf16 and VDPBF16PS does two keys per instruction
 //         (PvSumBlockDpPairs); otherwise f32 FMAs on V widened by unpacking (PvSumBlockDp). Both leave o
 //         in the unpack order, which FinishDispatch (decode_simd.cpp) restores once per work item.

@@ -24,6 +24,7 @@
 #include "backward_target.hpp"
 #include "buffers.hpp"
 #include "case.hpp"
+#include "decode_quant_target.hpp"
 #include "decode_target.hpp"
 #include "varlen_target.hpp"
 
@@ -182,6 +183,10 @@ std::vector<Target> targets() {
   // Decode over contiguous and paged KV caches, with k_new/v_new appends (tests/differential/decode_target.hpp).
   t.push_back({"decode", [](const Config& c) { return check_decode_any(without_dropout(c), false); }});
   t.push_back({"decode_paged", [](const Config& c) { return check_decode_any(without_dropout(c), true); }});
+  // Decode over quantized caches (i8, fp8; every scale layout), with appends (decode_quant_target.hpp).
+  t.push_back({"decode_quant", [](const Config& c) { return check_decode_quantized_any(without_dropout(c), false); }});
+  t.push_back(
+      {"decode_quant_paged", [](const Config& c) { return check_decode_quantized_any(without_dropout(c), true); }});
   // The backward pass: dq, dk, dv against the f64 textbook backward (tests/differential/backward_target.hpp).
   t.push_back({"backward", [](const Config& c) { return check_backward_any(c); }});
   return t;
@@ -239,6 +244,8 @@ TEST(Differential, Splitk) { fuzz_target("splitk"); }
 TEST(Differential, Varlen) { fuzz_target("varlen"); }
 TEST(Differential, Decode) { fuzz_target("decode"); }
 TEST(Differential, DecodePaged) { fuzz_target("decode_paged"); }
+TEST(Differential, DecodeQuantized) { fuzz_target("decode_quant"); }
+TEST(Differential, DecodeQuantizedPaged) { fuzz_target("decode_quant_paged"); }
 TEST(Differential, Backward) { fuzz_target("backward"); }
 
 // The test can fail: a kernel whose scale is off by 0.1 % is caught on most configurations.
