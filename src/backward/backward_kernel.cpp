@@ -13,7 +13,7 @@
 //       pack K, V [n][d] (and K [n][dp] when d is not a multiple of the vector width)
 //       S^T  [n][R] = K Q^T     the forward's score block and epilogue          2 n R d flops
 //       dP^T [n][R] = V dO^T    the same block, identity epilogue               2 n R d
-//                               (both on bf16 pairs with VDPBF16PS for bf16 on AVX512-BF16: UsesDp)
+//                               (both on bf16 pairs with VDPBF16PS for bf16 where bf16_dots(): UsesDp)
 //       P^T = exp(S^T - lse), dX^T = P (dP - D) dlogit/ddot, in place, lane-wise (GradStep)
 //       dV_j += P^T dO,  dK_j += dX^T Q   into this task's f32 (f64) [seqlen_k][dp] partials   4 n R d
 //       dQ   += dX K                      in scratch                                          2 n R d
@@ -81,9 +81,9 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ProductTile(D d, const ScoreOperands<A>& op, s
   }
 }
 
-// bf16 on CPUs with AVX512-BF16: the two score-like products (S = Q K^T, dP = dO V^T) take the bf16 inputs
-// as pairs, as the forward's scores do (half the instructions, no widening); the three gradient products
-// stay f32 FMAs, since P and dS are not bf16 values and rounding them would cost accuracy.
+// bf16 where the dot products pay (bf16_dots, core/dpbf16.hpp): the two score-like products (S = Q K^T, dP = dO V^T)
+// take the bf16 inputs as pairs, as the forward's scores do (half the instructions, no widening); the three gradient
+// products stay f32 FMAs, since P and dS are not bf16 values and rounding them would cost accuracy.
 template <class T>
 constexpr bool kMayDp = std::is_same_v<T, bf16_t>&& static_cast<bool>(ATTN_DPBF16_TARGET);
 template <class T>
@@ -148,8 +148,8 @@ void PackTransposed(bool pairs, const TensorView& t, const A* packed, std::size_
   if constexpr (kMayDp<T>) {
     if (pairs) {
       const bf16_t* src = row_ptr<const bf16_t>(t, qt.b, qt.i0 + static_cast<std::int64_t>(r), qt.h);
-      auto* pairs = reinterpret_cast<std::uint32_t*>(dst);  // [len / 2][R] fits in [len][R]
-      for (std::size_t x = 0; x < (len + 1) / 2; ++x) pairs[x * R + r] = Bf16Pair(src, x, len, t.strides[3]);
+      auto* dst2 = reinterpret_cast<std::uint32_t*>(dst);  // [len / 2][R] fits in [len][R]
+      for (std::size_t x = 0; x < (len + 1) / 2; ++x) dst2[x * R + r] = Bf16Pair(src, x, len, t.strides[3]);
       return;
     }
   }

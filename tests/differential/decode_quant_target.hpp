@@ -109,11 +109,13 @@ std::string check_decode_quantized(Config c, bool paged) {
           }
         }
   }
-  std::vector<Q> q(static_cast<std::size_t>(B * SQ * H * D)), kn(static_cast<std::size_t>(B * SN * HK * D)), vn(kn.size());
+  std::vector<Q> q(static_cast<std::size_t>(B * SQ * H * D)), kn(static_cast<std::size_t>(B * SN * HK * D)),
+      vn(kn.size());
   for (auto& x : q) x = detail::store<Q>(r.real(-c.amplitude, c.amplitude));
   for (auto& x : kn) x = detail::store<Q>(ra.real(-c.amplitude, c.amplitude));
   for (auto& x : vn) x = detail::store<Q>(ra.real(-1, 1));
-  const TensorView knv = TensorView::contiguous(kn.data(), B, SN, HK, D), vnv = TensorView::contiguous(vn.data(), B, SN, HK, D);
+  const TensorView knv = TensorView::contiguous(kn.data(), B, SN, HK, D),
+                   vnv = TensorView::contiguous(vn.data(), B, SN, HK, D);
   KVCache cache;
   auto codes_view = [&](QuantSide& x) {
     TensorView t = TensorView::contiguous(reinterpret_cast<std::int8_t*>(x.codes.data()), rows, slots, HK, D);
@@ -146,7 +148,8 @@ std::string check_decode_quantized(Config c, bool paged) {
           for (std::int64_t e = 0; e < groups; ++e) {
             const std::int64_t size = D / groups, at = x.at(rw, sl, g, e);
             float amax = 0;
-            for (std::int64_t k = 0; k < size; ++k) amax = std::max(amax, std::abs(detail::load<float>(v[e * size + k])));
+            for (std::int64_t k = 0; k < size; ++k)
+              amax = std::max(amax, std::abs(detail::load<float>(v[e * size + k])));
             if (owned) detail::write_scale(x.scale, at, detail::scale_for(ct, amax, st));
             const float sc = detail::read_scale(x.scale, at);
             for (std::int64_t k = 0; k < size; ++k)
@@ -161,8 +164,8 @@ std::string check_decode_quantized(Config c, bool paged) {
     out.assign(q.size(), detail::store<Q>(0));
     lse.assign(static_cast<std::size_t>(B * H * SQ), 0.0f);
     const TensorView lv = TensorView::contiguous(lse.data(), B, H, SQ);
-    attention_decode(TensorView::contiguous(q.data(), B, SQ, H, D), cache, TensorView::contiguous(out.data(), B, SQ, H, D),
-                     o, dec, &lv);
+    attention_decode(TensorView::contiguous(q.data(), B, SQ, H, D), cache,
+                     TensorView::contiguous(out.data(), B, SQ, H, D), o, dec, &lv);
   };
   std::vector<Q> out, out2;
   std::vector<float> lse, lse2;
@@ -173,18 +176,22 @@ std::string check_decode_quantized(Config c, bool paged) {
   const std::size_t prefix = fail.size();
   for (int s = 0; s < 2; ++s) {
     const char* n = s == 0 ? "k" : "v";
-    if (side[s].codes != want[s].codes) fail += std::string("the ") + n + " codes after the append differ from the rule's; ";
-    const bool scales_equal = st == DType::f16 ? std::memcmp(side[s].s16.data(), want[s].s16.data(), side[s].s16.size() * 2) == 0
-                                               : std::memcmp(side[s].s32.data(), want[s].s32.data(), side[s].s32.size() * 4) == 0;
+    if (side[s].codes != want[s].codes)
+      fail += std::string("the ") + n + " codes after the append differ from the rule's; ";
+    const bool scales_equal = st == DType::f16
+                                  ? std::memcmp(side[s].s16.data(), want[s].s16.data(), side[s].s16.size() * 2) == 0
+                                  : std::memcmp(side[s].s32.data(), want[s].s32.data(), side[s].s32.size() * 4) == 0;
     if (!scales_equal) fail += std::string("the ") + n + " scales after the append differ from the rule's; ";
   }
-  if (std::memcmp(out.data(), out2.data(), out.size() * sizeof(Q)) || std::memcmp(lse.data(), lse2.data(), lse.size() * 4))
+  if (std::memcmp(out.data(), out2.data(), out.size() * sizeof(Q)) ||
+      std::memcmp(lse.data(), lse2.data(), lse.size() * 4))
     fail += "num_threads changes the bits; ";
   // Per sequence: the oracle (f64) and the f32 textbook method on the dequantized keys and values.
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t n = seqlens[static_cast<std::size_t>(b)] + SN;
     std::vector<double> q64(static_cast<std::size_t>(SQ * H * D)), kv64[2];
-    for (std::size_t i = 0; i < q64.size(); ++i) q64[i] = detail::load<double>(q[static_cast<std::size_t>(b * SQ * H * D) + i]);
+    for (std::size_t i = 0; i < q64.size(); ++i)
+      q64[i] = detail::load<double>(q[static_cast<std::size_t>(b * SQ * H * D) + i]);
     for (int s = 0; s < 2; ++s) {
       kv64[s].resize(static_cast<std::size_t>(n * HK * D));
       for (std::int64_t p = 0; p < n; ++p)
@@ -193,18 +200,22 @@ std::string check_decode_quantized(Config c, bool paged) {
             const auto [rw, sl] = row_slot(b, p);
             const std::uint8_t code = side[s].codes[static_cast<std::size_t>(((rw * slots + sl) * HK + g) * D + e)];
             kv64[s][static_cast<std::size_t>((p * HK + g) * D + e)] =
-                detail::stored_value(ct, code) * detail::read_scale(side[s].scale, side[s].at(rw, sl, g, e / (D / groups)));
+                detail::stored_value(ct, code) *
+                detail::read_scale(side[s].scale, side[s].at(rw, sl, g, e / (D / groups)));
           }
     }
-    std::vector<float> q32(q64.begin(), q64.end()), k32(kv64[0].begin(), kv64[0].end()), v32(kv64[1].begin(), kv64[1].end());
+    std::vector<float> q32(q64.begin(), q64.end()), k32(kv64[0].begin(), kv64[0].end()),
+        v32(kv64[1].begin(), kv64[1].end());
     std::vector<double> oracle(q64.size());
     std::vector<float> text(q64.size());
     AttentionOptions o = c.opts;
     if (o.alibi_slopes) o.alibi_slopes += b * o.alibi_batch_stride, o.alibi_batch_stride = 0;
-    attention_reference(TensorView::contiguous(q64.data(), 1, SQ, H, D), TensorView::contiguous(kv64[0].data(), 1, n, HK, D),
-                        TensorView::contiguous(kv64[1].data(), 1, n, HK, D), TensorView::contiguous(oracle.data(), 1, SQ, H, D), o);
-    attention_reference(TensorView::contiguous(q32.data(), 1, SQ, H, D), TensorView::contiguous(k32.data(), 1, n, HK, D),
-                        TensorView::contiguous(v32.data(), 1, n, HK, D), TensorView::contiguous(text.data(), 1, SQ, H, D), o);
+    attention_reference(
+        TensorView::contiguous(q64.data(), 1, SQ, H, D), TensorView::contiguous(kv64[0].data(), 1, n, HK, D),
+        TensorView::contiguous(kv64[1].data(), 1, n, HK, D), TensorView::contiguous(oracle.data(), 1, SQ, H, D), o);
+    attention_reference(
+        TensorView::contiguous(q32.data(), 1, SQ, H, D), TensorView::contiguous(k32.data(), 1, n, HK, D),
+        TensorView::contiguous(v32.data(), 1, n, HK, D), TensorView::contiguous(text.data(), 1, SQ, H, D), o);
     double err = 0, base = 0;
     for (std::size_t i = 0; i < oracle.size(); ++i) {
       const double g = detail::load<double>(out[static_cast<std::size_t>(b * SQ * H * D) + i]);
