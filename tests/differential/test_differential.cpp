@@ -6,6 +6,8 @@
 // lse = -inf; nothing is written outside the output views (the padding of strided outputs keeps its
 // sentinel bytes); a second thread count gives bitwise identical results; the reference on strided
 // views equals the reference on dense copies bit for bit.
+// On a CPU with AVX512-BF16, each configuration's bf16 kernels take the dot products or widen, drawn
+// from its seed, so both paths are fuzzed whatever the CPU's default (printed with a failure).
 //
 // Environment:
 //   ATTN_FUZZ_SECONDS    total time budget, shared equally by the targets (default 60)
@@ -24,6 +26,7 @@
 #include "backward_target.hpp"
 #include "buffers.hpp"
 #include "case.hpp"
+#include "core/dpbf16.hpp"
 #include "decode_quant_target.hpp"
 #include "decode_target.hpp"
 #include "varlen_target.hpp"
@@ -205,15 +208,23 @@ void fuzz_target(const char* name) {
   ASSERT_NE(target, nullptr);
   auto run_one = [&](std::uint64_t seed) -> bool {
     const Config c = generate(seed);
+    // On a CPU with AVX512-BF16 the bf16 kernels run on the dot products or widened, drawn from the
+    // seed (a replay takes the same path), whatever the CPU's default (core/dpbf16.hpp).
+    const int dots = detail::cpu_has_avx512bf16() ? static_cast<int>(mix(seed ^ 0xd07) & 1) : -1;
+    detail::force_bf16_dots(dots);
     std::string verdict;
     try {
       verdict = target->check(c);
     } catch (const std::exception& e) {
       verdict = std::string("threw on a valid configuration: ") + e.what();
     }
+    detail::force_bf16_dots(-1);
     if (verdict.empty()) return true;
-    ADD_FAILURE() << name << ": " << verdict << "\n  config: " << describe(c) << "\n  replay: ATTN_FUZZ_SEED=" << seed
-                  << " "
+    ADD_FAILURE() << name << ": " << verdict << "\n  config: " << describe(c)
+                  << (dots < 0 ? ""
+                      : dots   ? " bf16_dots=on"
+                               : " bf16_dots=off")
+                  << "\n  replay: ATTN_FUZZ_SEED=" << seed << " "
                   << "test_differential --gtest_filter='*" << name << "*'";
     return false;
   };
