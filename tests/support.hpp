@@ -249,11 +249,16 @@ class ForceBf16Dots {
   ForceBf16Dots& operator=(const ForceBf16Dots&) = delete;
 };
 
-// The bf16 modes a target runs in: both the dot-product path and the widening one on the AVX-512
-// targets of a CPU with AVX512-BF16 (whichever the CPU's default is, both are tested), else the one.
+// A kernel dispatched to `target` has the bf16 dot-product path on this CPU: an AVX-512 target
+// (ATTN_DPBF16_TARGET) on a CPU with AVX512-BF16.
+inline bool has_bf16_dot_path(std::int64_t target) {
+  return (target == HWY_AVX3 || target == HWY_AVX3_DL) && detail::cpu_has_avx512bf16();
+}
+
+// The bf16 modes a target runs in: both the dot-product path and the widening one where it has both
+// (whichever the CPU's default is, both are tested), else the one.
 inline std::vector<int> bf16_dot_modes(std::int64_t target) {
-  const bool dots = (target == HWY_AVX3 || target == HWY_AVX3_DL) && detail::cpu_has_avx512bf16();
-  return dots ? std::vector<int>{1, 0} : std::vector<int>{-1};
+  return has_bf16_dot_path(target) ? std::vector<int>{1, 0} : std::vector<int>{-1};
 }
 
 // f(target) once per target of simd_targets(kernel, dispatched) and bf16 mode of it (bf16_dot_modes),

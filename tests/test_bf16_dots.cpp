@@ -49,13 +49,11 @@ struct SubnormalProblem {
   }
 };
 
-// Whether a kernel that dispatches to `target` has the dot-product path on this CPU (sanitizer builds
-// compile no AVX-512 target).
-bool has_dot_path(std::int64_t target) {
-  return detail::cpu_has_avx512bf16() && (target == HWY_AVX3 || target == HWY_AVX3_DL);
-}
-#define SKIP_WITHOUT_DOT_PATH(target) \
-  if (!has_dot_path(target)) GTEST_SKIP() << "no AVX512-BF16, or no AVX-512 kernel built: one bf16 path only"
+// Sanitizer builds compile no AVX-512 target: there the kernels have one bf16 path only.
+#define SKIP_WITHOUT_DOT_PATH(target)                                          \
+  if (!test::has_bf16_dot_path(target))                                        \
+  GTEST_SKIP() << "no AVX512-BF16, or no AVX-512 kernel built: one bf16 path " \
+                  "only"
 
 // The largest |a - b| over two runs' f32 lse, which the forward writes for bf16 inputs.
 double max_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -76,6 +76,23 @@ std::string check_decode_quantized(Config c, bool paged) {
   bool owned = true;
   for (int i = 0; i < 4; ++i) owned = owned && (strides[i] != 0 || shape[i] == 1);
   const float qmax = detail::quant_max(ct);
+  // One row of kv head g at (cache row, slot) quantized by the rule: each group's scale computed from
+  // its largest magnitude and written where the view is owned, read where it is shared.
+  const auto quantize_row = [&](QuantSide& x, std::pair<std::int64_t, std::int64_t> at_row, std::int64_t g,
+                                const float* row) {
+    const auto [rw, sl] = at_row;
+    const std::int64_t size = D / groups;
+    for (std::int64_t e = 0; e < groups; ++e) {
+      const std::int64_t at = x.at(rw, sl, g, e);
+      float amax = 0;
+      for (std::int64_t k = 0; k < size; ++k) amax = std::max(amax, std::abs(row[e * size + k]));
+      if (owned) detail::write_scale(x.scale, at, detail::scale_for(ct, amax, st));
+      const float sc = detail::read_scale(x.scale, at);
+      for (std::int64_t k = 0; k < size; ++k)
+        x.codes[static_cast<std::size_t>(((rw * slots + sl) * HK + g) * D + e * size + k)] =
+            detail::quantize_value(ct, row[e * size + k], sc);
+    }
+  };
   QuantSide side[2];  // K, V
   for (int s = 0; s < 2; ++s) {
     QuantSide& x = side[s];
@@ -95,18 +112,8 @@ std::string check_decode_quantized(Config c, bool paged) {
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t p = 0; p < seqlens[static_cast<std::size_t>(b)]; ++p)
         for (std::int64_t g = 0; g < HK; ++g) {
-          const auto [rw, sl] = row_slot(b, p);
           for (auto& v : row) v = static_cast<float>(r.real(-amp, amp));
-          for (std::int64_t e = 0; e < groups; ++e) {
-            const std::int64_t size = D / groups, at = x.at(rw, sl, g, e);
-            float amax = 0;
-            for (std::int64_t k = 0; k < size; ++k) amax = std::max(amax, std::abs(row[e * size + k]));
-            if (owned) detail::write_scale(x.scale, at, detail::scale_for(ct, amax, st));
-            const float sc = detail::read_scale(x.scale, at);
-            for (std::int64_t k = 0; k < size; ++k)
-              x.codes[static_cast<std::size_t>(((rw * slots + sl) * HK + g) * D + e * size + k)] =
-                  detail::quantize_value(ct, row[e * size + k], sc);
-          }
+          quantize_row(x, row_slot(b, p), g, row.data());
         }
   }
   std::vector<Q> q(static_cast<std::size_t>(B * SQ * H * D)), kn(static_cast<std::size_t>(B * SN * HK * D)),
@@ -140,22 +147,13 @@ std::string check_decode_quantized(Config c, bool paged) {
     QuantSide& x = want[s];
     x.scale.data = st == DType::f16 ? static_cast<void*>(x.s16.data()) : static_cast<void*>(x.s32.data());
     const std::vector<Q>& src = s == 0 ? kn : vn;
+    std::vector<float> row(static_cast<std::size_t>(D));
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t < SN; ++t)
         for (std::int64_t g = 0; g < HK; ++g) {
-          const auto [rw, sl] = row_slot(b, seqlens[static_cast<std::size_t>(b)] + t);
           const Q* v = src.data() + ((b * SN + t) * HK + g) * D;
-          for (std::int64_t e = 0; e < groups; ++e) {
-            const std::int64_t size = D / groups, at = x.at(rw, sl, g, e);
-            float amax = 0;
-            for (std::int64_t k = 0; k < size; ++k)
-              amax = std::max(amax, std::abs(detail::load<float>(v[e * size + k])));
-            if (owned) detail::write_scale(x.scale, at, detail::scale_for(ct, amax, st));
-            const float sc = detail::read_scale(x.scale, at);
-            for (std::int64_t k = 0; k < size; ++k)
-              x.codes[static_cast<std::size_t>(((rw * slots + sl) * HK + g) * D + e * size + k)] =
-                  detail::quantize_value(ct, detail::load<float>(v[e * size + k]), sc);
-          }
+          for (std::int64_t k = 0; k < D; ++k) row[static_cast<std::size_t>(k)] = detail::load<float>(v[k]);
+          quantize_row(x, row_slot(b, seqlens[static_cast<std::size_t>(b)] + t), g, row.data());
         }
   }
   auto run = [&](int threads, std::vector<Q>& out, std::vector<float>& lse) {
