@@ -14,10 +14,10 @@
 // K row and V row, key after key, sequence after sequence) with no other work (rows_read_gbps). The
 // sequential probe is the machine's ceiling; the layout probe is the ceiling of this cache layout
 // (a paged cache with pages in random order reads slower than one long stream, kernel or not).
-// Cases (default): batch 1, 32 heads, 8 kv heads, d = 128, bf16 cache at 32k and 128k keys; batch 16
-// with cache lengths spread geometrically from 1k to 64k in a paged cache (page size 16, pages in a
-// shuffled order); each at 1 and 2 threads. --quick: 8k keys and a batch of 4 (1k..8k), in seconds
-// (a smoke test: 32 MiB of cache stays partly in a 32 MiB L3, so its layout column reads from cache).
+// Cases (default): batch 1, 32 heads, 8 kv heads, d = 128 (--head-dim for another), bf16 cache at 32k and 128k keys;
+// batch 16 with cache lengths spread geometrically from 1k to 64k in a paged cache (page size 16, pages in a shuffled
+// order); each at 1 and 2 threads. --quick: 8k keys and a batch of 4 (1k..8k), in seconds (a smoke test: 32 MiB of
+// cache stays partly in a 32 MiB L3, so its layout column reads from cache).
 // --cache N: the single batch-1 case at N keys (what bench/peers/peers.py --mode decode runs).
 // --layout kv-heads: the cache stored kv-head-major ([batch or page, kv_heads, keys, d], Hugging Face's
 // order) through strides instead of flash-attn's [batch or page, keys, kv_heads, d]; the kernels walk
@@ -57,7 +57,8 @@ struct Case {
 
 struct Args {
   bool quick = false, json = false;
-  std::string threads = "1,2", dtype = "bf16", num_splits = "0", seq_q = "1", cache, layout = "keys";
+  std::string threads = "1,2", dtype = "bf16", num_splits = "0", seq_q = "1", cache, layout = "keys", head_dim = "128";
+  std::int64_t d = 128;  // head_dim, parsed
 };
 
 // A cache format: the stored type and, for the quantized ones, the scales' layout (include/attn/decode.hpp):
@@ -76,8 +77,12 @@ Format parse_format(const std::string& s, std::int64_t head_dim) {
   if (s == "bf16") return {s, DType::bf16};
   if (s == "f16") return {s, DType::f16};
   if (s == "f32") return {s, DType::f32};
-  if (s == "int8") return {s, DType::i8, 1, DType::f32};                    // one f32 scale per key and kv head
-  if (s == "q8_0") return {s, DType::i8, head_dim / 32, DType::f16};        // llama.cpp's blocks of 32
+  if (s == "int8") return {s, DType::i8, 1, DType::f32};  // one f32 scale per key and kv head
+  if (s == "q8_0") {                                      // llama.cpp's blocks of 32
+    if (head_dim % 32 != 0)
+      throw UsageError("--dtype q8_0: needs a head dim that is a multiple of 32, got " + std::to_string(head_dim));
+    return {s, DType::i8, head_dim / 32, DType::f16};
+  }
   if (s == "fp8" || s == "fp8_e4m3") return {"fp8_e4m3", DType::fp8_e4m3};  // one scale per kv head
   if (s == "fp8_e5m2") return {s, DType::fp8_e5m2};
   throw UsageError("--dtype: each must be bf16, f16, f32, int8, q8_0, fp8 (= fp8_e4m3) or fp8_e5m2, got '" + s + "'");
@@ -179,7 +184,7 @@ TensorView scale_view(const Format& f, Buffer& buf, std::int64_t rows, std::int6
 
 void run_case(const Case& cs, const Args& args, const Format& fmt, const std::vector<int>& threads, std::int64_t splits,
               std::int64_t seq_q, std::vector<double>& first_format_s) {
-  const std::int64_t H = 32, HK = 8, D = 128, B = cs.batch;
+  const std::int64_t H = 32, HK = 8, D = args.d, B = cs.batch;
   const bool kv_heads_major = args.layout == "kv-heads";
   const DType dt = fmt.type, act = is_quantized(dt) ? DType::bf16 : dt;  // quantized caches: bf16 q and out
   const std::size_t es = dtype_size(dt);
@@ -321,11 +326,14 @@ void add_bench_decode(CLI::App& bench) {
   c->add_option("--num-splits", args->num_splits, "key slices per sequence (0 = automatic)")->capture_default_str();
   c->add_option("--seq-q", args->seq_q, "queries per sequence (causal among them when > 1)")->capture_default_str();
   c->add_option("--cache", args->cache, "one case instead of the table: batch 1, a contiguous cache of this many keys");
+  c->add_option("--head-dim", args->head_dim, "head dim of q, K and V (1 to 576)")->capture_default_str();
   c->add_option("--layout", args->layout,
                 "cache layout: keys ([.., keys, kv_heads, d], flash-attn) or kv-heads ([.., kv_heads, keys, d])")
       ->capture_default_str();
   c->callback([args] {
-    const std::vector<Format> formats = parse_formats(args->dtype, 128);
+    args->d = parse_count(args->head_dim, "--head-dim");
+    if (args->d < 1 || args->d > 576) throw UsageError("--head-dim: must be in [1, 576]");
+    const std::vector<Format> formats = parse_formats(args->dtype, args->d);
     if (args->layout != "keys" && args->layout != "kv-heads")
       throw UsageError("--layout: must be keys or kv-heads, got '" + args->layout + "'");
     const auto threads = parse_threads(args->threads);
@@ -346,8 +354,8 @@ void add_bench_decode(CLI::App& bench) {
       cases.push_back({"b16 1k..64k paged16", 16, spread(16, 1024, 65536), 16});
     }
     if (!args->json) {
-      std::printf("attn bench decode: %s; %s; 32 heads, 8 kv heads, d = 128, cache %s, seq_q = %lld\n",
-                  machine_name().c_str(), kernel_paths().c_str(),
+      std::printf("attn bench decode: %s; %s; 32 heads, 8 kv heads, d = %lld, cache %s, seq_q = %lld\n",
+                  machine_name().c_str(), kernel_paths().c_str(), static_cast<long long>(args->d),
                   args->layout == "keys" ? "[.., keys, kv_heads, d]" : "[.., kv_heads, keys, d]",
                   static_cast<long long>(seq_q));
       std::printf("%-22s %-8s %7s %13s %13s %13s %8s %13s %8s %9s %8s\n", "case", "cache", "threads", "median",
