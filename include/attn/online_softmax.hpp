@@ -33,10 +33,17 @@
 
 namespace attn {
 
+// exp_of(m_old - m_new), or 0 for an empty state: the rule with the exponential a kernel computes it
+// with (the CUDA kernels keep scores in base 2 and pass a fast exp2).
+template <class Acc, class ExpFn>
+ATTN_HOST_DEVICE inline Acc rescale_factor_with(Acc m_old, Acc m_new, ExpFn exp_of) {
+  // m_new >= m_old always; m_old = -inf means an empty state whose l and o are 0.
+  return m_old == -std::numeric_limits<Acc>::infinity() ? Acc(0) : exp_of(m_old - m_new);
+}
+
 template <class Acc>
 ATTN_HOST_DEVICE inline Acc rescale_factor(Acc m_old, Acc m_new) {
-  // m_new >= m_old always; m_old = -inf means an empty state whose l and o are 0.
-  return m_old == -std::numeric_limits<Acc>::infinity() ? Acc(0) : std::exp(m_old - m_new);
+  return rescale_factor_with(m_old, m_new, [](Acc x) { return std::exp(x); });
 }
 
 // A non-owning view of one row's state; `o` has `dim` elements.

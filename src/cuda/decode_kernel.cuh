@@ -68,7 +68,9 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
       const std::uint16_t* head0 = static_cast<const std::uint16_t*>(base) + g0 * head_stride;
       auto dst_row = [](int r) { return (r % C::HB) * C::BK + r / C::HB; };
       std::uint16_t* dst = tiles + stage * TILE * D;
-      if (p.block_table == nullptr) {
+      if (p.block_table == nullptr && C::HB == 1) {
+        load_strided_tile<D, C::THREADS, TILE>(dst, head0 + b * s[0] + j0 * s[1], s[1], keys);
+      } else if (p.block_table == nullptr) {
         const std::uint16_t* first = head0 + b * s[0] + j0 * s[1];
         load_tile<D, C::THREADS, TILE>(
             dst,
@@ -136,16 +138,16 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     auto& s = s1[0];
     warp_qk<E, D, NT, 1>(s1, sQ, hw * kRows, sK + stage * TILE * D, row0);
     // Every row sees [j0, j0 + KW) unless the sub-tile runs past the slice or straddles a mask edge.
-    const bool need_mask = j0 + KW > hi || r0 + kRows > rows || !all_rows_see(mask, 0, p.seqlen_q - 1, j0, j0 + KW);
-    if (!need_mask && !transform) {
-      scale_scores<NT>(s, scale_log2);
-    } else {
+    // Padding rows (a GQA group of fewer than 16 rows) need no mask: their q is zero-filled, so their
+    // scores are finite or NaN from the key alone, and their states are never merged or written.
+    const bool need_mask = j0 + KW > hi || !all_rows_see(mask, 0, p.seqlen_q - 1, j0, j0 + KW);
+    const bool raw = raw_scores_fold(need_mask, transform, scale_log2);
+    if (!raw)
       mask_scores<NT>(
           s, mask, slope[0], slope[1], need_mask, [&](int half) { return qi[half]; },
           [&](int n, int e) { return j0 + n * 8 + (lane % 4) * 2 + (e & 1); },
           [&](int, std::int64_t i, std::int64_t j) { return j < hi && visible(mask, i, j); });
-    }
-    softmax_step<NT, DT>(s, m, l, o);
+    softmax_step<NT, DT>(s, m, l, o, raw ? scale_log2 : 1.f);
     std::uint16_t* vt = sV + stage * TILE * D;
     // Some query masks some key of this tile (block-uniform): then a NaN or infinity in V must reach only
     // the rows that see its key (tile.cuh). Keys past the slice are zero-filled, so they need nothing.

@@ -8,9 +8,10 @@
 // key tiles its rows can see (key_tiles: causal tiles above the diagonal are skipped), K and V tiles of
 // BC keys double-buffered in shared memory with cp.async so the next tile streams in while this one is
 // multiplied. Per tile and slab: S = Q K^T (mma.sync m16n8k16,
-// f32 accumulators); scale (scale_scores), or on tiles that straddle a mask edge and when softcap or
-// ALiBi is on the full transform and mask (mask_scores), chosen per tile; the online-softmax step in
-// base 2 (attn::rescale_factor); P cast to 16 bits straight from the accumulator
+// f32 accumulators); the online-softmax step in base 2 (attn::rescale_factor's rule), on the raw dots
+// with the scale folded into each exponent's FFMA, or on tiles that straddle a mask edge and when softcap
+// or ALiBi is on after the full transform and mask (mask_scores), chosen per tile (raw_scores_fold);
+// P cast to 16 bits straight from the accumulator
 // registers into the A operand of O += P V. The epilogue divides by l and writes out and the LSE.
 #pragma once
 
@@ -67,15 +68,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   auto lane_row = [&](int mt, int half) -> std::int64_t { return i0 + (warp * C::MT + mt) * 16 + lane / 4 + 8 * half; };
   // Tiles lie in [0, sk) and row blocks start below sq, so each has at least one valid row.
   auto load_kv = [&](std::uint16_t* dst, const std::uint16_t* base, std::int64_t stride, std::int64_t t) {
-    const int valid = valid_rows(sk - t * BC, BC);
-    const std::uint16_t* first = base + t * BC * stride;
-    load_tile<D, THREADS, BC>(dst, [&](int r) { return RowSource{first + clamp_row(r, valid) * stride, r < valid}; });
+    load_strided_tile<D, THREADS, BC>(dst, base + t * BC * stride, stride, valid_rows(sk - t * BC, BC));
   };
   if (tiles.first < tiles.end) {
-    const int q_valid = valid_rows(sq - i0, BR);
-    load_tile<D, THREADS, BR>(sQ, [&](int r) {
-      return RowSource{q + (i0 + clamp_row(r, q_valid)) * p.qs[1], r < q_valid};
-    });
+    load_strided_tile<D, THREADS, BR>(sQ, q + i0 * p.qs[1], p.qs[1], valid_rows(sq - i0, BR));
     load_kv(sK, k, p.ks[1], tiles.first);
     cp_async_commit();
     load_kv(sV, v, p.vs[1], tiles.first);
@@ -104,17 +100,15 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
     const bool need_mask = tile_needs_mask(mask, i0, BR, BC, t);
     float s[C::MT][NT][4];
     warp_qk<E, D, NT, C::MT>(s, sQ, warp * C::MT * 16, sK + stage * BC * D, 0);
+    const bool raw = raw_scores_fold(need_mask, transform, scale_log2);
 #pragma unroll
     for (int mt = 0; mt < C::MT; ++mt) {
-      if (!need_mask && !transform) {
-        scale_scores<NT>(s[mt], scale_log2);
-      } else {
+      if (!raw)
         mask_scores<NT>(
             s[mt], mask, slope, slope, need_mask, [&](int half) { return lane_row(mt, half); },
             [&](int n, int e) { return t * BC + n * 8 + (lane % 4) * 2 + (e & 1); },
             [&](int, std::int64_t i, std::int64_t j) { return visible(mask, i, j); });
-      }
-      softmax_step<NT, DT>(s[mt], m[mt], l[mt], o[mt]);
+      softmax_step<NT, DT>(s[mt], m[mt], l[mt], o[mt], raw ? scale_log2 : 1.f);
     }
 
     cp_async_wait<1>();  // V(t) landed; K(t+1) may still be in flight

@@ -75,6 +75,15 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// 2^x by the special-function unit: one MUFU.EX2, relative error about 2^-22, results below 2^-126
+// flushed to zero (exp2f adds a range check and two multiplies to keep them). p = 2^(s - m) <= 1, so
+// a flushed p is below 2^-126 of the row's largest weight.
+__device__ __forceinline__ float exp2_fast(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // One 16-bit value (bits) -> float.
 template <class E>
 __device__ __forceinline__ float to_float(std::uint16_t bits) {

@@ -24,22 +24,29 @@ struct RowSource {
   bool ok;
 };
 
+// Which 16-byte chunks of a tile a thread copies: chunk `ch` of rows r0, r0 + kStep, r0 + 2 kStep, ...
+// (its rows a fixed stride apart, so a row's address is the previous one's plus a constant).
+template <int D, int THREADS>
+struct TileCopyLane {
+  static constexpr int kChunks = D / 8, kStep = THREADS / kChunks;
+  static_assert(THREADS % kChunks == 0, "a thread keeps its chunk column from row to row");
+  int ch = static_cast<int>(threadIdx.x % kChunks), r0 = static_cast<int>(threadIdx.x / kChunks);
+};
+
 // Loads rows [0, ROWS) of a tile into a swizzled [*][D] shared-memory tile: row r comes from src(r) (a
 // RowSource) and goes to shared row dst_row(r). All threads of the block take part; the loop is
 // unrolled and branch-free.
 template <int D, int THREADS, int ROWS, class SrcFn, class DstFn>
 __device__ __forceinline__ void load_tile(std::uint16_t* smem, SrcFn src, DstFn dst_row) {
-  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
-  static_assert(THREADS % kChunks == 0, "a thread keeps its chunk column from row to row");
-  // Thread x copies chunk x % kChunks of rows x / kChunks + k * (THREADS / kChunks): its rows are a fixed
-  // stride apart, which lets the compiler turn a row's address into the previous one's plus a constant.
-  const int ch = static_cast<int>(threadIdx.x % kChunks), r0 = static_cast<int>(threadIdx.x / kChunks);
+  using Lane = TileCopyLane<D, THREADS>;
+  constexpr int kTotal = ROWS * Lane::kChunks;
+  const Lane lane;
 #pragma unroll
   for (int k = 0; k < (kTotal + THREADS - 1) / THREADS; ++k) {
-    const int r = r0 + k * (THREADS / kChunks);
+    const int r = lane.r0 + k * Lane::kStep;
     if (kTotal % THREADS != 0 && r >= ROWS) break;
     const RowSource row = src(r);
-    cp_async_16(smem_addr(smem + swizzle(dst_row(r), ch * 8, D)), row.ptr + ch * 8, row.ok ? 16 : 0);
+    cp_async_16(smem_addr(smem + swizzle(dst_row(r), lane.ch * 8, D)), row.ptr + lane.ch * 8, row.ok ? 16 : 0);
   }
 }
 template <int D, int THREADS, int ROWS, class SrcFn>
@@ -47,13 +54,46 @@ __device__ __forceinline__ void load_tile(std::uint16_t* smem, SrcFn src) {
   load_tile<D, THREADS, ROWS>(smem, src, [](int r) { return r; });
 }
 
+// Row r's index, clamped to the last of `valid` rows (valid >= 1): the address a RowSource names for a
+// row past the end.
+__device__ __forceinline__ int clamp_row(int r, int valid) { return r < valid ? r : valid - 1; }
+
+// load_tile for a tile whose row r is at first + r x stride (elements), of which the first `valid`
+// (>= 1) are read and the rest zero-filled. A whole tile (valid == ROWS: every tile but a sequence's
+// last) walks the thread's source pointer by a constant from row to row: two instructions per copy,
+// where forming each row's address from its clamped 64-bit index took about ten (scripts/sass-report).
+template <int D, int THREADS, int ROWS, class DstFn>
+__device__ __forceinline__ void load_strided_tile(std::uint16_t* smem, const std::uint16_t* first, std::int64_t stride,
+                                                  int valid, DstFn dst_row) {
+  using Lane = TileCopyLane<D, THREADS>;
+  constexpr int kTotal = ROWS * Lane::kChunks;
+  if (valid < ROWS)
+    return load_tile<D, THREADS, ROWS>(
+        smem,
+        [&](int r) {
+          return RowSource{first + clamp_row(r, valid) * stride, r < valid};
+        },
+        dst_row);
+  const Lane lane;
+  const std::uint16_t* src = first + lane.r0 * stride + lane.ch * 8;
+#pragma unroll
+  for (int k = 0; k < (kTotal + THREADS - 1) / THREADS; ++k) {
+    const int r = lane.r0 + k * Lane::kStep;
+    if (kTotal % THREADS != 0 && r >= ROWS) break;
+    cp_async_16(smem_addr(smem + swizzle(dst_row(r), lane.ch * 8, D)), src, 16);
+    src += Lane::kStep * stride;
+  }
+}
+template <int D, int THREADS, int ROWS>
+__device__ __forceinline__ void load_strided_tile(std::uint16_t* smem, const std::uint16_t* first, std::int64_t stride,
+                                                  int valid) {
+  load_strided_tile<D, THREADS, ROWS>(smem, first, stride, valid, [](int r) { return r; });
+}
+
 // How many of a tile's `rows` rows hold data when `left` rows remain from its first one (left >= 1).
 __device__ __forceinline__ int valid_rows(std::int64_t left, int rows) {
   return static_cast<int>(left < rows ? left : rows);
 }
-// Row r's index, clamped to the last of `valid` rows (valid >= 1): the address a RowSource names for a
-// row past the end.
-__device__ __forceinline__ int clamp_row(int r, int valid) { return r < valid ? r : valid - 1; }
 
 // One lane's ldmatrix addresses in a swizzled [*][D] tile (layout.hpp, tiled_byte_offset): four
 // per-lane byte offsets, for k-steps kk % 4 = 0..3; row_add (a multiple of 8) and kk / 4 are constants
@@ -162,52 +202,55 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // Scores live in base-2 units inside the tile loops: x = log2(e) * logit, so p = 2^(x - m) is one ex2
-// per element and the common tile's scaling is one multiply (scale * log2(e)). The running max m is in
-// the same units; it leaves a kernel (to attn::merge, the LSE) multiplied by ln 2.
+// per element (exp2_fast). The running max m is in the same units; it leaves a kernel (to attn::merge,
+// the LSE) multiplied by ln 2.
 constexpr float kLog2e = 1.44269504088896340736f, kLn2 = 0.693147180559945309417f;
 
+// Whether a tile's scores can stay raw dot products until the exponent (softmax_step's `scale`): every
+// key visible to every row, no softcap or ALiBi, and a positive scale, so that the largest raw dot is
+// the largest scaled score (rounding is monotonic). Otherwise mask_scores transforms them first.
+__device__ __forceinline__ bool raw_scores_fold(bool need_mask, bool transform, float scale_log2) {
+  return !need_mask && !transform && scale_log2 > 0.f;
+}
+
 // The online-softmax step for one warp's 16 rows: the lane holds rows lane/4 (half 0) and lane/4 + 8
-// (half 1). s holds base-2 scores (-inf = masked) and becomes p = 2^(s - m_new); m is the running max,
-// l the lane's partial row sum (summed over the quad at the end), and o is rescaled by
-// attn::rescale_factor on the natural-unit maxima.
+// (half 1). s holds dots whose base-2 scores are s x scale (scale = scale x log2(e) for raw dots, 1 for
+// mask_scores' output; -inf = masked) and becomes p = 2^(s x scale - m_new), one FFMA and one ex2 per
+// element; m is the running max in base 2, l the lane's partial row sum (summed over the quad at the
+// end). o is rescaled by attn::rescale_factor's rule (in base 2), and only when some row of the warp
+// has a new maximum: once the maxima settle, most tiles of a long row skip those DT x 4 multiplies
+// (alpha = 1 multiplies exactly, so skipping changes no bit).
 template <int NT, int DT>
-__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4]) {
+__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
+                                             float scale) {
+  float alpha[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float mx = kNegInf;
 #pragma unroll
     for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
-    mx = quad_max(mx);
-    const float m_new = fmaxf(m[half], mx);
-    const float alpha = rescale_factor(m[half] * kLn2, m_new * kLn2);
-    const float m_use = m_new == kNegInf ? 0.f : m_new;  // a row with nothing visible yet: p = 2^-inf = 0
+    const float m_new = fmaxf(m[half], quad_max(mx) * scale);
+    // The max did not grow (or nothing is visible yet: o and l are 0): exactly 1, whatever ex2 gives.
+    alpha[half] = m_new == m[half] ? 1.f : rescale_factor_with(m[half], m_new, exp2_fast);
+    const float neg_m = m_new == kNegInf ? 0.f : -m_new;  // a row with nothing visible yet: p = 2^-inf = 0
     m[half] = m_new;
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float pv = exp2f(s[n][2 * half + e] - m_use);
+        const float pv = exp2_fast(fmaf(s[n][2 * half + e], scale, neg_m));
         s[n][2 * half + e] = pv;
         sum += pv;
       }
-    l[half] = l[half] * alpha + sum;
-#pragma unroll
-    for (int d = 0; d < DT; ++d) {
-      o[d][2 * half] *= alpha;
-      o[d][2 * half + 1] *= alpha;
-    }
+    l[half] = l[half] * alpha[half] + sum;
   }
-}
-
-// Scores of a slab whose keys are all visible to all its rows, with no score transform (the common
-// tile): x = dot * scale * log2(e). Branch-free, so the compiler can interleave it with the mma work.
-template <int NT>
-__device__ __forceinline__ void scale_scores(float (&s)[NT][4], float scale_log2) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
+    for (int d = 0; d < DT; ++d)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
+      for (int e = 0; e < 4; ++e) o[d][e] *= alpha[e >> 1];
+  }
 }
 
 // Scores of any other slab (on a mask edge, or softcap/ALiBi on): Mask::score's transform, in base 2,

@@ -132,6 +132,7 @@ struct Exchange {
 };
 Exchange warp_exchange(const void* in, std::size_t bytes, int kind);
 int lane_id();
+int any_in_warp(int predicate);  // __any_sync: whether any lane of the calling thread's warp passed non-zero
 
 template <class T>
 T shfl(T x, int src_lane) {
@@ -156,7 +157,7 @@ std::uint16_t smem_load16(std::uint32_t offset);  // checked against the block's
 void cp_async(std::uint32_t dst, const void* src, int src_bytes);
 void cp_async_commit();
 void cp_async_wait(int groups_left);
-enum Collective { kShuffle = 1, kLdmatrix = 2, kLdmatrixTrans = 3, kMmaBf16 = 4, kMmaF16 = 5 };
+enum Collective { kShuffle = 1, kLdmatrix = 2, kLdmatrixTrans = 3, kMmaBf16 = 4, kMmaF16 = 5, kVote = 6 };
 
 // Shared-memory reads by ldmatrix, counted as the hardware serves them (a performance property the
 // results cannot show). Each of an x4's four 8 x 8 matrices is 8 row reads of 16 bytes; they take one
@@ -211,4 +212,5 @@ template <class T>
 T __shfl_xor_sync(unsigned, T x, int lane_mask) {
   return ::attn_emu::shfl_xor(x, lane_mask);
 }
+inline int __any_sync(unsigned, int predicate) { return ::attn_emu::any_in_warp(predicate); }
 inline float __expf(float x) { return std::exp(x); }

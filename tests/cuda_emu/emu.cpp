@@ -296,6 +296,18 @@ Exchange warp_exchange(const void* in, std::size_t bytes, int kind) {
   return {&w.slots[par][0][0], w.result[par], &w.fresh[par]};
 }
 
+int any_in_warp(int predicate) {
+  const int in = predicate != 0;
+  const Exchange e = warp_exchange(&in, sizeof in, kVote);
+  const int lanes = g_block->warps[static_cast<std::size_t>(self().warp)].lanes;
+  for (int lane = 0; lane < lanes; ++lane) {
+    int x;
+    std::memcpy(&x, e.slots + static_cast<std::size_t>(lane) * kSlotBytes, sizeof x);
+    if (x) return 1;
+  }
+  return 0;
+}
+
 std::uint32_t smem_offset(const void* p) {
   const auto* q = static_cast<const std::uint8_t*>(p);
   const std::uint8_t* base = g_block->smem.data();

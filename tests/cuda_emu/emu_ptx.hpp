@@ -5,7 +5,9 @@
 // computes the right thing here computes it on the hardware, up to the tensor cores' rounding.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/element.hpp"
@@ -26,6 +28,19 @@ inline float to_float(std::uint16_t bits) {
     return detail::bf16_to_float(bf16_t{bits});
   else
     return detail::f16_to_float(f16_t{bits});
+}
+
+// ex2.approx.ftz.f32 as the hardware rounds it, in the worst case: 2^x with its relative error of about
+// 2^-22 applied (up or down, by the bits of x), and subnormal inputs and results flushed to zero; so the
+// tests hold the kernels to their accuracy with the approximation in place, not with an exact exp2.
+inline float exp2_fast(float x) {
+  if (std::fpclassify(x) == FP_SUBNORMAL) x = std::copysign(0.f, x);
+  const float r = static_cast<float>(std::exp2(static_cast<double>(x)));
+  if (std::fpclassify(r) == FP_SUBNORMAL) return 0.f;
+  if (!std::isfinite(r) || r == 0.f) return r;
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return r * (bits & 1 ? 1.f + 0x1p-22f : 1.f - 0x1p-22f);
 }
 
 // D = A B + D (m16n8k16): the first lane to resume forms the 16 x 8 product from all lanes' fragments.

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -22,19 +23,36 @@ T* device_array(std::size_t n) {
 }
 
 TEST(CudaEmulator, ShufflesAndBarriersFollowCudaSemantics) {
-  int* out = device_array<int>(64 * 3);
+  int* out = device_array<int>(64 * 4);
   launch(dim3(1), dim3(64), 0, [&] {
     const int t = static_cast<int>(threadIdx.x);
     out[t] = __shfl_xor_sync(0xffffffffu, t, 1);        // the partner lane's value
     out[64 + t] = __shfl_sync(0xffffffffu, t * 10, 5);  // lane 5 of the same warp
     out[128 + t] = __syncthreads_or(t == 37 ? 1 : 0);   // one thread of the block says yes
+    out[192 + t] = __any_sync(0xffffffffu, t == 40);    // one lane of warp 1: only warp 1 hears it
   });
   for (int t = 0; t < 64; ++t) {
     EXPECT_EQ(out[t], t ^ 1);
     EXPECT_EQ(out[64 + t], (t / 32 * 32 + 5) * 10);
     EXPECT_EQ(out[128 + t], 1);
+    EXPECT_EQ(out[192 + t], t >= 32 ? 1 : 0);
   }
   cudaFree(out);
+}
+
+// ex2.approx.ftz as emulated: within about 2^-22 of 2^x (relative), exact special values, subnormal results and
+// inputs flushed to zero, as the PTX ISA states for the hardware instruction.
+TEST(CudaEmulator, FastExp2HasTheHardwareRangeAndAccuracy) {
+  using attn::cuda_detail::exp2_fast;
+  for (float x : {-30.5f, -3.25f, -1.0f, 0.0f, 0.7f, 1.0f, 12.0f}) {
+    const double want = std::exp2(static_cast<double>(x));
+    EXPECT_LE(std::abs(exp2_fast(x) - want), 0x1.8p-22 * want) << x;  // 2^-22, and the roundings to f32
+  }
+  EXPECT_EQ(exp2_fast(-INFINITY), 0.f);
+  EXPECT_EQ(exp2_fast(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(exp2_fast(NAN)));
+  EXPECT_EQ(exp2_fast(-130.f), 0.f);                        // 2^-130 is subnormal: flushed
+  EXPECT_EQ(exp2_fast(0x1p-140f), 1.f * (1.f - 0x1p-22f));  // a subnormal input reads as 0
 }
 
 TEST(CudaEmulator, ExitedThreadsCountAsArrivedAtABarrier) {
