@@ -58,9 +58,10 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hw = warp % HB, kw = warp / HB;  // this warp's kv head (g0 + hw) and its KW keys of each tile
   // Tile row r is key r / HB of kv head g0 + r % HB (memory order); it lands in shared row
-  // (r % HB) * BK + r / HB, so each head's keys are consecutive rows there. A contiguous cache takes one
-  // multiply-add per row from the tile's first row; a paged one looks each row's page up (a block-uniform
-  // branch, once per tile). Rows past the slice are zero-filled; their addresses are the last key's.
+  // (r % HB) * BK + r / HB, so each head's keys are consecutive rows there. A contiguous cache with one
+  // kv head per block is a strided tile (load_strided_tile); with several, each row is one multiply-add
+  // from the tile's first row; a paged one looks each row's page up (a block-uniform branch, once per
+  // tile). Rows past the slice are zero-filled; their addresses are the last key's.
   auto load_kv = [&](int stage, std::int64_t t) {
     const std::int64_t j0 = lo + t * BK;
     const int keys = valid_rows(hi - j0, BK);  // >= 1: t < n_tiles
