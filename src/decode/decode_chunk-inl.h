@@ -86,7 +86,9 @@ HWY_INLINE void WithRowCount(std::int64_t nr, F&& f, Args&&... args) {
 }
 
 // f(std::integral_constant<int, D>()) with D = d for the head dims the dot products unroll for (64, 128,
-// 256: the out-of-order core then overlaps more keys), else D = 0 (d read at run time).
+// 192, 256: the out-of-order core then overlaps more keys), else D = 0 (d read at run time). 192 unrolled
+// ran about 10% faster than the run-time loop; 512 and 576 (MLA) ran alike either way, their loops long
+// enough (`attn bench decode --head-dim`, docs/head-dims.md).
 template <class F>
 HWY_INLINE void WithHeadDim(std::int64_t d, F&& f) {
   switch (d) {
@@ -94,6 +96,8 @@ HWY_INLINE void WithHeadDim(std::int64_t d, F&& f) {
       return f(std::integral_constant<int, 64>());
     case 128:
       return f(std::integral_constant<int, 128>());
+    case 192:
+      return f(std::integral_constant<int, 192>());
     case 256:
       return f(std::integral_constant<int, 256>());
     default:
