@@ -4,6 +4,10 @@ and whether its common path touches local memory. Run by scripts/sass-report, wh
 kernels to a cubin and disassembles it with cuobjdump; needs no GPU.
 
 usage: sass.py KERNELS.sass PTXAS.log
+       sass.py KERNELS.sass --blocks NAME   the basic blocks of a kernel's tile loop (from the loop head to
+                                            its last mma block), one a line: index, address, instructions,
+                                            exp2 count, the commonest opcodes and the last instruction
+                                            (its branch), to trace a tile's path by hand (docs/cuda.md)
 
 The hot blocks of a kernel are its basic blocks that hold a tensor-core mma (HMMA) or four or more
 softmax exponentials (MUFU.EX2): S = Q K^T, the softmax and O += P V of every tile. (The rare paths --
@@ -102,7 +106,34 @@ def short_name(mangled):
     return f"{kind.group(1) if kind else mangled[:40]}<{dtype}{',' if dtype and args else ''}{args}>"
 
 
+def print_tile_blocks(ins):
+    """From the loop head (where the last mma block branches back to) to the last mma block."""
+    blocks = basic_blocks(ins)
+    mma = [i for i, b in enumerate(blocks) if any(op.startswith("HMMA") for _, op, _ in b)]
+    if not mma:
+        return
+    first = mma[0]
+    back = re.search(r"BRA 0x([0-9a-f]+)", blocks[mma[-1]][-1][2])
+    if back:
+        first = min([i for i, b in enumerate(blocks) if b[0][0] == int(back.group(1), 16)] + [first])
+    for i in range(first, mma[-1] + 1):
+        ops = [op for _, op, _ in blocks[i]]
+        common = collections.Counter(op.split(".")[0] for op in ops).most_common(5)
+        exps = sum(op.startswith("MUFU.EX2") for op in ops)
+        print(f"{i:5d} {blocks[i][0][0]:#07x} {len(ops):4d} EX2={exps:<3d} "
+              f"{' '.join(f'{k}:{n}' for k, n in common):60s} | {blocks[i][-1][2][:60]}")
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[2] == "--blocks":
+        funcs = parse_functions(open(sys.argv[1]).read())
+        names = sorted(n for n in funcs if sys.argv[3] in short_name(n))
+        if not names:
+            print(f"sass.py: no kernel named like {sys.argv[3]}", file=sys.stderr)
+            return 2
+        print(short_name(names[0]))
+        print_tile_blocks(funcs[names[0]])
+        return 0
     sass, log = open(sys.argv[1]).read(), open(sys.argv[2]).read()
     funcs, regs = parse_functions(sass), ptxas_info(log)
     print(f"{'kernel':44s} {'regs':>4s} {'stack':>5s} {'spill':>9s} | hot blocks: {'instr':>5s} {'HMMA':>5s} "
