@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "core/exp_simd-inl.h"
 #include "core/score_rule.hpp"
 #include "tiled/tiled_score-inl.h"
 
@@ -67,12 +68,8 @@ HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t
         grad = hn::Mul(scale, hn::NegMulAdd(t, t, one));
         if (alibi) logit = hn::NegMulAdd(slope, hn::Abs(hn::Sub(dist, hn::Set(d, static_cast<A>(c)))), logit);
       }
-      // NaN passes through (the vectorised Exp returns 0 for it): a NaN score must poison its row.
-      const auto x = hn::Sub(logit, lse);
-      // NaN lanes (also -inf - -inf, a row that sees no key) go to Exp as 0: converting NaN to an integer
-      // inside Exp is undefined behaviour on the emulated targets.
-      const auto is_nan = hn::IsNaN(x);
-      auto p = hn::IfThenElse(is_nan, x, hn::Exp(d, hn::IfThenZeroElse(is_nan, x)));
+      // A NaN score (also -inf - -inf, a row that sees no key) gives p = NaN: it must poison its row.
+      auto p = exp_simd::HWY_NAMESPACE::ExpDiff(d, logit, lse);
       // With dropout dpv arrives dropped (Z dP / (1 - p_drop)) and the P stored for dV is dropped after
       // this step (Pair, backward_kernel.cpp): dX keeps the undropped p, dS = P (Z dP / (1 - p_drop) - D).
       const auto p_for_dv = p;

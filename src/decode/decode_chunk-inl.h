@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "attn/online_softmax.hpp"
+#include "core/exp_simd-inl.h"
 #include "decode/decode_internal.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -146,7 +147,7 @@ HWY_INLINE void FoldRow(float* s, float* p, std::int64_t n, float* o, float* m, 
   const VF vm = hn::Set(df, m_new);
   VF sum = hn::Zero(df);
   for (std::int64_t c = 0; c < kChunk; c += N) {
-    const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + c), vm));
+    const VF e = exp_simd::HWY_NAMESPACE::ExpDiff(df, hn::LoadU(df, s + c), vm);
     hn::StoreU(e, df, p + c);
     sum = hn::Add(sum, e);
   }

@@ -49,6 +49,7 @@
 #include "core/dropout.hpp"
 #include "core/philox-inl.h"
 #include "core/element.hpp"
+#include "core/exp_simd-inl.h"
 #include "core/tile_ops.hpp"
 #include "tiled/tiled_kernel.hpp"
 #include "tiled/tiled_pack-inl.h"
@@ -263,15 +264,9 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
       for (std::int64_t c = 0; c < n; ++c) {
         A* sc = w.s + static_cast<std::size_t>(c) * R + r;
         // exp(-inf) = 0. A NaN score (NaN in q or in a visible key) and a +inf score (whose row has
-        // m = +inf, so inf - inf) make x NaN, which must poison the row, as std::exp does in
-        // attn::fold; the vectorised Exp returns 0 for NaN (it would give the fully masked answer,
-        // out 0 and lse -inf, when no later tile's alpha = exp(inf - inf) catches it), so a NaN x is
-        // passed through explicitly and reaches l and o.
-        const auto x = hn::Sub(hn::Load(d, sc), m_sub);
-        // NaN lanes go to Exp as 0 (converting NaN to an integer inside Exp is undefined behaviour on the
-        // emulated targets) and come out NaN.
-        const auto is_nan = hn::IsNaN(x);
-        const auto pv = hn::IfThenElse(is_nan, x, hn::Exp(d, hn::IfThenZeroElse(is_nan, x)));
+        // m = +inf, so inf - inf) give NaN, which must poison the row, as std::exp does in attn::fold
+        // (when no later tile's alpha = exp(inf - inf) would catch it).
+        const auto pv = exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, sc), m_sub);
         hn::Store(pv, d, sc);
         sum = hn::Add(sum, pv);
       }
