@@ -78,16 +78,22 @@ HWY_INLINE void PvBlock(D d, const A* HWY_RESTRICT p, std::size_t R, const A* HW
     ATTN_UNROLL
     for (int cv = 0; cv < CV_; ++cv) acc[r][cv] = hn::Mul(hn::Load(d, o + (r0 + r) * dp + x0 + cv * N), a);
   }
-  // Keys every row of the block sees need no per-row check (most of a diagonal tile).
-  A all_lo = 0, all_hi = static_cast<A>(n);
+  // Keys every row of the block sees need no per-row check (most of a diagonal tile); keys no row of
+  // it sees are not visited at all (half of a causal diagonal tile, on average).
+  A all_lo = 0, all_hi = static_cast<A>(n), any_lo = static_cast<A>(n), any_hi = 0;
   if constexpr (Masked) {
     ATTN_UNROLL
     for (int r = 0; r < kPvRows; ++r) {
       all_lo = std::max(all_lo, rows.lo[r0 + r]);
       all_hi = std::min(all_hi, rows.hi[r0 + r]);
+      if (rows.lo[r0 + r] >= rows.hi[r0 + r]) continue;  // a row that sees none of the tile
+      any_lo = std::min(any_lo, rows.lo[r0 + r]);
+      any_hi = std::max(any_hi, rows.hi[r0 + r]);
     }
   }
-  for (std::size_t c = 0; c < n; ++c) {
+  const std::size_t c_begin = Masked ? static_cast<std::size_t>(any_lo) : 0;
+  const std::size_t c_end = Masked ? static_cast<std::size_t>(std::max(any_lo, any_hi)) : n;
+  for (std::size_t c = c_begin; c < c_end; ++c) {
     hn::Vec<D> vv[CV_];
     ATTN_UNROLL
     for (int cv = 0; cv < CV_; ++cv) vv[cv] = hn::Load(d, v + c * dp + x0 + cv * N);
@@ -136,8 +142,21 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTas
                                             std::int64_t n, std::int64_t next, std::int64_t next_n, A* s,
                                             const Rows<A>& rows, const Epilogue& ep) {
   const std::size_t N = hn::Lanes(d), R = op.R;
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<A>::infinity());
   for (std::size_t r0 = 0; r0 < R; r0 += kQV * N) {
     const int qv = static_cast<int>(std::min<std::size_t>(kQV, (R - r0) / N));
+    // The keys some row of this query block sees, [any_lo, any_hi): blocks of keys outside it (half of
+    // a causal diagonal tile, on average) are stored as the -inf the epilogue would give them, unmultiplied.
+    A any_lo = 0, any_hi = static_cast<A>(n);
+    if (ep.mask) {
+      any_lo = static_cast<A>(n);
+      any_hi = 0;
+      for (std::size_t r = r0; r < r0 + static_cast<std::size_t>(qv) * N; ++r) {
+        if (rows.lo[r] >= rows.hi[r]) continue;  // a row that sees none of the tile
+        any_lo = std::min(any_lo, rows.lo[r]);
+        any_hi = std::max(any_hi, rows.hi[r]);
+      }
+    }
     for (std::int64_t c0 = 0; c0 < n; c0 += kRK) {
       const int rk = static_cast<int>(std::min<std::int64_t>(kRK, n - c0));
       if (r0 == 0)
@@ -145,6 +164,11 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTas
           PrefetchRow<T>(p.k, p.pages, task.b, next + c, task.kv_head, op.dim);
           PrefetchRow<T>(p.v, p.pages, task.b, next + c, task.kv_head, static_cast<std::size_t>(p.head_dim_v));
         }
+      if (static_cast<A>(c0 + rk) <= any_lo || static_cast<A>(c0) >= any_hi) {
+        for (int kk = 0; kk < rk; ++kk)
+          for (int v = 0; v < qv; ++v) hn::Store(neg_inf, d, s + static_cast<std::size_t>(c0 + kk) * R + r0 + v * N);
+        continue;
+      }
       ScoreDispatch<kRK, Dp>(d, rk, qv, op, static_cast<std::size_t>(c0), r0, s, rows, ep);
     }
   }
