@@ -31,9 +31,10 @@ TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildca
 AARCH64_FUZZ_SECONDS ?= 21
 # The AArch64 stage's test binaries: those of the SIMD kernels (tiled forward, varlen, decode and its
 # quantized caches, backward, dropout, sinks, head dims, numerical edges, the differential test) and of
-# the online softmax they share. Not the validation, IO-model, ring-model or CUDA-emulation tests: no
-# SIMD code, the same on every architecture (under qemu the emulation's alone take over 15 minutes).
-AARCH64_TESTS := test_online_softmax test_merge_states test_exactness test_features test_prefill \
+# the online softmax and the exponential (test_exp_simd) they share. Not the validation, IO-model,
+# ring-model or CUDA-emulation tests: no SIMD code, the same on every architecture (under qemu the
+# emulation's alone take over 15 minutes).
+AARCH64_TESTS := test_online_softmax test_exp_simd test_merge_states test_exactness test_features test_prefill \
                  test_prefill_varlen test_varlen_paged test_head_dims test_decode test_decode_quantized \
                  test_decode_batch_invariant test_backward test_backward_varlen test_dropout \
                  test_dropout_backward test_sinks test_sinks_backward test_numerical_edges \
