@@ -80,16 +80,14 @@ HWY_INLINE void PvBlock(D d, const A* HWY_RESTRICT p, std::size_t R, const A* HW
   }
   // Keys every row of the block sees need no per-row check (most of a diagonal tile); keys no row of
   // it sees are not visited at all (half of a causal diagonal tile, on average).
-  A all_lo = 0, all_hi = static_cast<A>(n), any_lo = static_cast<A>(n), any_hi = 0;
+  A all_lo = 0, all_hi = static_cast<A>(n), any_lo = 0, any_hi = static_cast<A>(n);
   if constexpr (Masked) {
     ATTN_UNROLL
     for (int r = 0; r < kPvRows; ++r) {
       all_lo = std::max(all_lo, rows.lo[r0 + r]);
       all_hi = std::min(all_hi, rows.hi[r0 + r]);
-      if (rows.lo[r0 + r] >= rows.hi[r0 + r]) continue;  // a row that sees none of the tile
-      any_lo = std::min(any_lo, rows.lo[r0 + r]);
-      any_hi = std::max(any_hi, rows.hi[r0 + r]);
     }
+    KeysSomeRowSees(rows, r0, r0 + kPvRows, static_cast<A>(n), any_lo, any_hi);
   }
   const std::size_t c_begin = Masked ? static_cast<std::size_t>(any_lo) : 0;
   const std::size_t c_end = Masked ? static_cast<std::size_t>(std::max(any_lo, any_hi)) : n;
@@ -148,15 +146,7 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ScoreTile(D d, const Problem& p, const TileTas
     // The keys some row of this query block sees, [any_lo, any_hi): blocks of keys outside it (half of
     // a causal diagonal tile, on average) are stored as the -inf the epilogue would give them, unmultiplied.
     A any_lo = 0, any_hi = static_cast<A>(n);
-    if (ep.mask) {
-      any_lo = static_cast<A>(n);
-      any_hi = 0;
-      for (std::size_t r = r0; r < r0 + static_cast<std::size_t>(qv) * N; ++r) {
-        if (rows.lo[r] >= rows.hi[r]) continue;  // a row that sees none of the tile
-        any_lo = std::min(any_lo, rows.lo[r]);
-        any_hi = std::max(any_hi, rows.hi[r]);
-      }
-    }
+    if (ep.mask) KeysSomeRowSees(rows, r0, r0 + static_cast<std::size_t>(qv) * N, static_cast<A>(n), any_lo, any_hi);
     for (std::int64_t c0 = 0; c0 < n; c0 += kRK) {
       const int rk = static_cast<int>(std::min<std::int64_t>(kRK, n - c0));
       if (r0 == 0)

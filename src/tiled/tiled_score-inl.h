@@ -12,6 +12,7 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -62,6 +63,19 @@ template <class A>
 struct Rows {
   A *m, *l, *alpha, *mtile, *lo, *hi, *dist, *slope;
 };
+
+// The tile keys [lo, hi) that some row of [r_begin, r_end) sees (lo >= hi: none), leaving out the rows
+// that see none of the tile: on a tile that cuts through windows, key blocks outside it need no work.
+template <class A>
+HWY_INLINE void KeysSomeRowSees(const Rows<A>& rows, std::size_t r_begin, std::size_t r_end, A n, A& lo, A& hi) {
+  lo = n;
+  hi = 0;
+  for (std::size_t r = r_begin; r < r_end; ++r) {
+    if (rows.lo[r] >= rows.hi[r]) continue;
+    lo = std::min(lo, rows.lo[r]);
+    hi = std::max(hi, rows.hi[r]);
+  }
+}
 
 // The tile's score rule, and whether the tile cuts through some row's window.
 struct Epilogue {
