@@ -55,7 +55,7 @@ HWY_INLINE V ExpDiff(D d, V s, V m) {
     const V r = hn::Add(hn::Min(t, hn::Set(d, 128.0f)), shifter);
     const V n = hn::Sub(r, shifter);
     // r's low 9 bits hold n mod 512 (the shifter's own low bits are 0x400000); shifted into the
-    // exponent field and biased they are 2^n, for n in [-126, 128] (128 gives +inf).
+    // exponent field and biased they are 2^n, for the kept n in [-125, 128] (128 gives +inf).
     const V two_n = hn::BitCast(d, hn::Add(hn::ShiftLeft<23>(hn::BitCast(du, r)), hn::Set(du, 127u << 23)));
     const V p = hn::Mul(Exp2Fraction(d, hn::Sub(t, n)), two_n);
     return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -125.0f)), p);
