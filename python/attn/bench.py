@@ -3,9 +3,9 @@ scaled_dot_product_attention on the same CPU tensors, forward and forward+backwa
 ratios (torch seconds / attn seconds: > 1 means attn is faster). Medians of repeated calls.
 
 python -m attn.bench --vs cpp: the cost of the Python layer. flash_attn_func's forward (no grad, and
-with inputs that require grad, through autograd) beside the same C++ call timed inside C++
-(attn._C.time_forward: attention_tiled on the same tensors, no Python in the loop); the overhead is
-the difference of the medians of alternate blocks of calls, the ratio C++ s / Python s.
+with inputs that require grad, through autograd): each call's wall time less the time the same call
+spent in the C++ entry point (attn._C.last_forward_seconds), the median over calls; beside it the C++
+call alone on preallocated outputs (attn._C.time_forward, no Python in the loop).
 
     python -m attn.bench --vs torch --seq 1024,4096 --head-dim 64,128 --dtype f32 --threads 2
     python -m attn.bench --vs cpp --seq 128,4096 --heads 8 --head-dim 64 --causal 0
@@ -42,29 +42,45 @@ def measure(fn, q, k, v, dout, train):
     return median_seconds(step)
 
 
-def interleaved_medians(q, k, v, causal, threads, f, min_total=1.0, block=100):
-    """Median seconds of the C++ call (attention_tiled on q, k, v, timed inside C++ by attn._C.time_forward)
-    and of f(), in alternate blocks of back-to-back calls (a caller's hot loop), so that both see the same
-    machine: on a shared machine the drift between two separate runs is larger than the overhead."""
+def per_call_overhead(q, k, v, causal, threads, f, min_total=1.0, block=100, before=None):
+    """Medians over calls of f()'s wall time, of the C++ call inside it (attn._C.last_forward_seconds:
+    the same call's time in attention_tiled, validation included), and of their difference per call:
+    the Python layer's overhead, measured on each call so that the machine's drift (which moves a 300 us
+    kernel by more than the overhead between two runs) cancels. Also the C++ call alone on preallocated
+    outputs (attn._C.time_forward), in blocks alternating with f's, which would show a cost the Python
+    call leaves inside the kernel (an output's first touch). `before`, if given, runs untimed before each
+    call."""
     out, lse = torch.empty_like(q), torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
     once = attn._C.time_forward(q, k, v, out, lse, 1, causal=causal, num_threads=threads)[0]
     block = max(1, min(block, int(0.05 / max(once, 1e-7))))
-    base, py = [], []
-    while len(base) < 5 * block or sum(base) + sum(py) < min_total:
-        base += attn._C.time_forward(q, k, v, out, lse, block, causal=causal, num_threads=threads)
+    alone, wall, inner, over = [], [], [], []
+    while len(wall) < 5 * block or sum(alone) + sum(wall) < min_total:
+        alone += attn._C.time_forward(q, k, v, out, lse, block, causal=causal, num_threads=threads)
         f()  # warm-up of the block
         for _ in range(block):
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             f()
-            py.append(time.perf_counter() - t0)
-    return sorted(base)[len(base) // 2], sorted(py)[len(py) // 2]
+            t = time.perf_counter() - t0
+            c = attn._C.last_forward_seconds()
+            wall.append(t)
+            inner.append(c)
+            over.append(t - c)
+    med = lambda x: sorted(x)[len(x) // 2]
+    return med(alone), med(inner), med(wall), med(over), sorted(over)[len(over) * 9 // 10]
 
 
 def vs_cpp(args, dtype):
     print(f"attn {attn.__version__} Python layer vs the C++ call: dtype {args.dtype}, batch {args.batch}, "
-          f"heads {args.heads}, threads {args.threads}; overhead = Python median - C++ median (alternate blocks)")
-    print(f"{'seq':>6} {'d':>4} {'causal':>6} {'call':>9} {'C++ us':>10} {'Python us':>10} {'overhead us':>11} "
-          f"{'C++/Py':>7}", flush=True)
+          f"heads {args.heads}, threads {args.threads}; medians over calls. overhead = Python call - the C++ call "
+          "inside it, per call; C++ alone = attention_tiled on preallocated outputs, no Python (alternate blocks)")
+    print("cold = the overhead when the caches were flushed (an 8 MiB write) just before each call: the "
+          "interpreter's path as it runs after a kernel that evicted it")
+    print(f"{'seq':>6} {'d':>4} {'causal':>6} {'call':>9} {'C++ alone us':>12} {'C++ in call':>11} "
+          f"{'Python us':>10} {'overhead us':>11} {'p90 us':>7} {'cold us':>8}", flush=True)
+    flush = torch.empty(2 * 1024 * 1024)
+    flush_caches = lambda: flush.fill_(1.0)
     for d in args.head_dim:
         for s in args.seq:
             for c in args.causal:
@@ -74,9 +90,10 @@ def vs_cpp(args, dtype):
                 calls = (("no grad", lambda: attn.flash_attn_func(q, k, v, causal=bool(c))),
                          ("autograd", lambda: attn.flash_attn_func(qg, kg, vg, causal=bool(c))))
                 for name, f in calls:
-                    base, py = interleaved_medians(q, k, v, bool(c), args.threads, f)
-                    print(f"{s:>6} {d:>4} {'yes' if c else 'no':>6} {name:>9} {base * 1e6:>10.1f} {py * 1e6:>10.1f} "
-                          f"{(py - base) * 1e6:>11.1f} {base / py:>7.3f}", flush=True)
+                    alone, inner, wall, over, p90 = per_call_overhead(q, k, v, bool(c), args.threads, f)
+                    cold = per_call_overhead(q, k, v, bool(c), args.threads, f, min_total=0.5, before=flush_caches)[3]
+                    print(f"{s:>6} {d:>4} {'yes' if c else 'no':>6} {name:>9} {alone * 1e6:>12.1f} {inner * 1e6:>11.1f} "
+                          f"{wall * 1e6:>10.1f} {over * 1e6:>11.1f} {p90 * 1e6:>7.1f} {cold * 1e6:>8.1f}", flush=True)
 
 
 def main(argv=None):

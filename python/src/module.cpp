@@ -187,6 +187,12 @@ struct Options {
                  nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("offset") = 0, nb::arg("num_threads") = 0, \
                  nb::arg("sinks") = nb::none()
 
+// How long the calling thread's last `forward` spent in the C++ call (validation, planning, kernel), in
+// seconds: `python -m attn.bench --vs cpp` subtracts it from the same Python call's wall time, so the
+// overhead it reports is per call and free of the machine's drift (both times cover the same kernel
+// run). Two steady_clock reads a call (tens of nanoseconds).
+thread_local double last_forward_seconds = 0;
+
 // algorithm: "tiled" (the production kernel; q_tile/k_tile 0 = plan_tiles' choice), "reference" (the
 // textbook method, the oracle) or "splitk" (num_splits slices per row).
 // lse may be None (inference that does not return it).
@@ -210,9 +216,14 @@ void forward(const Array& q, const Array& k, const Array& v, const Array& out, s
   if (algorithm != "tiled" && algorithm != "reference" && algorithm != "splitk")
     reject(who, "algorithm", "must be tiled, reference or splitk, got " + algorithm);
   nb::gil_scoped_release unlocked;
-  if (algorithm == "reference") return attn::attention_reference(qv, kv, vv, ov, o, lp);
-  if (algorithm == "splitk") return attn::attention_splitk(qv, kv, vv, ov, o, {num_splits}, lp);
-  attn::attention_tiled(qv, kv, vv, ov, o, tiles, lp);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (algorithm == "reference")
+    attn::attention_reference(qv, kv, vv, ov, o, lp);
+  else if (algorithm == "splitk")
+    attn::attention_splitk(qv, kv, vv, ov, o, {num_splits}, lp);
+  else
+    attn::attention_tiled(qv, kv, vv, ov, o, tiles, lp);
+  last_forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // The C++ call's own time, for `python -m attn.bench --vs cpp`: attention_tiled on the same arrays
@@ -456,6 +467,9 @@ NB_MODULE(_C, m) {
         ATTN_OPTION_ARGS,
         "attention_tiled (or _reference, _splitk) into out and lse (rank-4 q, k, v, out; lse [batch, heads, "
         "seqlen_q]).");
+  m.def(
+      "last_forward_seconds", [] { return last_forward_seconds; },
+      "Seconds the calling thread's last `forward` spent in the C++ call (python -m attn.bench --vs cpp).");
   m.def("time_forward", &time_forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("repeats"), ATTN_OPTION_ARGS,
         "attention_tiled `repeats` times, each timed in C++: seconds per call (python -m attn.bench --vs cpp).");
