@@ -273,10 +273,24 @@ def _needs_grad(q, k, v, sinks):
                                         (sinks is not None and sinks.requires_grad))
 
 
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
 def attention(q, k, v, *options, with_lse=True):
     """(out, lse) of attn::fwd, differentiable; the custom op under torch.compile, else the Function, or,
     when no gradient can flow (inference), the kernel alone, which skips lse (None) unless with_lse."""
-    if torch.compiler.is_compiling():
+    scale, causal, left, right, softcap, alibi, dropout_p, _, threads, sinks = options
+    if (not with_lse and alibi is None and sinks is None and dropout_p == 0 and q.is_cpu and k.is_cpu and v.is_cpu
+            and not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) and not _is_compiling()):
+        # The plain inference call in one frame, the general path's steps for it with the defaults left to
+        # the binding: after a kernel has evicted the interpreter's working set, every frame and object
+        # of the path is paid in cache misses (docs/python.md, "Speed").
+        out = _out_for(q, v)
+        _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), None, softmax_scale=scale, causal=causal, window_left=left,
+                   window_right=right, softcap=softcap, num_threads=threads)
+        return out, None
+    if _is_compiling():
         return fwd(q, k, v, *options)
     require_cpu("attn.flash_attn_func", q, k, v)
     if not _needs_grad(q, k, v, options[-1]):

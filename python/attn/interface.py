@@ -8,6 +8,18 @@ from . import _C
 from ._threads import get_num_threads
 
 
+_ops = None
+
+
+def _torch_ops():
+    """attn._ops, imported on the first call with torch tensors: NumPy callers never import torch."""
+    global _ops
+    if _ops is None:
+        from . import _ops as ops
+        _ops = ops
+    return _ops
+
+
 def _window(window_size) -> Tuple[int, int]:
     left, right = window_size
     return int(left), int(right)
@@ -69,8 +81,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     if type(q).__module__ == "numpy":
         out, lse = _numpy_forward(q, k, v, opts)
     else:
-        from . import _ops  # torch is needed only for torch tensors
-        out, lse = _ops.attention(q, k, v, *opts, with_lse=return_attn_probs)
+        out, lse = _torch_ops().attention(q, k, v, *opts, with_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs, opts, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
 
 
@@ -98,7 +109,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (batch, max_blocks), k and v are a paged cache (num_blocks, page_size, nheads_k, headdim), any
     page_size >= 1, sequence b's key j in block block_table[b, j // page_size] at slot j % page_size,
     cu_seqlens_k giving the key counts; this form is inference only (no gradient)."""
-    from . import _ops
+    _ops = _torch_ops()
     opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks)
     if block_table is not None:
         out, lse = _ops.varlen_paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *opts)
@@ -153,7 +164,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     are shared, and k, v are quantized with them; per-token scales of the appended positions are
     computed (amax / 127, 448, 57344) and written into k_scale, v_scale (docs/decode.md)."""
     import torch
-    from . import _ops
+    _ops = _torch_ops()
     _ops.require_cpu("attn.flash_attn_with_kvcache", q, k_cache, v_cache)
     cache_type = _QUANTIZED.get(k_cache.dtype, "")
     if cache_type:
