@@ -318,6 +318,23 @@ TYPED_TEST(Edges, NanOrInfInAValueRowStaysInTheRowsThatSeeIt) {
   }
 }
 
+// With a left window of 1 (row i sees keys i - 1 and i), key 3 is seen by rows 3 and 4 only: rows on
+// both sides of it, and in the tiled kernel's 4-row blocks rows whose first visible key differs, so that
+// the keys below every row's window and those past it are both walked with per-row checks.
+TYPED_TEST(Edges, NanOrInfInAKeyOrValueRowStaysInTheWindowThatSeesIt) {
+  using T = TypeParam;
+  for (double bad : {double(NAN), double(INFINITY)}) {
+    AttentionOptions o;
+    o.causal = true;
+    o.window_left = 1;
+    const auto sees = [](auto b, auto i, auto h) { return b == 0 && (i == 3 || i == 4) && h >= 2; };
+    expect_confined<T>(
+        "a non-finite v entry", [bad](auto&, auto&, auto& v) { v.at(0, 3, 1, 2) = detail::store<T>(bad); }, sees, o);
+    expect_confined<T>(
+        "a non-finite k entry", [bad](auto&, auto& k, auto&) { k.at(0, 3, 1, 2) = detail::store<T>(bad); }, sees, o);
+  }
+}
+
 // What a row that reads a NaN gets must not depend on the algorithm, the tile size or the split count
 // (docs/robustness.md): the NaN propagates to that row's output (never a finite value that silently
 // ignores the key, nor the fully-masked answer out = 0, lse = -inf).
