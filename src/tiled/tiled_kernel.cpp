@@ -232,12 +232,11 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
   // element by element, one row's misses at a time, they cost 10% of this function at causal seq 1024.
   // The row kQAhead ahead is requested while this one is transposed.
   constexpr std::size_t kQAhead = 8;
-  for (std::size_t r = 0; r < std::min(kQAhead, real); ++r)
-    PrefetchRowAt(row_ptr<const T>(p.q, b, query_of(r), head_of(r)), p.q, dim);
+  auto q_row = [&](std::size_t r) { return row_ptr<const T>(p.q, b, query_of(r), head_of(r)); };
+  for (std::size_t r = 0; r < std::min(kQAhead, real); ++r) PrefetchRowAt(q_row(r), p.q, dim);
   for (std::size_t r = 0; r < real; ++r) {
-    if (r + kQAhead < real)
-      PrefetchRowAt(row_ptr<const T>(p.q, b, query_of(r + kQAhead), head_of(r + kQAhead)), p.q, dim);
-    const T* src = row_ptr<const T>(p.q, b, query_of(r), head_of(r));
+    if (r + kQAhead < real) PrefetchRowAt(q_row(r + kQAhead), p.q, dim);
+    const T* src = q_row(r);
     if constexpr (kMayDp) {
       if (use_dp) {
         auto* qt2 = reinterpret_cast<std::uint32_t*>(w.qt);  // [dim2][R] fits in [dim][R] floats

@@ -33,9 +33,9 @@ constexpr int kRegs = 32;
 #else
 constexpr int kRegs = 16;
 #endif
-// Scores: RK keys x QV query vectors of accumulators (24 of 32 registers, or 12 of 16), plus QV loads
-// and one broadcast: 6 x 4 + 4 + 1 of 32, 4 x 3 + 3 + 1 of 16 (3 x 4 + 4 + 1 would be 17, and GCC
-// then reads three of the four q vectors from memory for every key: 13 loads per 12 FMAs instead of 7).
+// Scores: RK keys x QV query vectors of accumulators, plus QV loads and one broadcast: 6 x 4 + 4 + 1
+// of 32 registers, 3 x 3 + 3 + 1 of 16 (3 x 4 + 4 + 1 would be 17, and GCC then reads three of the four
+// q vectors from memory for every key: 13 loads per 12 FMAs; 4 x 3 + 3 + 1 = 16 spills an accumulator).
 // o-update: kPvRows query rows x up to kMaxCv vectors of d.
 constexpr int kRK = kRegs == 32 ? 6 : 3;
 constexpr int kQV = kRegs == 32 ? 4 : 3;
