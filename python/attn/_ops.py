@@ -51,7 +51,7 @@ def _sink_grad(sinks: Optional[Tensor], dsink: Optional[Tensor]) -> Tensor:
 
 def _out_for(q, v):
     """The output: q's shape with v's head dim (DeepSeek's 192 / 128), allocated like q as flash-attn does."""
-    if v.shape[-1] == q.shape[-1]:
+    if v.size(-1) == q.size(-1):  # ints, cheaper than comparing two torch.Size objects
         return torch.empty_like(q)
     return q.new_empty(q.shape[:-1] + v.shape[-1:])
 
@@ -277,19 +277,24 @@ _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 
 
+def inference_forward(q, k, v, softmax_scale, causal, window_size, softcap, threads):
+    """out of flash_attn_func's plain inference call (no gradient can flow, no dropout, ALiBi, sinks or lse),
+    in one frame called straight from flash_attn_func, or None when the call is not that one. After a kernel
+    has evicted the interpreter's working set, every frame and object of a path is paid in cache misses
+    (docs/python.md, "Speed"), so this path builds no options tuple and leaves the defaults to the binding."""
+    if (type(q) is not Tensor or not (q.is_cpu and k.is_cpu and v.is_cpu) or _is_compiling() or
+            (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+        return None
+    left, right = window_size
+    out = _out_for(q, v)
+    _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), None, softmax_scale=softmax_scale, causal=bool(causal),
+               window_left=left, window_right=right, softcap=softcap, num_threads=threads)
+    return out
+
+
 def attention(q, k, v, *options, with_lse=True):
     """(out, lse) of attn::fwd, differentiable; the custom op under torch.compile, else the Function, or,
     when no gradient can flow (inference), the kernel alone, which skips lse (None) unless with_lse."""
-    scale, causal, left, right, softcap, alibi, dropout_p, _, threads, sinks = options
-    if (not with_lse and alibi is None and sinks is None and dropout_p == 0 and q.is_cpu and k.is_cpu and v.is_cpu
-            and not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) and not _is_compiling()):
-        # The plain inference call in one frame, the general path's steps for it with the defaults left to
-        # the binding: after a kernel has evicted the interpreter's working set, every frame and object
-        # of the path is paid in cache misses (docs/python.md, "Speed").
-        out = _out_for(q, v)
-        _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), None, softmax_scale=scale, causal=causal, window_left=left,
-                   window_right=right, softcap=softcap, num_threads=threads)
-        return out, None
     if _is_compiling():
         return fwd(q, k, v, *options)
     require_cpu("attn.flash_attn_func", q, k, v)

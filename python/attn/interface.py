@@ -5,6 +5,7 @@ NumPy arrays are accepted by flash_attn_func (forward only). docs/python.md list
 from typing import Optional, Tuple
 
 from . import _C
+from . import _threads
 from ._threads import get_num_threads
 
 
@@ -77,6 +78,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     deterministic whatever `deterministic` says. sinks (an attn addition, gpt-oss's attention sinks):
     float32 (nheads,), one logit per head in every row's softmax denominator, differentiable; the lse
     then includes it (docs/sinks.md)."""
+    if not (dropout_p or return_attn_probs) and alibi_slopes is None and sinks is None and _ops is not None:
+        out = _ops.inference_forward(q, k, v, softmax_scale, causal, window_size, softcap, _threads._num_threads)
+        if out is not None:
+            return out
     opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks)
     if type(q).__module__ == "numpy":
         out, lse = _numpy_forward(q, k, v, opts)

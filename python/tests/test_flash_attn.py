@@ -249,6 +249,21 @@ def test_inference_calls_match_the_autograd_path():
     assert torch.equal(plain, with_grad.detach()) and torch.equal(detached, plain) and torch.equal(plain_lse, lse)
 
 
+def test_inference_path_takes_the_argument_forms_the_general_path_takes():
+    """flash_attn_func's plain inference call runs its own short path (attn._ops.inference_forward); the
+    loose argument forms flash-attn accepts (an int causal, an int or NumPy scale, a list window, an int
+    softcap, a tensor subclass) must give the general path's result (return_attn_probs takes that one)."""
+    import numpy as np
+    q, k, v = (t.detach() for t in random_qkv(1, 33, 45, 4, 2, 32, torch.float32, seed=8))
+    forms = [dict(causal=1), dict(softmax_scale=1), dict(softmax_scale=np.float32(0.3)),
+             dict(window_size=[5, 0]), dict(window_size=(np.int64(3), np.int64(2))), dict(softcap=2)]
+    for kw in forms:
+        general = attn.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[0]
+        assert torch.equal(attn.flash_attn_func(q, k, v, **kw), general), kw
+    param = torch.nn.Parameter(q.clone(), requires_grad=False)
+    assert torch.equal(attn.flash_attn_func(param, k, v), attn.flash_attn_func(q, k, v))
+
+
 def test_tensors_off_the_cpu_get_a_named_error():
     q = torch.empty(1, 8, 2, 16, device="meta")  # any non-CPU device: the check is the same for CUDA
     k = v = torch.randn(1, 8, 2, 16)
