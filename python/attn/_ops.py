@@ -257,6 +257,31 @@ class _VarlenAttention(torch.autograd.Function):
         return (dq, dk, dv, None, None) + _option_grads(ctx.options, dsink)
 
 
+def _cuda_forward(who, q, k, v, options, with_lse):
+    """(out, lse or None) of attn's CUDA backend (attn._C.forward_cuda), on torch's current stream of q's
+    device. Inference only: that backend has no backward, so a call through which a gradient could flow
+    is an error, not a result without gradients."""
+    scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = options
+    if not _C.has_cuda:
+        raise _C.AttnError(f"{who}: q: is a CUDA tensor, and this build of attn has no CUDA backend (build the "
+                           "package with it: pip install . -C cmake.define.ATTN_CUDA=ON, docs/python.md)")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise _C.AttnError(f"{who}: {name}: must be on q's device {q.device}, got {t.device}")
+    if _needs_grad(q, k, v, sinks):
+        raise _C.AttnError(f"{who}: q: the CUDA backend has no backward pass: call it under torch.no_grad() or "
+                           "with tensors that do not require grad")
+    with torch.cuda.device(q.device):
+        b, sq, h, _ = q.shape
+        out = _out_for(q, v)
+        lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if with_lse else None
+        _C.forward_cuda(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), stream=torch.cuda.current_stream().cuda_stream,
+                        softmax_scale=scale, causal=causal, window_left=left, window_right=right, softcap=softcap,
+                        alibi_slopes=_dl_opt(alibi), dropout_p=dropout_p, seed=seed, num_threads=threads,
+                        sinks=_dl_opt(sinks))
+    return out, lse
+
+
 def require_cpu(who, q, k, v):
     """attn's kernels in this package run on the CPU: a tensor elsewhere gets a named error, not a crash.
     Tensor.is_cpu first: it costs about a tenth of building each tensor's device object."""
@@ -264,8 +289,9 @@ def require_cpu(who, q, k, v):
         return
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cpu":
-            raise _C.AttnError(f"{who}: {name}: must be a CPU tensor, got one on {t.device} (the package runs "
-                               "attn's CPU kernels; CUDA tensors are not supported yet)")
+            raise _C.AttnError(f"{who}: {name}: must be a CPU tensor, got one on {t.device} (this function runs "
+                               "attn's CPU kernels; CUDA tensors reach the CUDA backend through flash_attn_func "
+                               "and its packed forms, for inference: docs/python.md)")
 
 
 def _needs_grad(q, k, v, sinks):
@@ -297,6 +323,8 @@ def attention(q, k, v, *options, with_lse=True):
     when no gradient can flow (inference), the kernel alone, which skips lse (None) unless with_lse."""
     if _is_compiling():
         return fwd(q, k, v, *options)
+    if q.is_cuda:
+        return _cuda_forward("attn.flash_attn_func", q, k, v, options, with_lse)
     require_cpu("attn.flash_attn_func", q, k, v)
     if not _needs_grad(q, k, v, options[-1]):
         return _fwd_eager(q, k, v, *options, with_lse=with_lse)

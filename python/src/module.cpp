@@ -26,50 +26,26 @@
 #include "attn/io_model.hpp"
 #include "attn/merge.hpp"
 #include "attn/varlen.hpp"
+#include "views.hpp"
 
 namespace nb = nanobind;
+
+#ifdef ATTN_HAS_CUDA
+namespace attn_py {
+void register_cuda(nb::module_& m);  // cuda.cpp
+}
+#endif
 
 namespace {
 
 using Array = nb::ndarray<nb::device::cpu>;
+using Options = attn_py::BasicOptions<Array>;
 using attn::TensorView;
+using attn_py::dtype_of;
+using attn_py::reject;
+using attn_py::view_of;
 
 PyObject* attn_error = nullptr;
-
-[[noreturn]] void reject(const char* who, const char* arg, const std::string& rule) {
-  throw std::invalid_argument(std::string(who) + ": " + arg + ": " + rule);
-}
-
-attn::DType dtype_of(const char* who, const char* arg, const Array& a) {
-  const nb::dlpack::dtype t = a.dtype();
-  if (t == nb::dtype<double>()) return attn::DType::f64;
-  if (t == nb::dtype<float>()) return attn::DType::f32;
-  if (t.lanes == 1 && t.bits == 16 && t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat))
-    return attn::DType::bf16;
-  if (t.lanes == 1 && t.bits == 16 && t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float))
-    return attn::DType::f16;
-  reject(who, arg, "dtype must be float64, float32, bfloat16 or float16");
-}
-
-// The array as a view of rank `rank`. With `leading_one`, one dimension fewer is taken as a leading 1
-// (varlen's lse: flash-attn's [heads, total_q] is attn's [1, heads, total_q]).
-TensorView view_of(const char* who, const char* arg, const Array& a, int rank, bool leading_one = false) {
-  TensorView v;
-  v.dtype = dtype_of(who, arg, a);
-  v.data = a.data();
-  const int given = static_cast<int>(a.ndim());
-  const int lead = rank - given;
-  if (lead != 0 && !(leading_one && lead == 1))
-    reject(who, arg, "must have " + std::to_string(rank) + " dimensions, got " + std::to_string(given));
-  v.rank = rank;
-  for (int i = 0; i < lead; ++i) v.shape[i] = 1, v.strides[i] = 0;
-  for (int i = 0; i < given; ++i) {
-    v.shape[lead + i] = static_cast<std::int64_t>(a.shape(i));
-    v.strides[lead + i] = a.stride(i);
-  }
-  if (rank == 3) v.shape[3] = 1, v.strides[3] = 1;
-  return v;
-}
 
 // A quantized cache's codes: a 4-D uint8 array (the Python layer views torch's int8 and float8 tensors
 // as uint8, which every DLPack exporter supports) and the type they hold ("i8", "fp8_e4m3", "fp8_e5m2").
@@ -136,56 +112,6 @@ attn::VarlenPages pages_of(const char* who, const Array& bt, std::int64_t batch)
   const auto max_pages = static_cast<std::int64_t>(bt.shape(1));
   return {static_cast<const std::int32_t*>(bt.data()), max_pages, bt.shape(0) > 1 ? bt.stride(0) : max_pages};
 }
-
-// The keyword options every call shares, as flash-attn names them.
-struct Options {
-  std::optional<double> softmax_scale;
-  bool causal = false;
-  std::int64_t window_left = -1, window_right = -1;
-  double softcap = 0;
-  std::optional<Array> alibi_slopes;
-  double dropout_p = 0;
-  std::uint64_t seed = 0, offset = 0;
-  int num_threads = 0;
-  std::optional<Array> sinks;
-
-  // alibi_slopes: f32 [heads] (shared by the batch) or [batch, heads], unit stride along heads; sinks:
-  // f32 [heads] with unit stride, heads being q's (dimension -2 of rank-4 or packed rank-3 q).
-  attn::AttentionOptions resolve(const char* who, const Array& q) const {
-    attn::AttentionOptions o;
-    o.softmax_scale = softmax_scale;
-    o.causal = causal;
-    o.window_left = window_left;
-    o.window_right = window_right;
-    o.softcap = softcap;
-    o.num_threads = num_threads;
-    o.dropout_p = dropout_p;
-    o.dropout_seed = seed;
-    o.dropout_offset = offset;
-    if (alibi_slopes) {
-      const Array& a = *alibi_slopes;
-      if (a.dtype() != nb::dtype<float>() || a.ndim() < 1 || a.ndim() > 2 ||
-          (a.shape(a.ndim() - 1) > 1 && a.stride(a.ndim() - 1) != 1))
-        reject(who, "alibi_slopes", "must be float32 [heads] or [batch, heads] with unit stride along heads");
-      o.alibi_slopes = static_cast<const float*>(a.data());
-      o.alibi_batch_stride = a.ndim() == 2 && a.shape(0) > 1 ? a.stride(0) : 0;
-    }
-    if (sinks) {
-      const Array& a = *sinks;
-      const std::size_t heads = q.ndim() >= 2 ? q.shape(q.ndim() - 2) : 0;
-      if (a.dtype() != nb::dtype<float>() || a.ndim() != 1 || a.shape(0) != heads || (heads > 1 && a.stride(0) != 1))
-        reject(who, "sinks", "must be float32 [heads = " + std::to_string(heads) + "] with unit stride");
-      o.sinks = static_cast<const float*>(a.data());
-    }
-    return o;
-  }
-};
-
-#define ATTN_OPTION_ARGS                                                                                             \
-  nb::kw_only(), nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1,      \
-                 nb::arg("window_right") = -1, nb::arg("softcap") = 0.0, nb::arg("alibi_slopes") = nb::none(),       \
-                 nb::arg("dropout_p") = 0.0, nb::arg("seed") = 0, nb::arg("offset") = 0, nb::arg("num_threads") = 0, \
-                 nb::arg("sinks") = nb::none()
 
 // How long the calling thread's last `forward` spent in the C++ call (validation, planning, kernel), in
 // seconds: `python -m attn.bench --vs cpp` subtracts it from the same Python call's wall time, so the
@@ -462,6 +388,12 @@ NB_MODULE(_C, m) {
       PyErr_SetString(attn_error, e.what());
     }
   });
+#ifdef ATTN_HAS_CUDA
+  attn_py::register_cuda(m);
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("algorithm") = "tiled", nb::arg("q_tile") = 0, nb::arg("k_tile") = 0, nb::arg("num_splits") = 1,
         ATTN_OPTION_ARGS,

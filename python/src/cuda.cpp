@@ -1,0 +1,51 @@
+// attn._C's CUDA bindings, compiled when the package is built with the CUDA backend (ATTN_CUDA=ON in
+// CMake: docs/python.md). torch CUDA tensors reach attn::cuda's entry points (include/attn/cuda.hpp)
+// as DLPack capsules, zero-copy, on the stream the Python side passes (torch's current stream of the
+// tensors' device, which it makes current). Inference only: the CUDA backend has no backward.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "attn/cuda.hpp"
+#include "views.hpp"
+
+namespace attn_py {
+namespace {
+
+using CudaArray = nb::ndarray<nb::device::cuda>;
+
+attn::cuda::Stream stream_of(std::uintptr_t stream) { return reinterpret_cast<attn::cuda::Stream>(stream); }
+
+// out (and lse [batch, heads, seqlen_q] f32, or None) from q, k, v: attn::cuda::attention, queued on
+// `stream` (a cudaStream_t as an integer; 0 = the legacy default stream).
+void forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
+                  std::optional<CudaArray> lse, std::uintptr_t stream, std::optional<double> scale, bool causal,
+                  std::int64_t wl, std::int64_t wr, double softcap, std::optional<CudaArray> alibi, double dropout_p,
+                  std::uint64_t seed, std::uint64_t offset, int threads, std::optional<CudaArray> sinks) {
+  const char* who = "attn.forward_cuda";
+  const attn::AttentionOptions o =
+      BasicOptions<CudaArray>{scale,     causal, wl,     wr,      softcap,         std::move(alibi),
+                              dropout_p, seed,   offset, threads, std::move(sinks)}
+          .resolve(who, q);
+  const TensorView qv = view_of(who, "q", q, 4), kv = view_of(who, "k", k, 4), vv = view_of(who, "v", v, 4),
+                   ov = view_of(who, "out", out, 4);
+  TensorView lv;
+  if (lse) lv = view_of(who, "lse", *lse, 3);
+  nb::gil_scoped_release unlocked;
+  attn::cuda::attention(qv, kv, vv, ov, o, lse ? &lv : nullptr, stream_of(stream));
+}
+
+}  // namespace
+
+void register_cuda(nb::module_& m) {
+  m.def("forward_cuda", &forward_cuda, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
+        nb::arg("stream") = 0, ATTN_OPTION_ARGS,
+        "attn::cuda::attention into out and lse on CUDA tensors (rank-4 q, k, v, out; lse [batch, heads, seqlen_q] "
+        "f32 or None), queued on `stream`.");
+  m.def("cuda_device_count", &attn::cuda::device_count, "CUDA devices usable now (0 without a driver or device).");
+}
+
+}  // namespace attn_py

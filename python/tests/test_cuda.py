@@ -1,0 +1,65 @@
+"""flash_attn_func on CUDA tensors: attn's CUDA backend (bf16/f16, head dims 64, 128 and 256, inference
+only) against the f64 reference, with flash-attn's 2x rule for outputs. Skipped where there is no GPU
+or the package was built without the CUDA backend; scripts/gpu-check runs it on a lent GPU."""
+import pytest
+import torch
+
+import attn
+from test_flash_attn import SLACK, attention_ref, check_rule
+
+needs_gpu = pytest.mark.skipif(not (attn._C.has_cuda and torch.cuda.is_available()),
+                               reason="needs a CUDA GPU and the package built with ATTN_CUDA=ON")
+
+CASES = [(113, 203, 64), (128, 128, 128), (1, 239, 128), (97, 300, 256)]
+MASKS = ["none", "causal", "local", "softcap", "alibi"]
+
+
+def cuda_qkv(sq, sk, h, hk, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *s: torch.randn(*s, generator=g).to(dtype)
+    return make(2, sq, h, d), make(2, sk, hk, d), make(2, sk, hk, d)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("mask", MASKS)
+def test_cuda_forward_within_twice_the_textbook_error(dtype, case, mask):
+    sq, sk, d = case
+    q, k, v = cuda_qkv(sq, sk, 4, 2, d, dtype, seed=sq + d)
+    kw = {"causal": mask in ("causal", "alibi")}
+    if mask == "local":
+        kw["window_size"] = (17, 5)
+    if mask == "softcap":
+        kw["softcap"] = 2.5
+    if mask == "alibi":
+        kw["alibi_slopes"] = torch.rand(2, 4, dtype=torch.float32) * 0.3
+    dev = {key: (t.cuda() if torch.is_tensor(t) else t) for key, t in kw.items()}
+    out, lse, _ = attn.flash_attn_func(q.cuda(), k.cuda(), v.cuda(), return_attn_probs=True, **dev)
+    assert out.is_cuda and out.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (2, 4, sq)
+    ref = attention_ref(q, k, v, **kw)
+    textbook = attention_ref(q, k, v, upcast=False, **kw)
+    check_rule(out.cpu(), ref, textbook, 2, dtype, "out")
+    cpu_out, cpu_lse, _ = attn.flash_attn_func(q.float(), k.float(), v.float(), return_attn_probs=True, **kw)
+    torch.testing.assert_close(lse.cpu(), cpu_lse, rtol=1e-3, atol=1e-3)
+
+
+@needs_gpu
+def test_cuda_packed_forms_and_the_plain_call():
+    q, k, v = (t.cuda() for t in cuda_qkv(64, 64, 4, 4, 128, torch.bfloat16, seed=3))
+    plain = attn.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(attn.flash_attn_qkvpacked_func(torch.stack((q, k, v), dim=2), causal=True), plain)
+    assert torch.equal(attn.flash_attn_kvpacked_func(q, torch.stack((k, v), dim=2), causal=True), plain)
+
+
+@needs_gpu
+def test_cuda_bad_input_gets_a_named_error_and_no_gradient_is_faked():
+    q, k, v = (t.cuda() for t in cuda_qkv(16, 16, 2, 2, 64, torch.bfloat16, seed=4))
+    with pytest.raises(attn.AttnError, match="k: must be on q's device"):
+        attn.flash_attn_func(q, k.cpu(), v)
+    with pytest.raises(attn.AttnError, match="no backward pass"):
+        attn.flash_attn_func(q.requires_grad_(), k, v)
+    with pytest.raises(attn.AttnError, match="head_dim"):
+        attn.flash_attn_func(*(t[..., :48].contiguous() for t in (q.detach(), k, v)))
+    with pytest.raises(attn.AttnError, match="dropout"):
+        attn.flash_attn_func(q.detach(), k, v, dropout_p=0.1)
