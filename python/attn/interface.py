@@ -1,7 +1,10 @@
 """flash-attn 2.8's functions (flash_attn_interface.py), same signatures, defaults and return values,
-on attn's CPU kernels. Inputs are torch tensors on the CPU (f64, f32, bf16, f16, any strides: packed
+on attn's CPU kernels (and on its CUDA backend for CUDA tensors, in a build that has it: flash_attn_func
+and its packed forms, inference only). Inputs are torch tensors on the CPU (f64, f32, bf16, f16, any strides: packed
 qkv and kv are passed as views, without a copy); every function but the kvcache one is differentiable.
-NumPy arrays are accepted by flash_attn_func (forward only). docs/python.md lists what differs."""
+NumPy arrays, and other frameworks' CPU arrays through DLPack, are accepted by flash_attn_func (forward
+only; it returns NumPy arrays for them). docs/python.md lists what differs."""
+import sys
 from typing import Optional, Tuple
 
 from . import _C
@@ -60,6 +63,29 @@ def _result(out, lse, return_attn_probs, opts, mask_shape):
     return out, lse, mask
 
 
+def _other_dlpack(x) -> bool:
+    """An array of another framework that speaks DLPack (JAX, CuPy, ...): not a torch tensor, not NumPy."""
+    torch = sys.modules.get("torch")
+    return hasattr(x, "__dlpack__") and not (torch is not None and isinstance(x, torch.Tensor))
+
+
+def _as_numpy(who, **arrays):
+    """The arrays as NumPy arrays, zero-copy through DLPack (numpy.from_dlpack) for other frameworks'; a
+    producer NumPy cannot take (not on the CPU, or bf16, which NumPy lacks) gets a named error."""
+    import numpy as np
+    out = []
+    for name, a in arrays.items():
+        if type(a).__module__ != "numpy":
+            try:
+                a = np.from_dlpack(a)
+            except (BufferError, RuntimeError, TypeError, ValueError) as e:
+                raise _C.AttnError(f"{who}: {name}: a DLPack array that NumPy cannot take ({e}): the package takes "
+                                   "torch tensors, NumPy arrays, or other frameworks' CPU arrays of float64, "
+                                   "float32 or float16") from None
+        out.append(a)
+    return out
+
+
 def _numpy_forward(q, k, v, opts):
     import numpy as np
     scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = opts
@@ -83,7 +109,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         if out is not None:
             return out
     opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks)
-    if type(q).__module__ == "numpy":
+    if type(q).__module__ == "numpy" or _other_dlpack(q):
+        q, k, v = _as_numpy("attn.flash_attn_func", q=q, k=k, v=v)
         out, lse = _numpy_forward(q, k, v, opts)
     else:
         out, lse = _torch_ops().attention(q, k, v, *opts, with_lse=return_attn_probs)

@@ -39,6 +39,9 @@ void register_cuda(nb::module_& m);  // cuda.cpp
 namespace {
 
 using Array = nb::ndarray<nb::device::cpu>;
+// Inputs the kernel only reads: also read-only arrays (a DLPack producer that marks its memory read-only,
+// as NumPy does for a legacy capsule).
+using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
 using Options = attn_py::BasicOptions<Array>;
 using attn::TensorView;
 using attn_py::dtype_of;
@@ -122,7 +125,7 @@ thread_local double last_forward_seconds = 0;
 // algorithm: "tiled" (the production kernel; q_tile/k_tile 0 = plan_tiles' choice), "reference" (the
 // textbook method, the oracle) or "splitk" (num_splits slices per row).
 // lse may be None (inference that does not return it).
-void forward(const Array& q, const Array& k, const Array& v, const Array& out, std::optional<Array> lse,
+void forward(const InArray& q, const InArray& k, const InArray& v, const Array& out, std::optional<Array> lse,
              const std::string& algorithm, std::int64_t q_tile, std::int64_t k_tile, std::int64_t num_splits,
              std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
              std::optional<Array> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads,

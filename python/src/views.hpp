@@ -41,7 +41,7 @@ template <class A>
 TensorView view_of(const char* who, const char* arg, const A& a, int rank, bool leading_one = false) {
   TensorView v;
   v.dtype = dtype_of(who, arg, a);
-  v.data = a.data();
+  v.data = const_cast<void*>(static_cast<const void*>(a.data()));  // read-only inputs too (nb::ro)
   const int given = static_cast<int>(a.ndim());
   const int lead = rank - given;
   if (lead != 0 && !(leading_one && lead == 1))
@@ -72,7 +72,8 @@ struct BasicOptions {
 
   // alibi_slopes: f32 [heads] (shared by the batch) or [batch, heads], unit stride along heads; sinks:
   // f32 [heads] with unit stride, heads being q's (dimension -2 of rank-4 or packed rank-3 q).
-  attn::AttentionOptions resolve(const char* who, const A& q) const {
+  template <class Q>
+  attn::AttentionOptions resolve(const char* who, const Q& q) const {
     attn::AttentionOptions o;
     o.softmax_scale = softmax_scale;
     o.causal = causal;

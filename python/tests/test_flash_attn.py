@@ -192,6 +192,32 @@ def test_numpy_inputs():
     assert isinstance(out, np.ndarray) and abs(out - ref.numpy()).max() <= 1e-12
 
 
+class _Producer:
+    """Another framework's array as far as attn can tell: only the DLPack protocol (a NumPy array inside)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_other_dlpack_producers():
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(1)
+    for dtype in (np.float64, np.float32, np.float16):
+        q, k, v = (rng.standard_normal((1, 19, 2, 16)).astype(dtype) for _ in range(3))
+        out = attn.flash_attn_func(_Producer(q), _Producer(k), _Producer(v), causal=True)
+        assert isinstance(out, np.ndarray) and out.dtype == dtype
+        assert np.array_equal(out, attn.flash_attn_func(q, k, v, causal=True))
+    bf16 = torch.from_numpy(k.astype(np.float32)).bfloat16()  # NumPy has no bf16: a named error, not a crash
+    with pytest.raises(attn.AttnError, match="flash_attn_func: k: a DLPack array that NumPy cannot take"):
+        attn.flash_attn_func(q, _Producer(bf16), v)
+
+
 def test_custom_ops_pass_opcheck():
     q, k, v = random_qkv(1, 12, 20, 2, 1, 8, torch.float32, seed=1)
     sinks = torch.tensor([0.5, -1.0], requires_grad=True)
