@@ -1,9 +1,9 @@
 """flash-attn 2.8's functions (flash_attn_interface.py), same signatures, defaults and return values,
-on attn's CPU kernels (and on its CUDA backend for CUDA tensors, in a build that has it: flash_attn_func
-and its packed forms, inference only). Inputs are torch tensors on the CPU (f64, f32, bf16, f16, any strides: packed
-qkv and kv are passed as views, without a copy); every function but the kvcache one is differentiable.
-NumPy arrays, and other frameworks' CPU arrays through DLPack, are accepted by flash_attn_func (forward
-only; it returns NumPy arrays for them). docs/python.md lists what differs."""
+on attn's CPU kernels, and on its CUDA backend for CUDA tensors in a build that has it (flash_attn_func
+and its packed forms, inference only). Inputs are torch tensors on the CPU (f64, f32, bf16, f16, any
+strides: packed qkv and kv are passed as views, without a copy); every function but the kvcache one is
+differentiable. NumPy arrays, and other frameworks' CPU arrays through DLPack, are accepted by
+flash_attn_func (forward only; it returns NumPy arrays for them). docs/python.md lists what differs."""
 import sys
 from typing import Optional, Tuple
 
