@@ -262,11 +262,9 @@ def _cuda_forward(who, q, k, v, options, with_lse):
     device. Inference only: that backend has no backward, so a call through which a gradient could flow
     is an error, not a result without gradients."""
     scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = options
-    if not _C.has_cuda:
-        raise _C.AttnError(f"{who}: q: is a CUDA tensor, and this build of attn has no CUDA backend (build the "
-                           "package with it: pip install . -C cmake.define.ATTN_CUDA=ON, docs/python.md)")
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
+    require_cuda(who, q, k, v)
+    for name, t in (("alibi_slopes", alibi), ("sinks", sinks)):
+        if t is not None and t.device != q.device:
             raise _C.AttnError(f"{who}: {name}: must be on q's device {q.device}, got {t.device}")
     if _needs_grad(q, k, v, sinks):
         raise _C.AttnError(f"{who}: q: the CUDA backend has no backward pass: call it under torch.no_grad() or "
@@ -275,11 +273,26 @@ def _cuda_forward(who, q, k, v, options, with_lse):
         b, sq, h, _ = q.shape
         out = _out_for(q, v)
         lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if with_lse else None
-        _C.forward_cuda(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), stream=torch.cuda.current_stream().cuda_stream,
+        _C.forward_cuda(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), stream=cuda_stream(q),
                         softmax_scale=scale, causal=causal, window_left=left, window_right=right, softcap=softcap,
                         alibi_slopes=_dl_opt(alibi), dropout_p=dropout_p, seed=seed, num_threads=threads,
                         sinks=_dl_opt(sinks))
     return out, lse
+
+
+def require_cuda(who, q, k, v, names=("k", "v")):
+    """q is a CUDA tensor: the build must have the CUDA backend, and k, v be on q's device."""
+    if not _C.has_cuda:
+        raise _C.AttnError(f"{who}: q: is a CUDA tensor, and this build of attn has no CUDA backend (build the "
+                           "package with it: pip install . -C cmake.define.ATTN_CUDA=ON, docs/python.md)")
+    for name, t in zip(names, (k, v)):
+        if t.device != q.device:
+            raise _C.AttnError(f"{who}: {name}: must be on q's device {q.device}, got {t.device}")
+
+
+def cuda_stream(t):
+    """torch's current stream of t's device, as the integer the CUDA bindings take."""
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def require_cpu(who, q, k, v):
@@ -290,8 +303,8 @@ def require_cpu(who, q, k, v):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cpu":
             raise _C.AttnError(f"{who}: {name}: must be a CPU tensor, got one on {t.device} (this function runs "
-                               "attn's CPU kernels; CUDA tensors reach the CUDA backend through flash_attn_func "
-                               "and its packed forms, for inference: docs/python.md)")
+                               "attn's CPU kernels; CUDA tensors reach the CUDA backend through flash_attn_func, "
+                               "its packed forms and flash_attn_with_kvcache: docs/python.md)")
 
 
 def _needs_grad(q, k, v, sinks):

@@ -195,9 +195,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (nheads_k,) (per kv head, vLLM's and FA3's convention), or a 0-d tensor (per tensor); the last two
     are shared, and k, v are quantized with them; per-token scales of the appended positions are
     computed (amax / 127, 448, 57344) and written into k_scale, v_scale (docs/decode.md)."""
+    import contextlib
     import torch
     _ops = _torch_ops()
-    _ops.require_cpu("attn.flash_attn_with_kvcache", q, k_cache, v_cache)
+    on_cuda = q.is_cuda  # attn's CUDA backend (docs/python.md, "CUDA tensors")
+    if on_cuda:
+        _ops.require_cuda("attn.flash_attn_with_kvcache", q, k_cache, v_cache, names=("k_cache", "v_cache"))
+    else:
+        _ops.require_cpu("attn.flash_attn_with_kvcache", q, k_cache, v_cache)
     cache_type = _QUANTIZED.get(k_cache.dtype, "")
     if cache_type:
         if k_scale is None or v_scale is None:
@@ -213,21 +218,33 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     batch, seqlen_q, heads, _ = q.shape
     if cache_seqlens is None:
         full = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-        cache_seqlens = torch.full((batch,), full, dtype=torch.int32)
+        cache_seqlens = torch.full((batch,), full, dtype=torch.int32, device=q.device)
     elif isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32)
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     left, right = _window(window_size)
-    out = torch.empty(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype)  # v's head dim (MLA: 512 of 576)
-    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32)
+    # v's head dim (MLA: 512 of 576)
+    out = torch.empty(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32,
+                      device=q.device)
     detach = lambda t: None if t is None else t.detach()
-    _C.kvcache(detach(q), detach(k_cache), detach(v_cache), out, lse if return_softmax_lse else None, cache_seqlens,
+    if on_cuda:  # every array on q's device: the binding takes CUDA arrays only (a named error, not a TypeError)
+        arrays = dict(k=k, v=v, cache_seqlens=cache_seqlens, block_table=block_table, cache_batch_idx=cache_batch_idx,
+                      cache_leftpad=cache_leftpad, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                      alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+        for name, t in arrays.items():
+            if t is not None and t.device != q.device:
+                raise _C.AttnError(f"attn.flash_attn_with_kvcache: {name}: must be on q's device {q.device}, "
+                                   f"got {t.device}")
+    kernel, extra = (_C.kvcache_cuda, dict(stream=_ops.cuda_stream(q))) if on_cuda else (_C.kvcache, {})
+    with torch.cuda.device(q.device) if on_cuda else contextlib.nullcontext():
+        kernel(detach(q), detach(k_cache), detach(v_cache), out, lse if return_softmax_lse else None, cache_seqlens,
                block_table, detach(k), detach(v), cache_batch_idx, cache_leftpad, to_table(rotary_cos),
                to_table(rotary_sin), bool(rotary_interleaved), num_splits=int(num_splits),
                keys_per_split=int(keys_per_split),
                softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
                window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
                num_threads=get_num_threads(), sinks=detach(sinks), k_scale=k_scale, v_scale=v_scale,
-               cache_type=cache_type)
+               cache_type=cache_type, **extra)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -1,15 +1,18 @@
 // attn._C's CUDA bindings, compiled when the package is built with the CUDA backend (ATTN_CUDA=ON in
 // CMake: docs/python.md). torch CUDA tensors reach attn::cuda's entry points (include/attn/cuda.hpp)
 // as DLPack capsules, zero-copy, on the stream the Python side passes (torch's current stream of the
-// tensors' device, which it makes current). Inference only: the CUDA backend has no backward.
+// tensors' device, which it makes current): the forward and the kvcache call. Inference only: the CUDA
+// backend has no backward.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <optional>
 
 #include "attn/cuda.hpp"
+#include "decode_args.hpp"
 #include "views.hpp"
 
 namespace attn_py {
@@ -38,6 +41,30 @@ void forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, co
   attn::cuda::attention(qv, kv, vv, ov, o, lse ? &lv : nullptr, stream_of(stream));
 }
 
+// flash_attn_with_kvcache on CUDA tensors: attn::cuda::attention_decode (what it rejects -- cache_batch_idx,
+// cache_leftpad, rotary, quantized caches, keys_per_split -- it rejects by name). Reading cache_seqlens and
+// the block table for validation copies them to the host and synchronises `stream`.
+void kvcache_cuda(const CudaArray& q, const CudaArray& k_cache, const CudaArray& v_cache, const CudaArray& out,
+                  std::optional<CudaArray> lse, const CudaArray& cache_seqlens, std::optional<CudaArray> block_table,
+                  std::optional<CudaArray> k_new, std::optional<CudaArray> v_new, std::optional<CudaArray> batch_idx,
+                  std::optional<CudaArray> leftpad, std::optional<CudaArray> rotary_cos,
+                  std::optional<CudaArray> rotary_sin, bool rotary_interleaved, std::int64_t num_splits,
+                  std::int64_t keys_per_split, std::uintptr_t stream, std::optional<double> scale, bool causal,
+                  std::int64_t wl, std::int64_t wr, double softcap, std::optional<CudaArray> alibi, double dropout_p,
+                  std::uint64_t seed, std::uint64_t offset, int threads, std::optional<CudaArray> sinks,
+                  std::optional<CudaArray> k_scale, std::optional<CudaArray> v_scale, std::string cache_type) {
+  const char* who = "attn.kvcache_cuda";
+  const attn::AttentionOptions o =
+      BasicOptions<CudaArray>{scale,     causal, wl,     wr,      softcap,         std::move(alibi),
+                              dropout_p, seed,   offset, threads, std::move(sinks)}
+          .resolve(who, q);
+  const DecodeCall<CudaArray> c(who, q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_new, v_new, batch_idx,
+                                leftpad, rotary_cos, rotary_sin, rotary_interleaved, num_splits, keys_per_split,
+                                k_scale, v_scale, cache_type);
+  nb::gil_scoped_release unlocked;
+  attn::cuda::attention_decode(c.q, c.cache, c.out, o, c.dec, c.lse_ptr(), stream_of(stream));
+}
+
 }  // namespace
 
 void register_cuda(nb::module_& m) {
@@ -45,6 +72,14 @@ void register_cuda(nb::module_& m) {
         nb::arg("stream") = 0, ATTN_OPTION_ARGS,
         "attn::cuda::attention into out and lse on CUDA tensors (rank-4 q, k, v, out; lse [batch, heads, seqlen_q] "
         "f32 or None), queued on `stream`.");
+  m.def("kvcache_cuda", &kvcache_cuda, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
+        nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
+        nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved") = false,
+        nb::arg("num_splits") = 0, nb::arg("keys_per_split") = 0, nb::arg("stream") = 0, ATTN_OPTION_ARGS,
+        nb::arg("k_scale").none() = nb::none(), nb::arg("v_scale").none() = nb::none(), nb::arg("cache_type") = "",
+        "attn::cuda::attention_decode over a KV cache of CUDA tensors (flash_attn_with_kvcache), appending "
+        "k_new/v_new in place, queued on `stream`.");
   m.def("cuda_device_count", &attn::cuda::device_count, "CUDA devices usable now (0 without a driver or device).");
 }
 

@@ -26,6 +26,7 @@
 #include "attn/io_model.hpp"
 #include "attn/merge.hpp"
 #include "attn/varlen.hpp"
+#include "decode_args.hpp"
 #include "views.hpp"
 
 namespace nb = nanobind;
@@ -45,44 +46,13 @@ using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
 using Options = attn_py::BasicOptions<Array>;
 using attn::TensorView;
 using attn_py::dtype_of;
+using attn_py::int32_data;
+using attn_py::pages_of;
+using attn_py::quantized_view_of;
 using attn_py::reject;
 using attn_py::view_of;
 
 PyObject* attn_error = nullptr;
-
-// A quantized cache's codes: a 4-D uint8 array (the Python layer views torch's int8 and float8 tensors
-// as uint8, which every DLPack exporter supports) and the type they hold ("i8", "fp8_e4m3", "fp8_e5m2").
-TensorView quantized_view_of(const char* who, const char* arg, const Array& a, const std::string& type) {
-  if (a.dtype() != nb::dtype<std::uint8_t>()) reject(who, arg, "a quantized cache's codes must come as uint8");
-  const attn::DType t =
-      type == "i8"         ? attn::DType::i8
-      : type == "fp8_e4m3" ? attn::DType::fp8_e4m3
-      : type == "fp8_e5m2"
-          ? attn::DType::fp8_e5m2
-          : (reject(who, "cache_type", "must be i8, fp8_e4m3 or fp8_e5m2, got " + type), attn::DType::i8);
-  if (a.ndim() != 4) reject(who, arg, "must have 4 dimensions, got " + std::to_string(a.ndim()));
-  TensorView v;
-  v.dtype = t;
-  v.data = a.data();
-  v.rank = 4;
-  for (int i = 0; i < 4; ++i) {
-    v.shape[i] = static_cast<std::int64_t>(a.shape(i));
-    v.strides[i] = a.stride(i);
-  }
-  return v;
-}
-
-// `want_name` says what `want` counts ("batch", "batch + 1").
-const std::int32_t* int32_data(const char* who, const char* arg, const Array& a, std::int64_t want,
-                               const char* want_name = "batch") {
-  if (a.dtype() != nb::dtype<std::int32_t>() || a.ndim() != 1 || (a.shape(0) > 1 && a.stride(0) != 1))
-    reject(who, arg, "must be a contiguous 1-D int32 array");
-  if (static_cast<std::int64_t>(a.shape(0)) != want)
-    reject(who, arg,
-           std::string("must hold ") + want_name + " = " + std::to_string(want) + " entries, got " +
-               std::to_string(a.shape(0)));
-  return static_cast<const std::int32_t*>(a.data());
-}
 
 // The batch of a varlen call, from its cu_seqlens arrays (batch + 1 int32 offsets each).
 struct VarlenBatch {
@@ -105,15 +75,6 @@ TensorView sink_grad_view(const char* who, const Array& a) {
   v.shape = {1, static_cast<std::int64_t>(a.shape(0)), 1, 1};
   v.strides = {0, a.stride(0), 1, 1};
   return v;
-}
-
-// A block table: int32 [batch, max_pages], unit stride along pages (any row stride).
-attn::VarlenPages pages_of(const char* who, const Array& bt, std::int64_t batch) {
-  if (bt.dtype() != nb::dtype<std::int32_t>() || bt.ndim() != 2 || (bt.shape(1) > 1 && bt.stride(1) != 1) ||
-      static_cast<std::int64_t>(bt.shape(0)) != batch)
-    reject(who, "block_table", "must be int32 [batch, max_pages] with unit stride along pages");
-  const auto max_pages = static_cast<std::int64_t>(bt.shape(1));
-  return {static_cast<const std::int32_t*>(bt.data()), max_pages, bt.shape(0) > 1 ? bt.stride(0) : max_pages};
 }
 
 // How long the calling thread's last `forward` spent in the C++ call (validation, planning, kernel), in
@@ -255,51 +216,11 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
-  const TensorView qv = view_of(who, "q", q, 4), ov = view_of(who, "out", out, 4);
-  attn::KVCache cache;
-  if (cache_type.empty()) {
-    cache.k = view_of(who, "k_cache", k_cache, 4);
-    cache.v = view_of(who, "v_cache", v_cache, 4);
-  } else {  // a quantized cache: its bytes (torch's int8 / float8 tensors viewed as uint8) and their type
-    cache.k = quantized_view_of(who, "k_cache", k_cache, cache_type);
-    cache.v = quantized_view_of(who, "v_cache", v_cache, cache_type);
-  }
-  if (k_scale) cache.k_scale = view_of(who, "k_scale", *k_scale, 4);
-  if (v_scale) cache.v_scale = view_of(who, "v_scale", *v_scale, 4);
-  cache.seqlens = int32_data(who, "cache_seqlens", cache_seqlens, qv.shape[0]);
-  if (block_table) {
-    const attn::VarlenPages t = pages_of(who, *block_table, qv.shape[0]);
-    cache.block_table = t.block_table;
-    cache.max_pages = t.max_pages;
-    cache.block_table_stride = t.block_table_stride;
-  }
-  if (batch_idx) cache.batch_idx = int32_data(who, "cache_batch_idx", *batch_idx, qv.shape[0]);
-  if (leftpad) cache.leftpad = int32_data(who, "cache_leftpad", *leftpad, qv.shape[0]);
-  attn::DecodeOptions dec;
-  dec.num_splits = num_splits;
-  dec.keys_per_split = keys_per_split;
-  attn::RotaryTables rotary;
-  if (rotary_cos || rotary_sin) {
-    if (!rotary_cos || !rotary_sin) reject(who, rotary_cos ? "rotary_sin" : "rotary_cos", "both or neither");
-    const Array &c = *rotary_cos, &s = *rotary_sin;
-    for (auto [name, t] : {std::pair<const char*, const Array*>{"rotary_cos", &c}, {"rotary_sin", &s}})
-      if (t->ndim() != 2 || t->dtype() != c.dtype() || t->shape(0) != c.shape(0) || t->shape(1) != c.shape(1) ||
-          (t->shape(1) > 1 && t->stride(1) != 1) || (t->shape(0) > 1 && t->stride(0) != t->shape(1)))
-        reject(who, name, "must be dense [seqlen_ro, rotary_dim / 2] arrays of one dtype");
-    rotary.cos = c.data();
-    rotary.sin = s.data();
-    rotary.dtype = dtype_of(who, "rotary_cos", c);
-    rotary.positions = static_cast<std::int64_t>(c.shape(0));
-    rotary.rotary_dim = 2 * static_cast<std::int64_t>(c.shape(1));
-    rotary.interleaved = rotary_interleaved;
-    dec.rotary = &rotary;
-  }
-  TensorView kn, vn, lv;
-  if (k_new) kn = view_of(who, "k", *k_new, 4), dec.k_new = &kn;
-  if (v_new) vn = view_of(who, "v", *v_new, 4), dec.v_new = &vn;
-  if (lse) lv = view_of(who, "lse", *lse, 3);
+  const attn_py::DecodeCall<Array> c(who, q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_new, v_new,
+                                     batch_idx, leftpad, rotary_cos, rotary_sin, rotary_interleaved, num_splits,
+                                     keys_per_split, k_scale, v_scale, cache_type);
   nb::gil_scoped_release unlocked;
-  attn::attention_decode(qv, cache, ov, o, dec, lse ? &lv : nullptr);
+  attn::attention_decode(c.q, c.cache, c.out, o, c.dec, c.lse_ptr());
 }
 
 void merge_states(const Array& parts, const Array& parts_lse, const Array& out, const Array& lse) {

@@ -1,11 +1,11 @@
-"""flash_attn_func on CUDA tensors: attn's CUDA backend (bf16/f16, head dims 64, 128 and 256, inference
-only) against the f64 reference, with flash-attn's 2x rule for outputs. Skipped where there is no GPU
+"""flash_attn_func and flash_attn_with_kvcache on CUDA tensors: attn's CUDA backend (bf16/f16, head dims
+64, 128 and 256, inference only) against the f64 reference, with flash-attn's 2x rule for outputs. Skipped where there is no GPU
 or the package was built without the CUDA backend; scripts/gpu-check runs it on a lent GPU."""
 import pytest
 import torch
 
 import attn
-from test_flash_attn import SLACK, attention_ref, check_rule
+from test_flash_attn import attention_ref, check_rule
 
 needs_gpu = pytest.mark.skipif(not (attn._C.has_cuda and torch.cuda.is_available()),
                                reason="needs a CUDA GPU and the package built with ATTN_CUDA=ON")
@@ -63,3 +63,41 @@ def test_cuda_bad_input_gets_a_named_error_and_no_gradient_is_faked():
         attn.flash_attn_func(*(t[..., :48].contiguous() for t in (q.detach(), k, v)))
     with pytest.raises(attn.AttnError, match="dropout"):
         attn.flash_attn_func(q.detach(), k, v, dropout_p=0.1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+@pytest.mark.parametrize("sq,new,causal", [(1, 0, False), (1, 1, True), (3, 2, True)])
+def test_cuda_kvcache_within_twice_the_textbook_error(dtype, layout, sq, new, causal):
+    from test_kvcache import appended, check_each_sequence, make_case, paged
+    b, hk, group, d, max_len = 3, 2, 4, 128, 300
+    q, k_cache, v_cache, seqlens, k_new, v_new = make_case(b, sq, hk, group, d, max_len, new, dtype, seed=sq + new)
+    want_k, want_v = appended(k_cache, v_cache, seqlens, k_new, v_new)
+    block_table = None
+    if layout == "paged16":
+        k_cache, block_table = paged(k_cache, 16)
+        v_cache, _ = paged(v_cache, 16)
+        block_table = block_table.cuda()
+    cuda = lambda t: None if t is None else t.cuda()
+    kc, vc = k_cache.cuda(), v_cache.cuda()
+    out, lse = attn.flash_attn_with_kvcache(q.cuda(), kc, vc, cuda(k_new), cuda(v_new), cache_seqlens=seqlens.cuda(),
+                                            block_table=block_table, causal=causal, return_softmax_lse=True)
+    assert out.is_cuda and lse.is_cuda and lse.shape == (b, hk * group, sq)
+    if block_table is not None:
+        bt = block_table.long().cpu()
+        kc, vc = (c.cpu()[bt].reshape(b, -1, hk, d)[:, :max_len] for c in (kc, vc))
+    assert torch.equal(kc.cpu(), want_k) and torch.equal(vc.cpu(), want_v), "the cache after the append"
+    check_each_sequence(out.cpu(), q, want_k, want_v, seqlens, new, causal, dtype)
+
+
+@needs_gpu
+def test_cuda_kvcache_bad_input_gets_a_named_error():
+    from test_kvcache import make_case
+    q, k_cache, v_cache, seqlens, _, _ = make_case(2, 1, 1, 2, 64, 40, 0, torch.bfloat16, seed=5)
+    q, k_cache, v_cache = q.cuda(), k_cache.cuda(), v_cache.cuda()
+    with pytest.raises(attn.AttnError, match="cache_seqlens: must be on q's device"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    with pytest.raises(attn.AttnError, match="cache.batch_idx"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens.cuda(),
+                                     cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32, device="cuda"))

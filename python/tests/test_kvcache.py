@@ -31,17 +31,33 @@ def paged(cache, page):
     return pool, order.view(b, per_seq).to(torch.int32)
 
 
+def appended(k_cache, v_cache, seqlens, k_new, v_new):
+    """The contiguous caches as they must be after k_new, v_new are written at seqlens."""
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for i in range(k_cache.shape[0]):
+        n = int(seqlens[i])
+        if k_new is not None:
+            want_k[i, n:n + k_new.shape[1]], want_v[i, n:n + v_new.shape[1]] = k_new[i], v_new[i]
+    return want_k, want_v
+
+
+def check_each_sequence(out, q, want_k, want_v, seqlens, new, causal, dtype):
+    """out (on the CPU) against the reference over each sequence's seqlens + new keys: the 2x rule."""
+    for i in range(q.shape[0]):
+        n = int(seqlens[i]) + new
+        args = (q[i:i + 1], want_k[i:i + 1, :n], want_v[i:i + 1, :n])
+        ref = attention_ref(*args, causal=causal)
+        textbook = attention_ref(*args, causal=causal, upcast=False)
+        check_rule(out[i:i + 1], ref, textbook, 2, dtype, f"sequence {i}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["contiguous", "paged1", "paged3", "paged16"])
 @pytest.mark.parametrize("sq,new,causal", [(1, 0, False), (1, 1, True), (3, 2, True), (4, 0, False)])
 def test_kvcache_matches_the_reference(dtype, layout, sq, new, causal):
     b, hk, group, d, max_len = 3, 2, 4, 64, 70
     q, k_cache, v_cache, seqlens, k_new, v_new = make_case(b, sq, hk, group, d, max_len, new, dtype, seed=sq + new)
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    for i in range(b):
-        n = int(seqlens[i])
-        if new:
-            want_k[i, n:n + new], want_v[i, n:n + new] = k_new[i], v_new[i]
+    want_k, want_v = appended(k_cache, v_cache, seqlens, k_new, v_new)
     block_table = None
     if layout.startswith("paged"):
         page = int(layout[5:])
@@ -56,12 +72,7 @@ def test_kvcache_matches_the_reference(dtype, layout, sq, new, causal):
         k_cache = k_cache[block_table.long()].reshape(b, -1, hk, d)[:, :max_len]
         v_cache = v_cache[block_table.long()].reshape(b, -1, hk, d)[:, :max_len]
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), "the cache after the append"
-    for i in range(b):
-        n = int(seqlens[i]) + new
-        args = (q[i:i + 1], want_k[i:i + 1, :n], want_v[i:i + 1, :n])
-        ref = attention_ref(*args, causal=causal)
-        textbook = attention_ref(*args, causal=causal, upcast=False)
-        check_rule(out[i:i + 1], ref, textbook, 2, dtype, f"sequence {i}")
+    check_each_sequence(out, q, want_k, want_v, seqlens, new, causal, dtype)
 
 
 def test_kvcache_int_and_missing_seqlens():
