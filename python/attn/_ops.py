@@ -257,26 +257,32 @@ class _VarlenAttention(torch.autograd.Function):
         return (dq, dk, dv, None, None) + _option_grads(ctx.options, dsink)
 
 
-def _cuda_forward(who, q, k, v, options, with_lse):
-    """(out, lse or None) of attn's CUDA backend (attn._C.forward_cuda), on torch's current stream of q's
-    device. Inference only: that backend has no backward, so a call through which a gradient could flow
-    is an error, not a result without gradients."""
+def _cuda_forward(who, q, k, v, options, with_lse, cu_seqlens=None):
+    """(out, lse or None) of attn's CUDA backend (attn._C.forward_cuda, or varlen_forward_cuda with
+    cu_seqlens = (cu_seqlens_q, cu_seqlens_k)), on torch's current stream of q's device. Inference only:
+    that backend has no backward, so a call through which a gradient could flow is an error, not a result
+    without gradients."""
     scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = options
     require_cuda(who, q, k, v)
-    for name, t in (("alibi_slopes", alibi), ("sinks", sinks)):
+    cu = dict(zip(("cu_seqlens_q", "cu_seqlens_k"), cu_seqlens or (None, None)))
+    for name, t in (("alibi_slopes", alibi), ("sinks", sinks), *cu.items()):
         if t is not None and t.device != q.device:
             raise _C.AttnError(f"{who}: {name}: must be on q's device {q.device}, got {t.device}")
     if _needs_grad(q, k, v, sinks):
         raise _C.AttnError(f"{who}: q: the CUDA backend has no backward pass: call it under torch.no_grad() or "
                            "with tensors that do not require grad")
+    kw = dict(stream=cuda_stream(q), softmax_scale=scale, causal=causal, window_left=left, window_right=right,
+              softcap=softcap, alibi_slopes=_dl_opt(alibi), dropout_p=dropout_p, seed=seed, num_threads=threads,
+              sinks=_dl_opt(sinks))
     with torch.cuda.device(q.device):
-        b, sq, h, _ = q.shape
         out = _out_for(q, v)
+        if cu_seqlens is not None:  # varlen: q [total_q, heads, d], lse [heads, total_q] (always returned)
+            lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+            _C.varlen_forward_cuda(*map(_dl, (q, k, v, out, lse, *cu_seqlens)), **kw)
+            return out, lse
+        b, sq, h, _ = q.shape
         lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if with_lse else None
-        _C.forward_cuda(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), stream=cuda_stream(q),
-                        softmax_scale=scale, causal=causal, window_left=left, window_right=right, softcap=softcap,
-                        alibi_slopes=_dl_opt(alibi), dropout_p=dropout_p, seed=seed, num_threads=threads,
-                        sinks=_dl_opt(sinks))
+        _C.forward_cuda(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), **kw)
     return out, lse
 
 
@@ -304,7 +310,8 @@ def require_cpu(who, q, k, v):
         if t.device.type != "cpu":
             raise _C.AttnError(f"{who}: {name}: must be a CPU tensor, got one on {t.device} (this function runs "
                                "attn's CPU kernels; CUDA tensors reach the CUDA backend through flash_attn_func, "
-                               "its packed forms and flash_attn_with_kvcache: docs/python.md)")
+                               "flash_attn_varlen_func without a block table, their packed forms and "
+                               "flash_attn_with_kvcache: docs/python.md)")
 
 
 def _needs_grad(q, k, v, sinks):
@@ -347,6 +354,8 @@ def attention(q, k, v, *options, with_lse=True):
 def varlen_attention(q, k, v, cu_q, cu_k, *options):
     if torch.compiler.is_compiling():
         return varlen_fwd(q, k, v, cu_q, cu_k, *options)
+    if q.is_cuda:
+        return _cuda_forward("attn.flash_attn_varlen_func", q, k, v, options, True, (cu_q, cu_k))
     require_cpu("attn.flash_attn_varlen_func", q, k, v)
     if not _needs_grad(q, k, v, options[-1]):
         return _varlen_fwd_eager(q, k, v, cu_q, cu_k, *options)

@@ -1,8 +1,8 @@
 // attn._C's CUDA bindings, compiled when the package is built with the CUDA backend (ATTN_CUDA=ON in
 // CMake: docs/python.md). torch CUDA tensors reach attn::cuda's entry points (include/attn/cuda.hpp)
 // as DLPack capsules, zero-copy, on the stream the Python side passes (torch's current stream of the
-// tensors' device, which it makes current): the forward and the kvcache call. Inference only: the CUDA
-// backend has no backward.
+// tensors' device, which it makes current): the forward, its varlen form and the kvcache call.
+// Inference only: the CUDA backend has no backward.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -41,6 +41,25 @@ void forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, co
   attn::cuda::attention(qv, kv, vv, ov, o, lse ? &lv : nullptr, stream_of(stream));
 }
 
+// flash_attn_varlen_func's packed form on CUDA tensors (no block table: the paged form is CPU-only):
+// attn::cuda::attention_varlen. Validation copies cu_seqlens to the host and synchronises `stream`.
+void varlen_forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
+                         const CudaArray& lse, const CudaArray& cu_seqlens_q, const CudaArray& cu_seqlens_k,
+                         std::uintptr_t stream, std::optional<double> scale, bool causal, std::int64_t wl,
+                         std::int64_t wr, double softcap, std::optional<CudaArray> alibi, double dropout_p,
+                         std::uint64_t seed, std::uint64_t offset, int threads, std::optional<CudaArray> sinks) {
+  const char* who = "attn.varlen_forward_cuda";
+  const attn::AttentionOptions o =
+      BasicOptions<CudaArray>{scale,     causal, wl,     wr,      softcap,         std::move(alibi),
+                              dropout_p, seed,   offset, threads, std::move(sinks)}
+          .resolve(who, q);
+  const VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
+  const TensorView qv = view_of(who, "q", q, 3), kv = view_of(who, "k", k, 3), vv = view_of(who, "v", v, 3),
+                   ov = view_of(who, "out", out, 3), lv = view_of(who, "lse", lse, 3, true);
+  nb::gil_scoped_release unlocked;
+  attn::cuda::attention_varlen(qv, kv, vv, ov, {vb.cu_q, vb.cu_k, vb.batch}, o, &lv, stream_of(stream));
+}
+
 // flash_attn_with_kvcache on CUDA tensors: attn::cuda::attention_decode (what it rejects -- cache_batch_idx,
 // cache_leftpad, rotary, quantized caches, keys_per_split -- it rejects by name). Reading cache_seqlens and
 // the block table for validation copies them to the host and synchronises `stream`.
@@ -72,6 +91,10 @@ void register_cuda(nb::module_& m) {
         nb::arg("stream") = 0, ATTN_OPTION_ARGS,
         "attn::cuda::attention into out and lse on CUDA tensors (rank-4 q, k, v, out; lse [batch, heads, seqlen_q] "
         "f32 or None), queued on `stream`.");
+  m.def("varlen_forward_cuda", &varlen_forward_cuda, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("stream") = 0, ATTN_OPTION_ARGS,
+        "attn::cuda::attention_varlen on CUDA tensors (packed [total, heads, head_dim]; lse [heads, total_q]), "
+        "queued on `stream`.");
   m.def("kvcache_cuda", &kvcache_cuda, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),

@@ -1,6 +1,6 @@
 // flash_attn_with_kvcache's arrays as the decode entry points take them (attn::attention_decode and
-// attn::cuda::attention_decode), shared by the CPU and CUDA bindings; templates over the array type,
-// like views.hpp, with the helpers both decode and varlen calls use.
+// attn::cuda::attention_decode), and the int32 arrays of decode and varlen calls (seqlens, cu_seqlens,
+// block tables), shared by the CPU and CUDA bindings; templates over the array type, like views.hpp.
 #pragma once
 
 #include <optional>
@@ -57,6 +57,18 @@ attn::VarlenPages pages_of(const char* who, const A& bt, std::int64_t batch) {
     reject(who, "block_table", "must be int32 [batch, max_pages] with unit stride along pages");
   const auto max_pages = static_cast<std::int64_t>(bt.shape(1));
   return {static_cast<const std::int32_t*>(bt.data()), max_pages, bt.shape(0) > 1 ? bt.stride(0) : max_pages};
+}
+
+// The batch of a varlen call, from its cu_seqlens arrays (batch + 1 int32 offsets each).
+struct VarlenBatch {
+  std::int64_t batch;
+  const std::int32_t *cu_q, *cu_k;
+};
+template <class A>
+VarlenBatch varlen_batch(const char* who, const A& cu_seqlens_q, const A& cu_seqlens_k) {
+  const std::int64_t batch = static_cast<std::int64_t>(cu_seqlens_q.shape(0)) - 1;
+  return {batch, int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1, "batch + 1"),
+          int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1")};
 }
 
 // The views, the cache and the decode options of one call. It holds what dec points to (k_new, v_new,

@@ -50,20 +50,11 @@ using attn_py::int32_data;
 using attn_py::pages_of;
 using attn_py::quantized_view_of;
 using attn_py::reject;
+using attn_py::varlen_batch;
+using attn_py::VarlenBatch;
 using attn_py::view_of;
 
 PyObject* attn_error = nullptr;
-
-// The batch of a varlen call, from its cu_seqlens arrays (batch + 1 int32 offsets each).
-struct VarlenBatch {
-  std::int64_t batch;
-  const std::int32_t *cu_q, *cu_k;
-};
-VarlenBatch varlen_batch(const char* who, const Array& cu_seqlens_q, const Array& cu_seqlens_k) {
-  const std::int64_t batch = static_cast<std::int64_t>(cu_seqlens_q.shape(0)) - 1;
-  return {batch, int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1, "batch + 1"),
-          int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1")};
-}
 
 // A [heads] gradient as the [1, heads, 1] view the backward takes.
 TensorView sink_grad_view(const char* who, const Array& a) {

@@ -1,6 +1,9 @@
-"""flash_attn_func and flash_attn_with_kvcache on CUDA tensors: attn's CUDA backend (bf16/f16, head dims
-64, 128 and 256, inference only) against the f64 reference, with flash-attn's 2x rule for outputs. Skipped where there is no GPU
-or the package was built without the CUDA backend; scripts/gpu-check runs it on a lent GPU."""
+"""flash_attn_func, flash_attn_varlen_func and flash_attn_with_kvcache on CUDA tensors: attn's CUDA
+backend (bf16/f16, head dims 64, 128 and 256, inference only) against the f64 reference, with
+flash-attn's 2x rule for outputs. Skipped where there is no GPU or the package was built without the
+CUDA backend; scripts/gpu-check runs it on a lent GPU."""
+import itertools
+
 import pytest
 import torch
 
@@ -63,6 +66,26 @@ def test_cuda_bad_input_gets_a_named_error_and_no_gradient_is_faked():
         attn.flash_attn_func(*(t[..., :48].contiguous() for t in (q.detach(), k, v)))
     with pytest.raises(attn.AttnError, match="dropout"):
         attn.flash_attn_func(q.detach(), k, v, dropout_p=0.1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_varlen_within_twice_the_textbook_error(dtype, causal):
+    lens_q, lens_k, h, hk, d = [17, 1, 64], [40, 33, 64], 4, 2, 128
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(sum(lens_q), h, d, generator=g).to(dtype)
+    k, v = (torch.randn(sum(lens_k), hk, d, generator=g).to(dtype) for _ in range(2))
+    cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    out, lse, _ = attn.flash_attn_varlen_func(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), max(lens_q),
+                                              max(lens_k), causal=causal, return_attn_probs=True)
+    assert out.is_cuda and lse.shape == (h, sum(lens_q))
+    for i in range(len(lens_q)):
+        qs, ks = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        args = (q[None, qs], k[None, ks], v[None, ks])
+        check_rule(out[None, qs].cpu(), attention_ref(*args, causal=causal),
+                   attention_ref(*args, causal=causal, upcast=False), 2, dtype, f"sequence {i}")
 
 
 @needs_gpu
