@@ -263,11 +263,8 @@ def _cuda_forward(who, q, k, v, options, with_lse, cu_seqlens=None):
     that backend has no backward, so a call through which a gradient could flow is an error, not a result
     without gradients."""
     scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = options
-    require_cuda(who, q, k, v)
-    cu = dict(zip(("cu_seqlens_q", "cu_seqlens_k"), cu_seqlens or (None, None)))
-    for name, t in (("alibi_slopes", alibi), ("sinks", sinks), *cu.items()):
-        if t is not None and t.device != q.device:
-            raise _C.AttnError(f"{who}: {name}: must be on q's device {q.device}, got {t.device}")
+    cu_q, cu_k = cu_seqlens or (None, None)
+    require_cuda(who, q, k=k, v=v, alibi_slopes=alibi, sinks=sinks, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     if _needs_grad(q, k, v, sinks):
         raise _C.AttnError(f"{who}: q: the CUDA backend has no backward pass: call it under torch.no_grad() or "
                            "with tensors that do not require grad")
@@ -286,13 +283,15 @@ def _cuda_forward(who, q, k, v, options, with_lse, cu_seqlens=None):
     return out, lse
 
 
-def require_cuda(who, q, k, v, names=("k", "v")):
-    """q is a CUDA tensor: the build must have the CUDA backend, and k, v be on q's device."""
+def require_cuda(who, q, **arrays):
+    """q is a CUDA tensor: the build must have the CUDA backend, and every other tensor of the call (None
+    and non-tensor arguments skipped) be on q's device: the CUDA bindings take CUDA arrays only, so this
+    is a named error where the binding would raise a TypeError."""
     if not _C.has_cuda:
         raise _C.AttnError(f"{who}: q: is a CUDA tensor, and this build of attn has no CUDA backend (build the "
                            "package with it: pip install . -C cmake.define.ATTN_CUDA=ON, docs/python.md)")
-    for name, t in zip(names, (k, v)):
-        if t.device != q.device:
+    for name, t in arrays.items():
+        if isinstance(t, Tensor) and t.device != q.device:
             raise _C.AttnError(f"{who}: {name}: must be on q's device {q.device}, got {t.device}")
 
 

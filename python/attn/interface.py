@@ -200,7 +200,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _ops = _torch_ops()
     on_cuda = q.is_cuda  # attn's CUDA backend (docs/python.md, "CUDA tensors")
     if on_cuda:
-        _ops.require_cuda("attn.flash_attn_with_kvcache", q, k_cache, v_cache, names=("k_cache", "v_cache"))
+        _ops.require_cuda("attn.flash_attn_with_kvcache", q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
+                          cache_seqlens=cache_seqlens, block_table=block_table, cache_batch_idx=cache_batch_idx,
+                          cache_leftpad=cache_leftpad, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                          alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     else:
         _ops.require_cpu("attn.flash_attn_with_kvcache", q, k_cache, v_cache)
     cache_type = _QUANTIZED.get(k_cache.dtype, "")
@@ -227,14 +230,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32,
                       device=q.device)
     detach = lambda t: None if t is None else t.detach()
-    if on_cuda:  # every array on q's device: the binding takes CUDA arrays only (a named error, not a TypeError)
-        arrays = dict(k=k, v=v, cache_seqlens=cache_seqlens, block_table=block_table, cache_batch_idx=cache_batch_idx,
-                      cache_leftpad=cache_leftpad, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                      alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
-        for name, t in arrays.items():
-            if t is not None and t.device != q.device:
-                raise _C.AttnError(f"attn.flash_attn_with_kvcache: {name}: must be on q's device {q.device}, "
-                                   f"got {t.device}")
     kernel, extra = (_C.kvcache_cuda, dict(stream=_ops.cuda_stream(q))) if on_cuda else (_C.kvcache, {})
     with torch.cuda.device(q.device) if on_cuda else contextlib.nullcontext():
         kernel(detach(q), detach(k_cache), detach(v_cache), out, lse if return_softmax_lse else None, cache_seqlens,

@@ -19,6 +19,7 @@ namespace attn_py {
 namespace {
 
 using CudaArray = nb::ndarray<nb::device::cuda>;
+using CudaOptions = BasicOptions<CudaArray>;
 
 attn::cuda::Stream stream_of(std::uintptr_t stream) { return reinterpret_cast<attn::cuda::Stream>(stream); }
 
@@ -30,8 +31,7 @@ void forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, co
                   std::uint64_t seed, std::uint64_t offset, int threads, std::optional<CudaArray> sinks) {
   const char* who = "attn.forward_cuda";
   const attn::AttentionOptions o =
-      BasicOptions<CudaArray>{scale,     causal, wl,     wr,      softcap,         std::move(alibi),
-                              dropout_p, seed,   offset, threads, std::move(sinks)}
+      CudaOptions{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
   const TensorView qv = view_of(who, "q", q, 4), kv = view_of(who, "k", k, 4), vv = view_of(who, "v", v, 4),
                    ov = view_of(who, "out", out, 4);
@@ -50,8 +50,7 @@ void varlen_forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray
                          std::uint64_t seed, std::uint64_t offset, int threads, std::optional<CudaArray> sinks) {
   const char* who = "attn.varlen_forward_cuda";
   const attn::AttentionOptions o =
-      BasicOptions<CudaArray>{scale,     causal, wl,     wr,      softcap,         std::move(alibi),
-                              dropout_p, seed,   offset, threads, std::move(sinks)}
+      CudaOptions{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
   const VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
   const TensorView qv = view_of(who, "q", q, 3), kv = view_of(who, "k", k, 3), vv = view_of(who, "v", v, 3),
@@ -74,8 +73,7 @@ void kvcache_cuda(const CudaArray& q, const CudaArray& k_cache, const CudaArray&
                   std::optional<CudaArray> k_scale, std::optional<CudaArray> v_scale, std::string cache_type) {
   const char* who = "attn.kvcache_cuda";
   const attn::AttentionOptions o =
-      BasicOptions<CudaArray>{scale,     causal, wl,     wr,      softcap,         std::move(alibi),
-                              dropout_p, seed,   offset, threads, std::move(sinks)}
+      CudaOptions{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
   const DecodeCall<CudaArray> c(who, q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_new, v_new, batch_idx,
                                 leftpad, rotary_cos, rotary_sin, rotary_interleaved, num_splits, keys_per_split,
