@@ -215,10 +215,11 @@ void PackQueries(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>&
 // Requests the next key tile's K and V rows and its dK, dV partial rows into L2 while this pair
 // computes: the tensor rows lie a head stride apart and the partials were last touched a whole key
 // walk ago, so neither is in L2, and the packing and the products' accumulator loads would wait on
-// every line.
+// every line. Inlined, not a call: GCC 12 finds a function whose only effect is __builtin_prefetch pure
+// and drops every call to it (ipa-pure-const), leaving no prefetch instruction in the kernel.
 template <class T, class A>
-void PrefetchKeyTile(const BackwardProblem& p, const QueryTile& qt, std::int64_t j0, std::int64_t n, std::size_t dp,
-                     const A* dk_acc, const A* dv_acc) {
+HWY_INLINE void PrefetchKeyTile(const BackwardProblem& p, const QueryTile& qt, std::int64_t j0, std::int64_t n,
+                                std::size_t dp, const A* dk_acc, const A* dv_acc) {
   for (std::int64_t j = j0; j < j0 + n; ++j)
     for (const TensorView* t : {&p.k, &p.v}) {
       const std::size_t row_bytes = static_cast<std::size_t>((t->shape[3] - 1) * t->strides[3] + 1) * sizeof(T);
