@@ -15,6 +15,13 @@ class Gpu : public ::testing::Test {
   }
 };
 
+// cu_seqlens of sequences of lengths `lens`: 0, then the running sums.
+std::vector<std::int32_t> offsets(const std::vector<std::int32_t>& lens) {
+  std::vector<std::int32_t> cu = {0};
+  for (std::int32_t n : lens) cu.push_back(cu.back() + n);
+  return cu;
+}
+
 class GpuForward : public Gpu, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(GpuForward, Bf16MatchesTheOracle) { check_forward<bf16_t>(GetParam()); }
@@ -43,12 +50,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuForward,
 
 TEST_F(Gpu, VarlenMatchesPerSequenceOracle) {
   const std::int64_t H = 4, HK = 2, D = 128;
-  const std::vector<std::int32_t> lq = {17, 0, 200, 64}, lk = {50, 9, 200, 1};
-  std::vector<std::int32_t> cq = {0}, ck = {0};
-  for (std::size_t b = 0; b < lq.size(); ++b) {
-    cq.push_back(cq.back() + lq[b]);
-    ck.push_back(ck.back() + lk[b]);
-  }
+  const std::vector<std::int32_t> lq = {17, 0, 200, 64}, lk = {50, 9, 200, 1}, cq = offsets(lq), ck = offsets(lk);
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto q = test::random_tensor<bf16_t>(1, cq.back(), H, D, seed, 2.0),
@@ -94,6 +96,114 @@ TEST_F(Gpu, VarlenMatchesPerSequenceOracle) {
     EXPECT_EQ(unwritten, 0);
     EXPECT_LE(lse_err(dlse.get(), oracle_lse), 2e-3);
   }
+}
+
+// The paged varlen forward reads each key row through the block table and is otherwise the varlen
+// kernel: on the same keys scattered over shuffled pages of any size, it must give the packed call's
+// out and lse bit for bit. Slots no sequence owns hold NaN and table entries past a sequence's pages
+// hold an out-of-range page, so a row read from the wrong place shows.
+TEST_F(Gpu, VarlenPagedEqualsVarlenOnTheSameKeysPacked) {
+  const std::int64_t H = 4, HK = 2, D = 64;
+  const std::vector<std::int32_t> lq = {17, 0, 130, 1, 40}, lk = {50, 9, 200, 77, 0}, cq = offsets(lq),
+                                  ck = offsets(lk);
+  const std::int64_t batch = static_cast<std::int64_t>(lq.size());
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto q = test::random_tensor<bf16_t>(1, cq.back(), H, D, seed, 2.0),
+       k = test::random_tensor<bf16_t>(1, ck.back(), HK, D, seed + 1, 2.0),
+       v = test::random_tensor<bf16_t>(1, ck.back(), HK, D, seed + 2);
+  Dev<bf16_t> dq(q.data), dk(k.data), dv(v.data);
+  Dev<std::int32_t> dcq(cq), dck(ck);
+  cuda::VarlenBatch vb;
+  vb.cu_seqlens_q = dcq.ptr;
+  vb.cu_seqlens_k = dck.ptr;
+  vb.batch = batch;
+  std::mt19937 rng(static_cast<std::uint32_t>(seed));
+  for (std::int64_t page : {1, 16, 48, 256})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("page_size " + std::to_string(page) + (causal ? " causal" : ""));
+      AttentionOptions o;
+      o.causal = causal;
+      Dev<bf16_t> want(poisoned<bf16_t>(q.data.size())), got(poisoned<bf16_t>(q.data.size()));
+      Dev<float> want_lse(poisoned<float>(static_cast<std::size_t>(H * cq.back()))),
+          got_lse(poisoned<float>(static_cast<std::size_t>(H * cq.back())));
+      TensorView want_lv = TensorView::contiguous(want_lse.ptr, 1, H, cq.back()),
+                 got_lv = TensorView::contiguous(got_lse.ptr, 1, H, cq.back());
+      cuda::attention_varlen(TensorView::contiguous(dq.ptr, cq.back(), H, D),
+                             TensorView::contiguous(dk.ptr, ck.back(), HK, D),
+                             TensorView::contiguous(dv.ptr, ck.back(), HK, D),
+                             TensorView::contiguous(want.ptr, cq.back(), H, D), vb, o, &want_lv);
+      // Sequence b's keys in pages of its own, the pool shuffled, one spare page left unused.
+      std::int64_t max_pages = 1, pages_used = 0;
+      for (std::int32_t n : lk) max_pages = std::max<std::int64_t>(max_pages, (n + page - 1) / page);
+      for (std::int32_t n : lk) pages_used += (n + page - 1) / page;
+      const std::int64_t num_pages = pages_used + 1;
+      std::vector<std::int32_t> pool(static_cast<std::size_t>(num_pages));
+      std::iota(pool.begin(), pool.end(), 0);
+      std::shuffle(pool.begin(), pool.end(), rng);
+      std::vector<std::int32_t> table(static_cast<std::size_t>(batch * max_pages), 1 << 30);
+      const std::size_t row = static_cast<std::size_t>(HK * D), slots = static_cast<std::size_t>(num_pages * page);
+      std::vector<bf16_t> kc(slots * row, bf16_t{0x7FC0}), vc(kc);
+      std::size_t next = 0;
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t j = 0; j < lk[b]; ++j) {
+          if (j % page == 0) table[b * max_pages + j / page] = pool[next++];
+          const std::size_t slot = static_cast<std::size_t>(table[b * max_pages + j / page] * page + j % page);
+          const std::size_t src = static_cast<std::size_t>(ck[b] + j) * row;
+          std::copy_n(k.data.begin() + src, row, kc.begin() + slot * row);
+          std::copy_n(v.data.begin() + src, row, vc.begin() + slot * row);
+        }
+      Dev<bf16_t> dkc(kc), dvc(vc);
+      Dev<std::int32_t> dtable(table);
+      VarlenPages pages;
+      pages.block_table = dtable.ptr;
+      pages.max_pages = max_pages;
+      cuda::attention_varlen_paged(TensorView::contiguous(dq.ptr, cq.back(), H, D), dview(dkc, num_pages, page, HK, D),
+                                   dview(dvc, num_pages, page, HK, D), TensorView::contiguous(got.ptr, cq.back(), H, D),
+                                   vb, pages, o, &got_lv);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto w = want.get(), g = got.get();
+      for (std::size_t x = 0; x < w.size(); ++x) ASSERT_EQ(g[x].bits, w[x].bits) << "out element " << x;
+      const auto wl = want_lse.get(), gl = got_lse.get();
+      for (std::size_t x = 0; x < wl.size(); ++x)
+        ASSERT_EQ(std::memcmp(&gl[x], &wl[x], sizeof(float)), 0) << "lse element " << x;
+    }
+}
+
+TEST_F(Gpu, VarlenPagedRejectsBadTablesWithoutWriting) {
+  const std::int64_t H = 2, D = 64, page = 4, num_pages = 3;
+  const std::vector<std::int32_t> cq = {0, 3}, ck = {0, 6};
+  auto q = test::random_tensor<bf16_t>(1, 3, H, D, 1), kv = test::random_tensor<bf16_t>(num_pages, page, H, D, 2);
+  Dev<bf16_t> dq(q.data), dkv(kv.data), dout(poisoned<bf16_t>(q.data.size()));
+  Dev<std::int32_t> dcq(cq), dck(ck);
+  cuda::VarlenBatch vb;
+  vb.cu_seqlens_q = dcq.ptr;
+  vb.cu_seqlens_k = dck.ptr;
+  vb.batch = 1;
+  auto call = [&](const std::vector<std::int32_t>& table, std::int64_t max_pages, const std::int32_t* host = nullptr) {
+    Dev<std::int32_t> dt(table);
+    VarlenPages pages;
+    pages.block_table = host ? host : dt.ptr;
+    pages.max_pages = max_pages;
+    cuda::attention_varlen_paged(TensorView::contiguous(dq.ptr, 3, H, D), dview(dkv, num_pages, page, H, D),
+                                 dview(dkv, num_pages, page, H, D), TensorView::contiguous(dout.ptr, 3, H, D), vb,
+                                 pages);
+  };
+  auto rejects = [&](const char* rule, auto&& f) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted: " << rule;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(rule), std::string::npos) << e.what();
+    }
+  };
+  rejects("pages.block_table", [&] { call({0, 3}, 2); });       // page 3 of a 3-page cache
+  rejects("more than the cache holds", [&] { call({0}, 1); });  // 6 keys, one page of 4
+  const std::vector<std::int32_t> host_table = {0, 1};
+  rejects("device memory", [&] { call(host_table, 2, host_table.data()); });
+  for (auto x : dout.get()) ASSERT_EQ(x.bits, 0xFFFF) << "out was written by a rejected call";
+  call({2, 0}, 2);  // the valid call writes every row
+  for (auto x : dout.get()) ASSERT_NE(x.bits, 0xFFFF);
 }
 
 class GpuDecode : public Gpu, public ::testing::WithParamInterface<DecodeCase> {};

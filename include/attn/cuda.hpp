@@ -19,6 +19,7 @@
 #include "attn/decode.hpp"
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
+#include "attn/varlen.hpp"
 
 struct CUstream_st;
 
@@ -51,6 +52,17 @@ struct VarlenBatch {
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const VarlenBatch& varlen, const AttentionOptions& opts = {}, const TensorView* lse = nullptr,
                       Stream stream = nullptr);
+
+// Variable-length queries over a paged cache (include/attn/varlen.hpp's attention_varlen_paged: chunked
+// prefill as in vLLM): q and out packed as in attention_varlen, k and v [num_pages, page_size, kv_heads, d]
+// with any page_size >= 1, key j of sequence b in page block_table[b * block_table_stride + j / page_size];
+// cu_seqlens_k's differences are the key counts. pages.block_table points to device memory; validation
+// reads it (every entry a sequence's keys use must be a page of the cache) from host_block_table when
+// given, else from a copy (a stream sync, like cu_seqlens). The CPU's rules and named errors.
+void attention_varlen_paged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                            const VarlenBatch& varlen, const VarlenPages& pages, const AttentionOptions& opts = {},
+                            const TensorView* lse = nullptr, Stream stream = nullptr,
+                            const std::int32_t* host_block_table = nullptr);
 
 // Decode over a contiguous or paged cache (include/attn/decode.hpp), split-K over the keys with a
 // merge kernel. DecodeOptions::num_splits = 0 picks the split count from the number of SMs

@@ -257,14 +257,15 @@ class _VarlenAttention(torch.autograd.Function):
         return (dq, dk, dv, None, None) + _option_grads(ctx.options, dsink)
 
 
-def _cuda_forward(who, q, k, v, options, with_lse, cu_seqlens=None):
+def _cuda_forward(who, q, k, v, options, with_lse, cu_seqlens=None, block_table=None):
     """(out, lse or None) of attn's CUDA backend (attn._C.forward_cuda, or varlen_forward_cuda with
-    cu_seqlens = (cu_seqlens_q, cu_seqlens_k)), on torch's current stream of q's device. Inference only:
-    that backend has no backward, so a call through which a gradient could flow is an error, not a result
-    without gradients."""
+    cu_seqlens = (cu_seqlens_q, cu_seqlens_k) and, for a paged cache k, v, block_table), on torch's current
+    stream of q's device. Inference only: that backend has no backward, so a call through which a gradient
+    could flow is an error, not a result without gradients."""
     scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = options
     cu_q, cu_k = cu_seqlens or (None, None)
-    require_cuda(who, q, k=k, v=v, alibi_slopes=alibi, sinks=sinks, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    require_cuda(who, q, k=k, v=v, alibi_slopes=alibi, sinks=sinks, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                 block_table=block_table)
     if _needs_grad(q, k, v, sinks):
         raise _C.AttnError(f"{who}: q: the CUDA backend has no backward pass: call it under torch.no_grad() or "
                            "with tensors that do not require grad")
@@ -275,7 +276,7 @@ def _cuda_forward(who, q, k, v, options, with_lse, cu_seqlens=None):
         out = _out_for(q, v)
         if cu_seqlens is not None:  # varlen: q [total_q, heads, d], lse [heads, total_q] (always returned)
             lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-            _C.varlen_forward_cuda(*map(_dl, (q, k, v, out, lse, *cu_seqlens)), **kw)
+            _C.varlen_forward_cuda(*map(_dl, (q, k, v, out, lse, *cu_seqlens)), block_table=_dl_opt(block_table), **kw)
             return out, lse
         b, sq, h, _ = q.shape
         lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if with_lse else None
@@ -365,5 +366,8 @@ def varlen_paged_attention(q, k_cache, v_cache, cu_q, cu_k, block_table, *option
     """(out, lse) over a paged cache: inference only (no gradient flows to q or the cache)."""
     if torch.compiler.is_compiling():
         return varlen_fwd_paged(q, k_cache, v_cache, cu_q, cu_k, block_table, *options)
+    if q.is_cuda:
+        return _cuda_forward("attn.flash_attn_varlen_func", q.detach(), k_cache.detach(), v_cache.detach(), options,
+                             True, (cu_q, cu_k), block_table)
     require_cpu("attn.flash_attn_varlen_func", q, k_cache, v_cache)
     return _varlen_paged_eager(q.detach(), k_cache.detach(), v_cache.detach(), cu_q, cu_k, block_table, *options)

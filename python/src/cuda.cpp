@@ -1,7 +1,8 @@
 // attn._C's CUDA bindings, compiled when the package is built with the CUDA backend (ATTN_CUDA=ON in
 // CMake: docs/python.md). torch CUDA tensors reach attn::cuda's entry points (include/attn/cuda.hpp)
 // as DLPack capsules, zero-copy, on the stream the Python side passes (torch's current stream of the
-// tensors' device, which it makes current): the forward, its varlen form and the kvcache call.
+// tensors' device, which it makes current): the forward, its varlen forms (packed or paged keys) and the
+// kvcache call.
 // Inference only: the CUDA backend has no backward.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -41,22 +42,31 @@ void forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, co
   attn::cuda::attention(qv, kv, vv, ov, o, lse ? &lv : nullptr, stream_of(stream));
 }
 
-// flash_attn_varlen_func's packed form on CUDA tensors (no block table: the paged form is CPU-only):
-// attn::cuda::attention_varlen. Validation copies cu_seqlens to the host and synchronises `stream`.
+// flash_attn_varlen_func on CUDA tensors: attn::cuda::attention_varlen, or with block_table (k and v a paged
+// cache [num_pages, page_size, kv_heads, head_dim]) attn::cuda::attention_varlen_paged. Validation copies
+// cu_seqlens (and the block table) to the host and synchronises `stream`.
 void varlen_forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
                          const CudaArray& lse, const CudaArray& cu_seqlens_q, const CudaArray& cu_seqlens_k,
-                         std::uintptr_t stream, std::optional<double> scale, bool causal, std::int64_t wl,
-                         std::int64_t wr, double softcap, std::optional<CudaArray> alibi, double dropout_p,
-                         std::uint64_t seed, std::uint64_t offset, int threads, std::optional<CudaArray> sinks) {
+                         std::optional<CudaArray> block_table, std::uintptr_t stream, std::optional<double> scale,
+                         bool causal, std::int64_t wl, std::int64_t wr, double softcap, std::optional<CudaArray> alibi,
+                         double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads,
+                         std::optional<CudaArray> sinks) {
   const char* who = "attn.varlen_forward_cuda";
   const attn::AttentionOptions o =
       CudaOptions{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
   const VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
-  const TensorView qv = view_of(who, "q", q, 3), kv = view_of(who, "k", k, 3), vv = view_of(who, "v", v, 3),
+  const int kv_rank = block_table ? 4 : 3;
+  const TensorView qv = view_of(who, "q", q, 3), kv = view_of(who, "k", k, kv_rank), vv = view_of(who, "v", v, kv_rank),
                    ov = view_of(who, "out", out, 3), lv = view_of(who, "lse", lse, 3, true);
+  const attn::cuda::VarlenBatch batch{vb.cu_q, vb.cu_k, vb.batch};
+  if (block_table) {
+    const attn::VarlenPages pages = pages_of(who, *block_table, vb.batch);
+    nb::gil_scoped_release unlocked;
+    return attn::cuda::attention_varlen_paged(qv, kv, vv, ov, batch, pages, o, &lv, stream_of(stream));
+  }
   nb::gil_scoped_release unlocked;
-  attn::cuda::attention_varlen(qv, kv, vv, ov, {vb.cu_q, vb.cu_k, vb.batch}, o, &lv, stream_of(stream));
+  attn::cuda::attention_varlen(qv, kv, vv, ov, batch, o, &lv, stream_of(stream));
 }
 
 // flash_attn_with_kvcache on CUDA tensors: attn::cuda::attention_decode (what it rejects -- cache_batch_idx,
@@ -90,9 +100,10 @@ void register_cuda(nb::module_& m) {
         "attn::cuda::attention into out and lse on CUDA tensors (rank-4 q, k, v, out; lse [batch, heads, seqlen_q] "
         "f32 or None), queued on `stream`.");
   m.def("varlen_forward_cuda", &varlen_forward_cuda, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
-        nb::arg("lse"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("stream") = 0, ATTN_OPTION_ARGS,
-        "attn::cuda::attention_varlen on CUDA tensors (packed [total, heads, head_dim]; lse [heads, total_q]), "
-        "queued on `stream`.");
+        nb::arg("lse"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("block_table").none() = nb::none(),
+        nb::arg("stream") = 0, ATTN_OPTION_ARGS,
+        "attn::cuda::attention_varlen on CUDA tensors (packed [total, heads, head_dim]; lse [heads, total_q]); with "
+        "block_table, attention_varlen_paged (k, v [num_pages, page_size, kv_heads, head_dim]); queued on `stream`.");
   m.def("kvcache_cuda", &kvcache_cuda, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),

@@ -89,6 +89,40 @@ def test_cuda_varlen_within_twice_the_textbook_error(dtype, causal):
 
 
 @needs_gpu
+@pytest.mark.parametrize("page_size", [1, 16, 48, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_varlen_paged_equals_the_packed_call(page_size, causal):
+    from test_varlen_paged import paged_from_packed
+    lens_q, lens_k, h, hk, d = [17, 0, 70], [40, 9, 300], 4, 2, 64
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(sum(lens_q), h, d, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(sum(lens_k), hk, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    k_cache, v_cache, table = paged_from_packed(k, v, lens_k, page_size, seed=page_size)
+    cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    args = (cu(lens_q), cu(lens_k), max(lens_q), max(lens_k))
+    want, want_lse, _ = attn.flash_attn_varlen_func(q.cuda(), k.cuda(), v.cuda(), *args, causal=causal,
+                                                    return_attn_probs=True)
+    got, got_lse, _ = attn.flash_attn_varlen_func(q.cuda(), k_cache.cuda(), v_cache.cuda(), *args, causal=causal,
+                                                  return_attn_probs=True, block_table=table.cuda())
+    assert got.is_cuda and torch.equal(got, want) and torch.equal(got_lse, want_lse)
+
+
+@needs_gpu
+def test_cuda_varlen_paged_bad_table_gets_the_cpu_message():
+    from test_varlen_paged import paged_from_packed
+    q = torch.randn(5, 2, 64).to(torch.bfloat16).cuda()
+    k = torch.randn(12, 2, 64).to(torch.bfloat16)
+    k_cache, v_cache, table = paged_from_packed(k, k, [12], 4)
+    table[0, 1] = 99
+    cu = lambda *x: torch.tensor(x, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match=r"block_table: entry \[0\]\[1\]"):
+        attn.flash_attn_varlen_func(q, k_cache.cuda(), v_cache.cuda(), cu(0, 5), cu(0, 12), 5, 12,
+                                    block_table=table.cuda())
+    with pytest.raises(attn.AttnError, match="block_table: must be on q's device"):
+        attn.flash_attn_varlen_func(q, k_cache.cuda(), v_cache.cuda(), cu(0, 5), cu(0, 12), 5, 12, block_table=table)
+
+
+@needs_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", ["contiguous", "paged16"])
 @pytest.mark.parametrize("sq,new,causal", [(1, 0, False), (1, 1, True), (3, 2, True)])

@@ -1,8 +1,12 @@
 #include "core/varlen_rules.hpp"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 
+#include "core/page_rules.hpp"
 #include "core/problem.hpp"
+#include "core/validate.hpp"
 
 namespace attn::detail {
 
@@ -95,6 +99,55 @@ Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q
   p.rule = packed.rule.for_sequence(b);
   p.dropout = packed.dropout.for_sequence(b);  // sequence b draws batch index b's mask
   return p;
+}
+
+// The paged varlen forward's rules (varlen_rules.hpp).
+Problem validate_packed_paged(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
+                              std::int64_t batch, const VarlenPages& pages, const AttentionOptions& opts,
+                              const TensorView* lse, const std::int32_t* table_address) {
+  const Span sk = check_view(who, "k", k, 4, false), sv = check_view(who, "v", v, 4, false);
+  static constexpr const char* kDims[] = {"num_pages", "page_size", "heads", "head_dim"};
+  for (int i = 0; i < 3; ++i) require_equal(who, "v", kDims[i], v.shape[i], "k", k.shape[i]);
+  TensorView k0 = k, v0 = v;
+  k0.shape[0] = v0.shape[0] = 1;
+  TensorView k3 = k0, v3 = v0;  // as the packed rank-3 form validate_packed takes: [page_size, heads, d]
+  for (TensorView* t : {&k3, &v3}) {
+    t->rank = 3;
+    t->shape = {t->shape[1], t->shape[2], t->shape[3], 1};
+    t->strides = {t->strides[1], t->strides[2], t->strides[3], 1};
+  }
+  Problem all = validate_packed(who, q, k3, v3, out, batch, opts, lse);
+  all.k = k0, all.v = v0;
+  check_cu_seqlens(who, "cu_seqlens_q", cu_seqlens_q, batch, all.seqlen_q);
+  check_cu_seqlens(who, "cu_seqlens_k", cu_seqlens_k, batch, -1);
+
+  const std::int64_t page_size = k.shape[1], num_pages = k.shape[0];
+  const BlockTableShape table = check_block_table(who, "pages.block_table", pages.block_table, pages.max_pages,
+                                                  pages.block_table_stride, batch, page_size);
+  std::int64_t max_keys = 0;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t keys = std::int64_t{cu_seqlens_k[b + 1]} - cu_seqlens_k[b];
+    if (keys > table.capacity)
+      fail(who, "cu_seqlens_k",
+           "sequence " + std::to_string(b) + " has " + std::to_string(keys) + " keys, more than the cache holds (" +
+               std::to_string(table.capacity) + " = max_pages x page_size)");
+    check_block_table_entries(who, "pages.block_table", pages.block_table, table.stride, b, keys, page_size, num_pages);
+    max_keys = std::max(max_keys, keys);
+  }
+  check_dropout_extent(who, all.dropout, batch, all.heads, all.seqlen_q, max_keys);
+  const Span so = check_view(who, "out", packed_as_batch_of_one(who, "out", out), 4, false);
+  const Span sl = lse ? check_view(who, "lse", *lse, 3, false) : Span{};
+  Span table_span = table.span;  // where the table lives: the device's copy on the CUDA backend
+  if (table_address)
+    table_span = check_block_table(who, "pages.block_table", table_address, pages.max_pages, pages.block_table_stride,
+                                   batch, page_size)
+                     .span;
+  for (auto [name, s] : {std::pair<const char*, Span>{"k", sk}, {"v", sv}, {"pages.block_table", table_span}}) {
+    if (overlaps(so, s)) fail(who, "out", std::string("overlaps input ") + name);
+    if (overlaps(sl, s)) fail(who, "lse", std::string("overlaps input ") + name);
+  }
+  return all;
 }
 
 }  // namespace attn::detail

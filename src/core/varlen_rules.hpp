@@ -30,6 +30,16 @@ void check_varlen_lse(std::string_view who, const TensorView* lse);
 // where they are readable (on the CUDA backend, once copied to the host).
 Problem validate_packed(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, std::int64_t batch, const AttentionOptions& opts, const TensorView* lse);
+// The paged varlen forward's checks (attention_varlen_paged, CPU and CUDA): q, out, lse and the options as
+// validate_packed checks them, with page 0 of k and v standing for the keys; then the cache views whole,
+// cu_seqlens, the block table, each sequence's key count against the capacity, and no output overlapping
+// the cache or the table. cu_seqlens and pages.block_table must be readable here (host copies on CUDA);
+// table_address, when given, is where the table lives for the overlap rule (the device's copy). Returns
+// the packed problem, whose k and v are page 0's views (with the cache's strides).
+Problem validate_packed_paged(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
+                              std::int64_t batch, const VarlenPages& pages, const AttentionOptions& opts,
+                              const TensorView* lse, const std::int32_t* table_address = nullptr);
 // The same for a varlen backward: batch, the rank-3 views of q, k, v, out, dout, dq, dk and dv (as one
 // [1, total, heads, head_dim] problem, validated by `validate_backward`) and lse, which a backward needs.
 // `lse` must outlive the result (the problem points at it).

@@ -11,6 +11,7 @@
 
 #include "core/problem.hpp"
 #include "core/validate.hpp"
+#include "core/page_rules.hpp"
 #include "core/varlen_rules.hpp"
 #include "cuda/heuristics.hpp"
 #include "cuda/layout.hpp"
@@ -76,6 +77,12 @@ std::vector<std::int32_t> to_host(const char* who, const std::int32_t* dev, std:
   return h;
 }
 
+// The caller's host mirror of a device index array when given, else a copy (a stream sync).
+std::vector<std::int32_t> host_array(const char* who, const std::int32_t* dev, const std::int32_t* host, std::int64_t n,
+                                     Stream stream) {
+  return host ? std::vector<std::int32_t>(host, host + n) : to_host(who, dev, n, stream);
+}
+
 int sm_count() {
   int dev = 0, n = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -127,6 +134,24 @@ void validate_forward(const char* who, const detail::Problem& p, const TensorVie
   if (opts.sinks) require_device(who, "sinks", opts.sinks);
 }
 
+// The forward over the sequences of a validated varlen call (cq: cu_seqlens_q on the host), reading the
+// keys through block_table when it is given.
+void launch_varlen(const char* who, const detail::Problem& p, const VarlenBatch& vb,
+                   const std::vector<std::int32_t>& cq, const TensorView* lse, Stream stream,
+                   const std::int32_t* block_table = nullptr, std::int64_t bt_stride = 0, std::int64_t page_size = 0) {
+  std::int64_t max_q = 0;
+  for (std::int64_t b = 0; b < vb.batch; ++b) max_q = std::max<std::int64_t>(max_q, cq[b + 1] - cq[b]);
+  cuda_detail::FwdParams f = forward_params(p, lse);
+  f.batch = vb.batch;
+  f.cu_q = vb.cu_seqlens_q;
+  f.cu_k = vb.cu_seqlens_k;
+  f.block_table = block_table;
+  f.bt_stride = bt_stride;
+  f.page_size = page_size;
+  if (max_q == 0) return;
+  check_cuda(who, cuda_detail::launchers().forward(f, p.dtype, max_q, stream), "kernel launch");
+}
+
 }  // namespace
 
 int device_count() {
@@ -156,22 +181,39 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   validate_forward(who, p, p.q, p.k, p.v, p.out, opts, lse);
   require_device(who, "cu_seqlens_q", vb.cu_seqlens_q);
   require_device(who, "cu_seqlens_k", vb.cu_seqlens_k);
-  const auto cq = vb.host_cu_seqlens_q
-                      ? std::vector<std::int32_t>(vb.host_cu_seqlens_q, vb.host_cu_seqlens_q + vb.batch + 1)
-                      : to_host(who, vb.cu_seqlens_q, vb.batch + 1, stream);
-  const auto ck = vb.host_cu_seqlens_k
-                      ? std::vector<std::int32_t>(vb.host_cu_seqlens_k, vb.host_cu_seqlens_k + vb.batch + 1)
-                      : to_host(who, vb.cu_seqlens_k, vb.batch + 1, stream);
+  const auto cq = host_array(who, vb.cu_seqlens_q, vb.host_cu_seqlens_q, vb.batch + 1, stream);
+  const auto ck = host_array(who, vb.cu_seqlens_k, vb.host_cu_seqlens_k, vb.batch + 1, stream);
   detail::check_cu_seqlens(who, "cu_seqlens_q", cq.data(), vb.batch, p.seqlen_q);
   detail::check_cu_seqlens(who, "cu_seqlens_k", ck.data(), vb.batch, p.seqlen_k);
-  std::int64_t max_q = 0;
-  for (std::int64_t b = 0; b < vb.batch; ++b) max_q = std::max<std::int64_t>(max_q, cq[b + 1] - cq[b]);
-  cuda_detail::FwdParams f = forward_params(p, lse);
-  f.batch = vb.batch;
-  f.cu_q = vb.cu_seqlens_q;
-  f.cu_k = vb.cu_seqlens_k;
-  if (max_q == 0) return;
-  check_cuda(who, cuda_detail::launchers().forward(f, p.dtype, max_q, stream), "kernel launch");
+  launch_varlen(who, p, vb, cq, lse, stream);
+}
+
+void attention_varlen_paged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                            const VarlenBatch& vb, const VarlenPages& pages, const AttentionOptions& opts,
+                            const TensorView* lse, Stream stream, const std::int32_t* host_block_table) {
+  const char* who = "attn::cuda::attention_varlen_paged";
+  detail::check_varlen_batch(who, vb.batch);
+  if (!vb.cu_seqlens_q) fail(who, "cu_seqlens_q", "pointer is null");
+  if (!vb.cu_seqlens_k) fail(who, "cu_seqlens_k", "pointer is null");
+  if (!pages.block_table) fail(who, "pages.block_table", "pointer is null");
+  // The table's extent (and its stride rule) before a copy of it is sized from them.
+  detail::check_block_table(who, "pages.block_table", pages.block_table, pages.max_pages, pages.block_table_stride,
+                            vb.batch, k.rank == 4 ? std::max<std::int64_t>(k.shape[1], 1) : 1);
+  for (auto [name, ptr] : {std::pair<const char*, const void*>{"cu_seqlens_q", vb.cu_seqlens_q},
+                           {"cu_seqlens_k", vb.cu_seqlens_k},
+                           {"pages.block_table", pages.block_table}})
+    require_device(who, name, ptr);
+  const std::int64_t bt_stride = pages.block_table_stride == 0 ? pages.max_pages : pages.block_table_stride;
+  const std::int64_t table_len = (vb.batch - 1) * bt_stride + pages.max_pages;
+  const auto cq = host_array(who, vb.cu_seqlens_q, vb.host_cu_seqlens_q, vb.batch + 1, stream);
+  const auto ck = host_array(who, vb.cu_seqlens_k, vb.host_cu_seqlens_k, vb.batch + 1, stream);
+  const auto table = host_array(who, pages.block_table, host_block_table, table_len, stream);
+  VarlenPages host_pages = pages;
+  host_pages.block_table = table.data();
+  const detail::Problem p = detail::validate_packed_paged(who, q, k, v, out, cq.data(), ck.data(), vb.batch, host_pages,
+                                                          opts, lse, pages.block_table);
+  validate_forward(who, p, p.q, p.k, p.v, p.out, opts, lse);
+  launch_varlen(who, p, vb, cq, lse, stream, pages.block_table, bt_stride, k.shape[1]);
 }
 
 std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,

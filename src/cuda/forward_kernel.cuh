@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include "core/kv_cache.hpp"
 #include "cuda/params.hpp"
 #include "cuda/tile.cuh"
 
@@ -32,7 +33,9 @@ struct FwdTraits {
   static constexpr int SMEM_BYTES = (BR + 4 * BC) * D * 2;  // Q, then 2 stages of K and of V (16-bit)
 };
 
-template <class E, class C>
+// PAGED: k and v are a paged cache read through p.block_table (varlen only). A template parameter, not a
+// run-time branch: the page lookup's registers made the d = 64 kernel spill (ptxas), paged or not.
+template <class E, class C, bool PAGED = false>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(const FwdParams p) {
   constexpr int D = C::D, THREADS = C::THREADS, BR = C::BR, BC = C::BC, NT = BC / 8, DT = D / 8;
   ATTN_DYNAMIC_SMEM(std::uint16_t, smem);
@@ -52,10 +55,13 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   const std::int64_t kvh = h / (p.heads / p.kv_heads);
   const std::uint16_t* q =
       static_cast<const std::uint16_t*>(p.q) + (p.cu_q ? 0 : b * p.qs[0]) + q_off * p.qs[1] + h * p.qs[2];
+  // Key rows: packed from row k_off (varlen), or batch b's, or (paged) each row looked up in the block table
+  // from kv head kvh's row of page 0.
+  const std::int64_t k_first = PAGED ? 0 : k_off, k_batch = PAGED || p.cu_q ? 0 : b;
   const std::uint16_t* k =
-      static_cast<const std::uint16_t*>(p.k) + (p.cu_q ? 0 : b * p.ks[0]) + k_off * p.ks[1] + kvh * p.ks[2];
+      static_cast<const std::uint16_t*>(p.k) + k_batch * p.ks[0] + k_first * p.ks[1] + kvh * p.ks[2];
   const std::uint16_t* v =
-      static_cast<const std::uint16_t*>(p.v) + (p.cu_q ? 0 : b * p.vs[0]) + k_off * p.vs[1] + kvh * p.vs[2];
+      static_cast<const std::uint16_t*>(p.v) + k_batch * p.vs[0] + k_first * p.vs[1] + kvh * p.vs[2];
 
   const detail::Mask mask = p.rule.mask(sq, sk);
   const TileRange tiles = key_tiles(mask, i0, BR, BC);
@@ -66,15 +72,25 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // The query row a lane holds: slab mt of the warp, half 0 (row lane/4) or 1 (row lane/4 + 8).
   auto lane_row = [&](int mt, int half) -> std::int64_t { return i0 + (warp * C::MT + mt) * 16 + lane / 4 + 8 * half; };
-  // Tiles lie in [0, sk) and row blocks start below sq, so each has at least one valid row.
-  auto load_kv = [&](std::uint16_t* dst, const std::uint16_t* base, std::int64_t stride, std::int64_t t) {
-    load_strided_tile<D, THREADS, BC>(dst, base + t * BC * stride, stride, valid_rows(sk - t * BC, BC));
+  // Tiles lie in [0, sk) and row blocks start below sq, so each has at least one valid row. A paged tile
+  // (PAGED) looks each row's page up; rows past the sequence name its last key.
+  auto load_kv = [&](std::uint16_t* dst, const std::uint16_t* base, const std::int64_t(&s)[3], std::int64_t t) {
+    const int valid = valid_rows(sk - t * BC, BC);
+    if constexpr (!PAGED) {
+      load_strided_tile<D, THREADS, BC>(dst, base + t * BC * s[1], s[1], valid);
+    } else {
+      load_tile<D, THREADS, BC>(dst, [&](int r) {
+        const std::int64_t j = t * BC + clamp_row(r, valid);
+        return RowSource{base + detail::cache_row_offset(b, j, s[0], s[1], p.block_table, p.bt_stride, p.page_size),
+                         r < valid};
+      });
+    }
   };
   if (tiles.first < tiles.end) {
     load_strided_tile<D, THREADS, BR>(sQ, q + i0 * p.qs[1], p.qs[1], valid_rows(sq - i0, BR));
-    load_kv(sK, k, p.ks[1], tiles.first);
+    load_kv(sK, k, p.ks, tiles.first);
     cp_async_commit();
-    load_kv(sV, v, p.vs[1], tiles.first);
+    load_kv(sV, v, p.vs, tiles.first);
     cp_async_commit();
   }
 
@@ -94,7 +110,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
     const int stage = static_cast<int>((t - tiles.first) & 1);
     cp_async_wait<1>();  // K(t) (and Q) landed; V(t) may still be in flight
     __syncthreads();
-    if (t + 1 < tiles.end) load_kv(sK + (stage ^ 1) * BC * D, k, p.ks[1], t + 1);
+    if (t + 1 < tiles.end) load_kv(sK + (stage ^ 1) * BC * D, k, p.ks, t + 1);
     cp_async_commit();
 
     const bool need_mask = tile_needs_mask(mask, i0, BR, BC, t);
@@ -113,7 +129,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
 
     cp_async_wait<1>();  // V(t) landed; K(t+1) may still be in flight
     __syncthreads();
-    if (t + 1 < tiles.end) load_kv(sV + (stage ^ 1) * BC * D, v, p.vs[1], t + 1);
+    if (t + 1 < tiles.end) load_kv(sV + (stage ^ 1) * BC * D, v, p.vs, t + 1);
     cp_async_commit();
     std::uint16_t* vt = sV + stage * BC * D;
     if (need_mask && any_nonfinite<E, D, BC, THREADS>(vt)) {  // rare: see tile.cuh
@@ -164,7 +180,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
 template <class E, class C>
 int launch_forward_with(const FwdParams& p, std::int64_t max_seqlen_q, cudaStream_t stream) {
   constexpr int BR = C::BR, smem = C::SMEM_BYTES;
-  auto kernel = forward_kernel<E, C>;
+  auto kernel = p.block_table ? forward_kernel<E, C, true> : forward_kernel<E, C, false>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
   const dim3 grid(static_cast<unsigned>((max_seqlen_q + BR - 1) / BR), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(p.batch));

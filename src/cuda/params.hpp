@@ -18,7 +18,11 @@ struct FwdParams {
   std::int64_t qs[3], ks[3], vs[3], os[3], ls[3];  // strides of dims 0..2 (last dim contiguous)
   std::int64_t batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim;
   const std::int32_t* cu_q = nullptr;  // varlen (device, [batch + 1]): rows [cu[b], cu[b+1]) of dim 1
-  const std::int32_t* cu_k = nullptr;
+  const std::int32_t* cu_k = nullptr;  // with block_table: only each sequence's key count (differences)
+  // Paged keys and values (varlen only): k, v [num_pages, page_size, kv_heads, d] with ks/vs[0] the page
+  // stride and [1] the slot stride; key j of sequence b in page block_table[b * bt_stride + j / page_size].
+  const std::int32_t* block_table = nullptr;  // device; nullptr = k, v packed like q
+  std::int64_t bt_stride = 0, page_size = 0;
   detail::ScoreRule rule;  // alibi_slopes in device memory
 };
 
