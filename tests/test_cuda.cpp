@@ -206,6 +206,72 @@ TEST_F(Gpu, VarlenPagedRejectsBadTablesWithoutWriting) {
   for (auto x : dout.get()) ASSERT_NE(x.bits, 0xFFFF);
 }
 
+// cache_batch_idx and cache_leftpad only move where a sequence's keys are read and appended: the same
+// keys compacted into cache rows 0 .. batch - 1 from position 0 must give the same out and lse bit for
+// bit (the kernel's key order and slices are the same), and the append must land at batch_idx[b]'s row.
+TEST_F(Gpu, DecodeBatchIdxAndLeftpadEqualTheCompactedCache) {
+  const std::int64_t B = 3, rows_in_cache = 5, cap = 96, H = 4, HK = 2, D = 64, SQ = 2, NEW = 2;
+  const std::vector<std::int32_t> seqlens = {40, 90, 7}, leftpad = {3, 0, 7}, batch_idx = {4, 0, 2};
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto big_k = test::random_tensor<bf16_t>(rows_in_cache, cap, HK, D, seed, 2.0),
+       big_v = test::random_tensor<bf16_t>(rows_in_cache, cap, HK, D, seed + 1);
+  auto q = test::random_tensor<bf16_t>(B, SQ, H, D, seed + 2, 2.0);
+  auto kn = test::random_tensor<bf16_t>(B, NEW, HK, D, seed + 3, 2.0),
+       vn = test::random_tensor<bf16_t>(B, NEW, HK, D, seed + 4);
+  Tensor<bf16_t> small_k(B, cap, HK, D), small_v(B, cap, HK, D);
+  std::vector<std::int32_t> small_seqlens(static_cast<std::size_t>(B));
+  for (std::int64_t b = 0; b < B; ++b) {
+    small_seqlens[b] = seqlens[b] - leftpad[b];
+    for (std::int64_t j = 0; j < small_seqlens[b]; ++j)
+      for (std::int64_t g = 0; g < HK; ++g)
+        for (std::int64_t x = 0; x < D; ++x) {
+          small_k.at(b, j, g, x) = big_k.at(batch_idx[b], leftpad[b] + j, g, x);
+          small_v.at(b, j, g, x) = big_v.at(batch_idx[b], leftpad[b] + j, g, x);
+        }
+  }
+  Dev<bf16_t> dq(q.data), dkn(kn.data), dvn(vn.data);
+  Dev<std::int32_t> dseq(seqlens), dsmall_seq(small_seqlens), dleft(leftpad), didx(batch_idx);
+  TensorView knv = dview(dkn, B, NEW, HK, D), vnv = dview(dvn, B, NEW, HK, D);
+  for (bool causal : {false, true})
+    for (std::int64_t splits : {1, 3}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "") + " splits " + std::to_string(splits));
+      AttentionOptions o;
+      o.causal = causal;
+      DecodeOptions dec;
+      dec.num_splits = splits;
+      dec.k_new = &knv;
+      dec.v_new = &vnv;
+      auto run = [&](Tensor<bf16_t>& k, Tensor<bf16_t>& v, std::int64_t n_rows, const Dev<std::int32_t>& seq,
+                     const std::int32_t* idx, const std::int32_t* left, std::vector<bf16_t>* k_after) {
+        Dev<bf16_t> dk(k.data), dv(v.data), dout(poisoned<bf16_t>(q.data.size()));
+        Dev<float> dlse(poisoned<float>(static_cast<std::size_t>(B * H * SQ)));
+        KVCache cache;
+        cache.k = dview(dk, n_rows, cap, HK, D);
+        cache.v = dview(dv, n_rows, cap, HK, D);
+        cache.seqlens = seq.ptr;
+        cache.batch_idx = idx;
+        cache.leftpad = left;
+        TensorView lv = TensorView::contiguous(dlse.ptr, B, H, SQ);
+        cuda::attention_decode(dview(dq, B, SQ, H, D), cache, dview(dout, B, SQ, H, D), o, dec, &lv);
+        if (cudaDeviceSynchronize() != cudaSuccess) ADD_FAILURE() << "decode failed";
+        *k_after = dk.get();
+        return std::pair{dout.get(), dlse.get()};
+      };
+      std::vector<bf16_t> big_after, small_after;
+      const auto [got, got_lse] = run(big_k, big_v, rows_in_cache, dseq, didx.ptr, dleft.ptr, &big_after);
+      const auto [want, want_lse] = run(small_k, small_v, B, dsmall_seq, nullptr, nullptr, &small_after);
+      for (std::size_t x = 0; x < want.size(); ++x) ASSERT_EQ(got[x].bits, want[x].bits) << "out element " << x;
+      for (std::size_t x = 0; x < want_lse.size(); ++x)
+        ASSERT_EQ(std::memcmp(&got_lse[x], &want_lse[x], sizeof(float)), 0) << "lse element " << x;
+      for (std::int64_t b = 0; b < B; ++b)  // the appended rows, at seqlens[b] of cache row batch_idx[b]
+        for (std::int64_t j = 0; j < NEW; ++j) {
+          const std::size_t at = static_cast<std::size_t>(((batch_idx[b] * cap + seqlens[b] + j) * HK) * D);
+          EXPECT_EQ(big_after[at].bits, kn.at(b, j, 0, 0).bits) << "sequence " << b << " new key " << j;
+        }
+    }
+}
+
 class GpuDecode : public Gpu, public ::testing::WithParamInterface<DecodeCase> {};
 TEST_P(GpuDecode, Bf16MatchesTheOracle) { check_decode<bf16_t>(GetParam()); }
 TEST_P(GpuDecode, F16MatchesTheOracle) { check_decode<f16_t>(GetParam()); }

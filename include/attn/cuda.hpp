@@ -1,8 +1,8 @@
 // The CUDA backend (built when CMake's ATTN_CUDA is on; the macro ATTN_HAS_CUDA is then defined for
 // every target that links attn). Same shapes, options and validation rules as the CPU entry points
 // (include/attn/attention.hpp, include/attn/decode.hpp), with these differences:
-//   * every TensorView's data, KVCache::seqlens / block_table, cu_seqlens, alibi_slopes and sinks point to
-//     device memory (cudaMalloc); a host pointer is rejected with std::invalid_argument;
+//   * every TensorView's data, KVCache::seqlens / block_table / batch_idx / leftpad, cu_seqlens, alibi_slopes and
+//     sinks point to device memory (cudaMalloc); a host pointer is rejected with std::invalid_argument;
 //   * q, k, v, out (and the cache, k_new, v_new) are bf16 or f16 with head_dim 64, 128 or 256 (v's the
 //     same as q's: unequal head dims and the MLA cache view are CPU-only), the last
 //     dimension contiguous and every row 16-byte aligned (data and strides of dims 0..2 multiples of 8
@@ -68,11 +68,13 @@ void attention_varlen_paged(const TensorView& q, const TensorView& k, const Tens
 // merge kernel. DecodeOptions::num_splits = 0 picks the split count from the number of SMs
 // (cuda::decode_num_splits, src/cuda/heuristics.hpp); any value >= 1 gives the same result up to rounding.
 struct DecodeHostMirror {
-  // Optional host copies of cache.seqlens [batch] and cache.block_table [batch x stride]: validation
-  // and planning read them instead of copying from the device (no stream sync). They must equal the
-  // device contents.
+  // Optional host copies of cache.seqlens [batch], cache.block_table [batch x stride], cache.batch_idx and
+  // cache.leftpad: validation and planning read them instead of copying from the device (no stream sync).
+  // They must equal the device contents.
   const std::int32_t* seqlens = nullptr;
   const std::int32_t* block_table = nullptr;
+  const std::int32_t* batch_idx = nullptr;  // cache.batch_idx [batch]
+  const std::int32_t* leftpad = nullptr;    // cache.leftpad [batch]
 };
 void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out,
                       const AttentionOptions& opts = {}, const DecodeOptions& decode = {},

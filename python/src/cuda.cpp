@@ -69,9 +69,9 @@ void varlen_forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray
   attn::cuda::attention_varlen(qv, kv, vv, ov, batch, o, &lv, stream_of(stream));
 }
 
-// flash_attn_with_kvcache on CUDA tensors: attn::cuda::attention_decode (what it rejects -- cache_batch_idx,
-// cache_leftpad, rotary, quantized caches, keys_per_split -- it rejects by name). Reading cache_seqlens and
-// the block table for validation copies them to the host and synchronises `stream`.
+// flash_attn_with_kvcache on CUDA tensors: attn::cuda::attention_decode (what it rejects -- rotary,
+// quantized caches, keys_per_split -- it rejects by name). Reading cache_seqlens, the block table,
+// cache_batch_idx and cache_leftpad for validation copies them to the host and synchronises `stream`.
 void kvcache_cuda(const CudaArray& q, const CudaArray& k_cache, const CudaArray& v_cache, const CudaArray& out,
                   std::optional<CudaArray> lse, const CudaArray& cache_seqlens, std::optional<CudaArray> block_table,
                   std::optional<CudaArray> k_new, std::optional<CudaArray> v_new, std::optional<CudaArray> batch_idx,

@@ -155,6 +155,37 @@ def test_cuda_kvcache_bad_input_gets_a_named_error():
     q, k_cache, v_cache = q.cuda(), k_cache.cuda(), v_cache.cuda()
     with pytest.raises(attn.AttnError, match="cache_seqlens: must be on q's device"):
         attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
-    with pytest.raises(attn.AttnError, match="cache.batch_idx"):
-        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens.cuda(),
-                                     cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32, device="cuda"))
+    cos = torch.ones(64, 32, device="cuda")
+    with pytest.raises(attn.AttnError, match="rotary"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens.cuda(), rotary_cos=cos,
+                                     rotary_sin=cos)
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_kvcache_batch_idx_and_leftpad_equal_the_compacted_cache(causal):
+    """cache_batch_idx and cache_leftpad only move where keys are read and appended: the same keys
+    compacted into rows 0..batch-1 from position 0 give the same out and lse bit for bit."""
+    g = torch.Generator().manual_seed(21)
+    rows, cap, hk, d = 5, 96, 2, 64
+    seqlens, leftpad, batch_idx = [40, 90, 7], [3, 0, 7], [4, 0, 2]
+    big_k, big_v = (torch.randn(rows, cap, hk, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(3, 2, 4, d, generator=g).to(torch.bfloat16)
+    k_new, v_new = (torch.randn(3, 1, hk, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    small_k, small_v = (torch.zeros(3, cap, hk, d, dtype=torch.bfloat16) for _ in range(2))
+    for b in range(3):
+        keys = slice(leftpad[b], seqlens[b])
+        small_k[b, :keys.stop - keys.start] = big_k[batch_idx[b], keys]
+        small_v[b, :keys.stop - keys.start] = big_v[batch_idx[b], keys]
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")
+    kc, vc = big_k.cuda(), big_v.cuda()
+    got, got_lse = attn.flash_attn_with_kvcache(q.cuda(), kc, vc, k_new.cuda(), v_new.cuda(),
+                                                cache_seqlens=i32(seqlens), cache_batch_idx=i32(batch_idx),
+                                                cache_leftpad=i32(leftpad), causal=causal, return_softmax_lse=True)
+    want, want_lse = attn.flash_attn_with_kvcache(q.cuda(), small_k.cuda(), small_v.cuda(), k_new.cuda(),
+                                                  v_new.cuda(),
+                                                  cache_seqlens=i32([s - l for s, l in zip(seqlens, leftpad)]),
+                                                  causal=causal, return_softmax_lse=True)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    for b in range(3):
+        assert torch.equal(kc[batch_idx[b], seqlens[b]].cpu(), k_new[b, 0]), "the append, at row batch_idx[b]"

@@ -237,8 +237,6 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
                       const DecodeOptions& dec, const TensorView* lse, Stream stream, const DecodeHostMirror& host) {
   const char* who = "attn::cuda::attention_decode";
   const bool paged = cache.block_table != nullptr;
-  if (cache.batch_idx) fail(who, "cache.batch_idx", "not supported by the CUDA backend yet; must be null");
-  if (cache.leftpad) fail(who, "cache.leftpad", "not supported by the CUDA backend yet; must be null");
   if (dec.rotary) fail(who, "rotary", "not supported by the CUDA backend yet; must be null");
   if (is_quantized(cache.k.dtype))  // the CPU validator would read the scales as host memory
     fail(who, "cache.k",
@@ -253,18 +251,22 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
     fail(who, "cache.block_table_stride", "must be >= max_pages (" + std::to_string(cache.max_pages) + ") or 0");
   require_device(who, "cache.seqlens", cache.seqlens);
   if (paged) require_device(who, "cache.block_table", cache.block_table);
-  // The CPU validator reads seqlens and the block table: give it host copies.
-  const auto seqlens = host.seqlens ? std::vector<std::int32_t>(host.seqlens, host.seqlens + batch)
-                                    : to_host(who, cache.seqlens, batch, stream);
-  std::vector<std::int32_t> table;
-  if (paged) {
-    const std::int64_t n = (batch - 1) * bt_stride + cache.max_pages;
-    table = host.block_table ? std::vector<std::int32_t>(host.block_table, host.block_table + n)
-                             : to_host(who, cache.block_table, n, stream);
-  }
+  if (cache.batch_idx) require_device(who, "cache.batch_idx", cache.batch_idx);
+  if (cache.leftpad) require_device(who, "cache.leftpad", cache.leftpad);
+  // The CPU validator reads seqlens, the block table, batch_idx and leftpad: give it host copies.
+  const auto seqlens = host_array(who, cache.seqlens, host.seqlens, batch, stream);
+  const auto table =
+      paged ? host_array(who, cache.block_table, host.block_table, (batch - 1) * bt_stride + cache.max_pages, stream)
+            : std::vector<std::int32_t>{};
+  const auto batch_idx =
+      cache.batch_idx ? host_array(who, cache.batch_idx, host.batch_idx, batch, stream) : std::vector<std::int32_t>{};
+  const auto leftpad =
+      cache.leftpad ? host_array(who, cache.leftpad, host.leftpad, batch, stream) : std::vector<std::int32_t>{};
   KVCache hc = cache;
   hc.seqlens = seqlens.data();
   hc.block_table = paged ? table.data() : nullptr;
+  hc.batch_idx = cache.batch_idx ? batch_idx.data() : nullptr;
+  hc.leftpad = cache.leftpad ? leftpad.data() : nullptr;
   const detail::DecodeProblem p = detail::validate_decode(who, q, hc, out, opts, dec, lse);
   if (q.dtype != cache.k.dtype) fail(who, "q", "dtype must be the cache's on CUDA (f32 activations are CPU-only)");
   if (dec.keys_per_split > 0)
@@ -298,6 +300,8 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   d.seqlen_new = p.seqlen_new;
   d.seqlens = cache.seqlens;
   d.block_table = cache.block_table;
+  d.batch_idx = cache.batch_idx;
+  d.leftpad = cache.leftpad;
   d.bt_stride = bt_stride;
   d.page_size = cache.k.shape[1];
   d.rule = p.rule;

@@ -47,7 +47,10 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   const std::int64_t w = blockIdx.x, b = blockIdx.z;
   const std::int64_t g0 = blockIdx.y / p.row_blocks * HB, r0 = (blockIdx.y % p.row_blocks) * kRows;
   const std::int64_t group = p.heads / p.kv_heads, rows = group * p.seqlen_q;
-  const std::int64_t sk = std::int64_t{p.seqlens[b]} + p.seqlen_new;
+  // Sequence b's keys: cache positions key0 .. seqlens[b] + seqlen_new - 1 of cache row `row` (leftpad and
+  // batch_idx, contiguous caches only), as DecodeProblem::key_offset reads them on the CPU.
+  const std::int64_t key0 = p.leftpad ? std::int64_t{p.leftpad[b]} : 0, row = p.batch_idx ? p.batch_idx[b] : b;
+  const std::int64_t sk = std::int64_t{p.seqlens[b]} + p.seqlen_new - key0;
   const detail::Mask mask = p.rule.mask(p.seqlen_q, sk);
   // The slice, trimmed to the keys some query of this sequence can see.
   const KeyRange slice = detail::split_slice(sk, p.num_splits, w);
@@ -70,13 +73,13 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
       auto dst_row = [](int r) { return (r % C::HB) * C::BK + r / C::HB; };
       std::uint16_t* dst = tiles + stage * TILE * D;
       if (p.block_table == nullptr && C::HB == 1) {
-        load_strided_tile<D, C::THREADS, TILE>(dst, head0 + b * s[0] + j0 * s[1], s[1], keys);
+        load_strided_tile<D, C::THREADS, TILE>(dst, head0 + row * s[0] + (key0 + j0) * s[1], s[1], keys);
       } else if (p.block_table == nullptr) {
-        const std::uint16_t* first = head0 + b * s[0] + j0 * s[1];
+        const std::uint16_t* tile0 = head0 + row * s[0] + (key0 + j0) * s[1];
         load_tile<D, C::THREADS, TILE>(
             dst,
             [&](int r) {
-              return RowSource{first + clamp_row(r / C::HB, keys) * s[1] + (r % C::HB) * head_stride, r / C::HB < keys};
+              return RowSource{tile0 + clamp_row(r / C::HB, keys) * s[1] + (r % C::HB) * head_stride, r / C::HB < keys};
             },
             dst_row);
       } else {
@@ -287,11 +290,14 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodePar
 template <int Unused = 0>
 __global__ void append_kernel(const DecodeParams p) {
   const std::int64_t j = blockIdx.x, b = blockIdx.y, pos = std::int64_t{p.seqlens[b]} + j;
+  const std::int64_t row = p.batch_idx ? p.batch_idx[b] : b;  // batch_idx: contiguous caches only
   const std::int64_t n = p.kv_heads * p.head_dim;
   for (std::int64_t x = threadIdx.x; x < n; x += blockDim.x) {
     const std::int64_t g = x / p.head_dim, c = x % p.head_dim;
-    const std::int64_t ko = detail::cache_row_offset(b, pos, p.ks[0], p.ks[1], p.block_table, p.bt_stride, p.page_size);
-    const std::int64_t vo = detail::cache_row_offset(b, pos, p.vs[0], p.vs[1], p.block_table, p.bt_stride, p.page_size);
+    const std::int64_t ko =
+        detail::cache_row_offset(row, pos, p.ks[0], p.ks[1], p.block_table, p.bt_stride, p.page_size);
+    const std::int64_t vo =
+        detail::cache_row_offset(row, pos, p.vs[0], p.vs[1], p.block_table, p.bt_stride, p.page_size);
     const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(p.k))[ko + g * p.k_head_stride + c] =
         static_cast<const std::uint16_t*>(p.k_new)[b * p.kns[0] + j * p.kns[1] + g * p.kns[2] + c];
     const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(p.v))[vo + g * p.v_head_stride + c] =

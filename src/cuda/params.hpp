@@ -37,6 +37,9 @@ struct DecodeParams {
   const std::int32_t* seqlens;      // device
   const std::int32_t* block_table;  // device; nullptr = contiguous
   std::int64_t bt_stride, page_size;
+  // Contiguous caches (device; nullptr = off): sequence b's cache row, and its first key position.
+  const std::int32_t* batch_idx = nullptr;
+  const std::int32_t* leftpad = nullptr;
   detail::ScoreRule rule;   // alibi_slopes in device memory
   std::int64_t num_splits;  // >= 1
   std::int64_t row_blocks;  // ceil(group * seqlen_q / 16)
