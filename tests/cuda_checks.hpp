@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attn/cuda.hpp"
+#include "core/rotary.hpp"
 #include "support.hpp"
 
 namespace attn::test {
@@ -143,7 +144,41 @@ struct DecodeCase {
   std::int64_t page_size = 64;
   bool head_major = false;  // cache stored [pages, kv_heads, rows, d] (Hugging Face's), viewed with strides
   bool sinks = false;       // attention sinks (test::sinks_for)
+  int rotary = 0;           // with appends: 1 rotates all of d (GPT-NeoX pairs), 2 half of d (GPT-J, interleaved)
 };
+
+// Random rotary tables [positions][rotary_dim / 2] (f32 angles of position x frequency) and their view.
+struct RotaryCase {
+  std::vector<float> cos, sin;
+  RotaryTables tables;
+  RotaryCase(int kind, std::int64_t d, std::int64_t positions) {
+    tables.rotary_dim = kind == 1 ? d : d / 2;
+    tables.interleaved = kind == 2;
+    tables.positions = positions;
+    const std::int64_t half = tables.rotary_dim / 2;
+    for (std::int64_t pos = 0; pos < positions; ++pos)
+      for (std::int64_t c = 0; c < half; ++c) {
+        const double angle = static_cast<double>(pos) * std::pow(10000.0, -static_cast<double>(c) / half);
+        cos.push_back(static_cast<float>(std::cos(angle)));
+        sin.push_back(static_cast<float>(std::sin(angle)));
+      }
+    tables.cos = cos.data();
+    tables.sin = sin.data();
+  }
+};
+
+// Each d-long row of t (rows r with first <= r's position index) rotated in place at position pos(row
+// index in dim 1): the host's rotary (core/rotary.hpp), in the accumulator type A, stored back as T.
+template <class A, class T, class PosFn>
+void rotate_rows(Tensor<T>& t, std::int64_t b, std::int64_t first, const RotaryTables& r, PosFn pos) {
+  std::vector<A> row(static_cast<std::size_t>(t.d));
+  for (std::int64_t i = first; i < t.s; ++i)
+    for (std::int64_t h = 0; h < t.h; ++h) {
+      for (std::int64_t x = 0; x < t.d; ++x) row[x] = detail::load<A>(t.at(b, i, h, x));
+      detail::rotate_row<A>(row.data(), r, pos(i));
+      for (std::int64_t x = 0; x < t.d; ++x) t.at(b, i, h, x) = detail::store<T>(row[x]);
+    }
+}
 
 inline void PrintTo(const DecodeCase&, std::ostream* os) { *os << "(see the name)"; }
 
@@ -168,7 +203,11 @@ void check_decode(const DecodeCase& c) {
   for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<std::int32_t>(i);
   std::shuffle(table.begin(), table.end(), rng);  // pages scattered through the pool
 
-  // The oracle: the CPU decode... no: the f64 reference on each sequence's gathered keys.
+  // Rotary: the kernels rotate q and the appended keys in f32 and store them as T, as the textbook's inputs
+  // below are made; the oracle rotates the same T values in f64.
+  const RotaryCase rot(c.rotary, c.d, c.max_len + c.sq);
+
+  // The oracle: the f64 reference on each sequence's gathered keys.
   AttentionOptions o;
   o.causal = c.causal;
   const std::vector<float> sinks = test::sinks_for(c.heads);
@@ -196,6 +235,14 @@ void check_decode(const DecodeCase& c) {
     std::copy(q.data.begin() + b * c.sq * c.heads * c.d, q.data.begin() + (b + 1) * c.sq * c.heads * c.d,
               qb.data.begin());
     auto q64 = test::to_f64(qb), k64 = test::to_f64(kb), v64 = test::to_f64(vb);
+    if (c.rotary) {  // q row i at seqlens[b] + i (causal) or seqlens[b]; the appended key j at position j
+      auto q_pos = [&](std::int64_t i) { return seqlens[b] + (c.causal ? i : 0); };
+      auto k_pos = [](std::int64_t j) { return j; };
+      rotate_rows<double>(q64, 0, 0, rot.tables, q_pos);
+      rotate_rows<double>(k64, 0, seqlens[b], rot.tables, k_pos);
+      rotate_rows<float>(qb, 0, 0, rot.tables, q_pos);
+      rotate_rows<float>(kb, 0, seqlens[b], rot.tables, k_pos);
+    }
     std::vector<double> l(static_cast<std::size_t>(c.heads * c.sq));
     TensorView lv = TensorView::contiguous(l.data(), 1, c.heads, c.sq);
     attention_reference(q64.view(), k64.view(), v64.view(),
@@ -242,6 +289,11 @@ void check_decode(const DecodeCase& c) {
     dec.k_new = &knv;
     dec.v_new = &vnv;
   }
+  Dev<float> d_cos(rot.cos), d_sin(rot.sin);
+  RotaryTables d_rot = rot.tables;
+  d_rot.cos = d_cos.ptr;
+  d_rot.sin = d_sin.ptr;
+  if (c.rotary) dec.rotary = &d_rot;
   TensorView lv = TensorView::contiguous(dlse.ptr, c.batch, c.heads, c.sq);
   Dev<float> d_sinks(sinks);
   if (c.sinks) o.sinks = d_sinks.ptr;
@@ -262,7 +314,13 @@ void check_decode(const DecodeCase& c) {
         const std::int64_t slot = c.paged ? pos % c.page_size : pos;
         const std::int64_t at =
             c.head_major ? (page * c.kv_heads * rows + slot) * c.d : (page * rows + slot) * c.kv_heads * c.d;
-        EXPECT_EQ(kh[at].bits, kn.at(b, j, 0, 0).bits);
+        if (!c.rotary) EXPECT_EQ(kh[at].bits, kn.at(b, j, 0, 0).bits);
+        if (c.rotary)  // feature 0, rotated at position `pos` in f32: T's rounding apart, the host's value
+          EXPECT_NEAR(detail::load<double>(kh[at]),
+                      detail::load<double>(kn.at(b, j, 0, 0)) * rot.cos[pos * rot.tables.rotary_dim / 2] -
+                          detail::load<double>(kn.at(b, j, 0, rot.tables.interleaved ? 1 : rot.tables.rotary_dim / 2)) *
+                              rot.sin[pos * rot.tables.rotary_dim / 2],
+                      0.02 * (1 + std::abs(detail::load<double>(kh[at]))));
       }
   }
 }

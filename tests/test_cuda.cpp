@@ -286,15 +286,18 @@ INSTANTIATE_TEST_SUITE_P(
                       DecodeCase{4, 2, 40, 8, 128, 1200, true, true, 3, 0, 16},         // 10 rows x 2 queries: 2 slabs
                       DecodeCase{2, 1, 8, 8, 128, 700, false, true, 0, 5, 64},          // append 5 new keys
                       DecodeCase{2, 1, 16, 4, 128, 900, false, false, 0, 0, 64, true},  // kv-head-major cache
-                      DecodeCase{2, 3, 8, 2, 64, 2000, true, true, 5, 0, 64, false, true},       // sinks, 5 splits
-                      DecodeCase{3, 1, 32, 8, 128, 3000, false, false, 1, 0, 64, false, true}),  // sinks, 1 split
+                      DecodeCase{2, 3, 8, 2, 64, 2000, true, true, 5, 0, 64, false, true},        // sinks, 5 splits
+                      DecodeCase{3, 1, 32, 8, 128, 3000, false, false, 1, 0, 64, false, true},    // sinks, 1 split
+                      DecodeCase{2, 1, 8, 2, 128, 700, false, false, 3, 4, 64, false, false, 1},  // rotary, NeoX
+                      DecodeCase{2, 3, 8, 2, 64, 500, true, true, 0, 3, 16, false, false, 2}),    // GPT-J, half d
     [](const ::testing::TestParamInfo<DecodeCase>& i) {
       const DecodeCase& c = i.param;
       return std::to_string(i.index) + "_b" + std::to_string(c.batch) + "_q" + std::to_string(c.sq) + "_h" +
              std::to_string(c.heads) + "x" + std::to_string(c.kv_heads) + "_d" + std::to_string(c.d) + "_n" +
              std::to_string(c.max_len) + (c.causal ? "_causal" : "") + (c.paged ? "_paged" : "_contiguous") +
              "_splits" + std::to_string(c.splits) + (c.seqlen_new ? "_append" : "") +
-             (c.head_major ? "_headmajor" : "") + (c.sinks ? "_sinks" : "");
+             (c.head_major ? "_headmajor" : "") + (c.sinks ? "_sinks" : "") +
+             (c.rotary ? "_rotary" + std::to_string(c.rotary) : "");
     });
 
 // ---- Non-finite inputs: the CPU's rules (docs/robustness.md) ------------------------------------------

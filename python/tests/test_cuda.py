@@ -155,10 +155,42 @@ def test_cuda_kvcache_bad_input_gets_a_named_error():
     q, k_cache, v_cache = q.cuda(), k_cache.cuda(), v_cache.cuda()
     with pytest.raises(attn.AttnError, match="cache_seqlens: must be on q's device"):
         attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
-    cos = torch.ones(64, 32, device="cuda")
-    with pytest.raises(attn.AttnError, match="rotary"):
-        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens.cuda(), rotary_cos=cos,
-                                     rotary_sin=cos)
+    with pytest.raises(attn.AttnError, match="keys_per_split"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens.cuda(), keys_per_split=64)
+
+
+@needs_gpu
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("causal,sq", [(False, 1), (True, 3)])
+def test_cuda_kvcache_rotary_matches_flash_attn_layers_rotary(interleaved, causal, sq):
+    """q and the appended keys rotated as flash_attn.layers.rotary rotates them (at the cache position,
+    q per row when causal), then the 2x rule against the f64 reference on the rotated inputs."""
+    from attn.flash_attn.layers.rotary import apply_rotary_emb
+    from test_kvcache import make_case
+    b, hk, group, d, max_len, new = 2, 2, 4, 64, 200, 3
+    q, k_cache, v_cache, seqlens, k_new, v_new = make_case(b, sq, hk, group, d, max_len, new, torch.bfloat16, seed=13)
+    angle = torch.rand(256, 16, dtype=torch.float64) * 6  # rotary_dim 32 of d 64
+    cos, sin = angle.cos().float(), angle.sin().float()
+    kc = k_cache.cuda()
+    out = attn.flash_attn_with_kvcache(q.cuda(), kc, v_cache.cuda(), k_new.cuda(), v_new.cuda(), rotary_cos=cos.cuda(),
+                                       rotary_sin=sin.cuda(), cache_seqlens=seqlens.cuda(), causal=causal,
+                                       rotary_interleaved=interleaved).cpu()
+    c64, s64 = cos.double(), sin.double()
+    for i in range(b):
+        n = int(seqlens[i])
+        k_rot = apply_rotary_emb(k_new[i:i + 1].double(), c64, s64, interleaved=interleaved, seqlen_offsets=n)
+        torch.testing.assert_close(kc[i, n:n + new].cpu().double(), k_rot[0], rtol=1e-2, atol=1e-2)
+        q_rot = (apply_rotary_emb(q[i:i + 1].double(), c64, s64, interleaved=interleaved, seqlen_offsets=n) if causal
+                 else apply_rotary_emb(q[i:i + 1].double(), c64[n:n + 1].expand(sq, -1), s64[n:n + 1].expand(sq, -1),
+                                       interleaved=interleaved))
+        keys = torch.cat((k_cache[i:i + 1, :n].double(), k_rot), dim=1)
+        values = v_cache[i:i + 1, :n + new].clone()
+        values[0, n:] = v_new[i]
+        # The oracle on the exact rotations; the textbook on them rounded to bf16, as the kernels store them.
+        textbook = attention_ref(q_rot.to(torch.bfloat16), keys.to(torch.bfloat16), values, causal=causal,
+                                 upcast=False)
+        check_rule(out[i:i + 1], attention_ref(q_rot, keys, values, causal=causal), textbook, 2, torch.bfloat16,
+                   f"sequence {i}")
 
 
 @needs_gpu

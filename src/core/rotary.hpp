@@ -1,14 +1,16 @@
 // Rotary position embedding (RoPE) as flash_attn_with_kvcache applies it to the appended keys and to the
 // queries (include/attn/decode.hpp, DecodeOptions::rotary): the first rotary_dim features of a row at
 // position p are rotated pairwise by the angle whose cos and sin are row p of the tables, pairs being
-// (c, c + rotary_dim / 2) (GPT-NeoX, interleaved = false) or (2c, 2c + 1) (GPT-J, interleaved = true).
-// Written once; the CPU decode calls it where it packs q and where it appends k_new.
+// (c, c + rotary_dim / 2) (GPT-NeoX, interleaved = false) or (2c, 2c + 1) (GPT-J, interleaved = true):
+// core/rotary_rule.hpp, shared with the CUDA decode. The CPU decode calls rotate_row where it packs q and
+// where it appends k_new.
 #pragma once
 
 #include <cstdint>
 
 #include "attn/decode.hpp"
 #include "core/element.hpp"
+#include "core/rotary_rule.hpp"
 
 namespace attn::detail {
 
@@ -21,11 +23,8 @@ void rotate_row(A* x, const RotaryTables& rotary, std::int64_t pos) {
     const T* cos = static_cast<const T*>(rotary.cos) + pos * half;
     const T* sin = static_cast<const T*>(rotary.sin) + pos * half;
     for (std::int64_t c = 0; c < half; ++c) {
-      A& x1 = x[rotary.interleaved ? 2 * c : c];
-      A& x2 = x[rotary.interleaved ? 2 * c + 1 : c + half];
-      const A co = load<A>(cos[c]), si = load<A>(sin[c]), a = x1, b = x2;
-      x1 = a * co - b * si;
-      x2 = a * si + b * co;
+      const RotaryPair pair = rotary_pair(c, rotary.rotary_dim, rotary.interleaved);
+      rotate_pair(x[pair.first], x[pair.second], load<A>(cos[c]), load<A>(sin[c]));
     }
   });
 }

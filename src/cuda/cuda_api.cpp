@@ -237,7 +237,6 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
                       const DecodeOptions& dec, const TensorView* lse, Stream stream, const DecodeHostMirror& host) {
   const char* who = "attn::cuda::attention_decode";
   const bool paged = cache.block_table != nullptr;
-  if (dec.rotary) fail(who, "rotary", "not supported by the CUDA backend yet; must be null");
   if (is_quantized(cache.k.dtype))  // the CPU validator would read the scales as host memory
     fail(who, "cache.k",
          "quantized caches (" + std::string(dtype_name(cache.k.dtype)) + ") are CPU-only (attn::attention_decode)");
@@ -287,6 +286,12 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   require_lse(who, lse);
   if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
   if (opts.sinks) require_device(who, "sinks", opts.sinks);
+  if (dec.rotary) {
+    if (dec.rotary->dtype != DType::f32)
+      fail(who, "rotary.dtype", "must be f32 on CUDA, got " + std::string(dtype_name(dec.rotary->dtype)));
+    require_device(who, "rotary.cos", dec.rotary->cos);
+    require_device(who, "rotary.sin", dec.rotary->sin);
+  }
 
   cuda_detail::DecodeParams d{};
   set_views(d, q, cache.k, cache.v, out, lse);
@@ -318,15 +323,28 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
       dec.num_splits > 0 ? dec.num_splits : decode_num_splits(max_keys, p.batch, p.heads, p.kv_heads, p.seqlen_q);
   if (d.num_splits > 65535)
     fail(who, "num_splits", "must be <= 65535 on CUDA (a grid dimension), got " + std::to_string(d.num_splits));
-  void* scratch = nullptr;
+  void *scratch = nullptr, *q_rot = nullptr;
   if (d.num_splits > 1) {
     const std::size_t bytes =
         static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d.num_splits * (p.head_dim + 2)) * 4;
     check_cuda(who, cudaMallocAsync(&scratch, bytes, stream), "allocating the split partials");
     d.partial = static_cast<float*>(scratch);
   }
+  if (dec.rotary) {
+    d.rot_cos = static_cast<const float*>(dec.rotary->cos);
+    d.rot_sin = static_cast<const float*>(dec.rotary->sin);
+    d.rotary_dim = dec.rotary->rotary_dim;
+    d.rot_interleaved = dec.rotary->interleaved;
+    d.rot_q_per_row = p.rotary_q_per_row;
+    const std::size_t bytes = static_cast<std::size_t>(p.batch * p.seqlen_q * p.heads * p.head_dim) * 2;
+    const int err = cudaMallocAsync(&q_rot, bytes, stream);
+    if (err != cudaSuccess && scratch) (void)cudaFreeAsync(scratch, stream);
+    check_cuda(who, err, "allocating the rotated queries");
+    d.q_rot = q_rot;
+  }
   const int err = cuda_detail::launchers().decode(d, p.cache_dtype, stream);
   if (scratch) (void)cudaFreeAsync(scratch, stream);
+  if (q_rot) (void)cudaFreeAsync(q_rot, stream);
   check_cuda(who, err, "kernel launch");
 }
 

@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include "core/rotary_rule.hpp"
 #include "cuda/params.hpp"
 #include "cuda/tile.cuh"
 
@@ -286,8 +287,22 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodePar
   if (p.lse && lane == 0) p.lse[b * p.ls[0] + h * p.ls[1] + i * p.ls[2]] = lse;
 }
 
-// k_new/v_new -> the cache at positions seqlens[b] .. (one block per new row and sequence).
-template <int Unused = 0>
+// Feature x of a 16-bit row (unit stride) at position pos, rotated when rotary is on and x < rotary_dim
+// (core/rotary_rule.hpp, in f32 as the CPU does), as the 16-bit value it is stored as.
+template <class E>
+__device__ __forceinline__ std::uint16_t rotated(const DecodeParams& p, const std::uint16_t* row, std::int64_t x,
+                                                 std::int64_t pos) {
+  if (p.rot_cos == nullptr || x >= p.rotary_dim) return row[x];
+  const std::int64_t c = detail::rotary_column(x, p.rotary_dim, p.rot_interleaved), half = p.rotary_dim / 2;
+  const detail::RotaryPair pair = detail::rotary_pair(c, p.rotary_dim, p.rot_interleaved);
+  float a = to_float<E>(row[pair.first]), b = to_float<E>(row[pair.second]);
+  detail::rotate_pair(a, b, p.rot_cos[pos * half + c], p.rot_sin[pos * half + c]);
+  return static_cast<std::uint16_t>(pack2<E>(x == pair.first ? a : b, 0.f) & 0xFFFFu);
+}
+
+// k_new/v_new -> the cache at positions seqlens[b] .. (one block per new row and sequence), k_new rotated
+// by its position when rotary is on.
+template <class E>
 __global__ void append_kernel(const DecodeParams p) {
   const std::int64_t j = blockIdx.x, b = blockIdx.y, pos = std::int64_t{p.seqlens[b]} + j;
   const std::int64_t row = p.batch_idx ? p.batch_idx[b] : b;  // batch_idx: contiguous caches only
@@ -298,21 +313,46 @@ __global__ void append_kernel(const DecodeParams p) {
         detail::cache_row_offset(row, pos, p.ks[0], p.ks[1], p.block_table, p.bt_stride, p.page_size);
     const std::int64_t vo =
         detail::cache_row_offset(row, pos, p.vs[0], p.vs[1], p.block_table, p.bt_stride, p.page_size);
+    const auto* k_new = static_cast<const std::uint16_t*>(p.k_new) + b * p.kns[0] + j * p.kns[1] + g * p.kns[2];
     const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(p.k))[ko + g * p.k_head_stride + c] =
-        static_cast<const std::uint16_t*>(p.k_new)[b * p.kns[0] + j * p.kns[1] + g * p.kns[2] + c];
+        rotated<E>(p, k_new, c, pos);
     const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(p.v))[vo + g * p.v_head_stride + c] =
         static_cast<const std::uint16_t*>(p.v_new)[b * p.vns[0] + j * p.vns[1] + g * p.vns[2] + c];
   }
 }
 
+// q rotated into p.q_rot (one block per query row and sequence): query row i at position seqlens[b] + i
+// when the mask is causal or windowed, else seqlens[b] (DecodeProblem::query_position).
+template <class E>
+__global__ void rotary_q_kernel(const DecodeParams p) {
+  const std::int64_t i = blockIdx.x, b = blockIdx.y;
+  const std::int64_t pos = std::int64_t{p.seqlens[b]} + (p.rot_q_per_row ? i : 0), n = p.heads * p.head_dim;
+  auto* dst = static_cast<std::uint16_t*>(p.q_rot) + (b * p.seqlen_q + i) * n;
+  for (std::int64_t x = threadIdx.x; x < n; x += blockDim.x) {
+    const std::int64_t h = x / p.head_dim, c = x % p.head_dim;
+    dst[x] = rotated<E>(p, static_cast<const std::uint16_t*>(p.q) + b * p.qs[0] + i * p.qs[1] + h * p.qs[2], c, pos);
+  }
+}
+
 template <class E, class C>
-int launch_decode_with(const DecodeParams& p, cudaStream_t stream) {
+int launch_decode_with(const DecodeParams& params, cudaStream_t stream) {
   constexpr int D = C::D;
+  DecodeParams p = params;
   if (p.seqlen_new > 0) {
-    ATTN_LAUNCH(append_kernel<>, dim3(static_cast<unsigned>(p.seqlen_new), static_cast<unsigned>(p.batch)), 256, 0,
+    ATTN_LAUNCH(append_kernel<E>, dim3(static_cast<unsigned>(p.seqlen_new), static_cast<unsigned>(p.batch)), 256, 0,
                 stream)
     (p);
     if (cudaError_t e = cudaGetLastError()) return e;
+  }
+  if (p.rot_cos) {  // the decode kernel reads the rotated copy of q
+    ATTN_LAUNCH(rotary_q_kernel<E>, dim3(static_cast<unsigned>(p.seqlen_q), static_cast<unsigned>(p.batch)), 256, 0,
+                stream)
+    (p);
+    if (cudaError_t e = cudaGetLastError()) return e;
+    p.q = p.q_rot;
+    p.qs[2] = p.head_dim;
+    p.qs[1] = p.heads * p.head_dim;
+    p.qs[0] = p.seqlen_q * p.qs[1];
   }
   constexpr int smem = C::SMEM_BYTES;
   auto kernel = decode_kernel<E, C>;

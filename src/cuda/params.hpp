@@ -47,6 +47,13 @@ struct DecodeParams {
   // Append (k_new/v_new), run first.
   const void *k_new = nullptr, *v_new = nullptr;
   std::int64_t kns[3], vns[3];
+  // Rotary embedding (with k_new; core/rotary_rule.hpp): f32 tables [positions][rotary_dim / 2] on the
+  // device (rot_cos == nullptr: none). The append rotates k_new; q is rotated into q_rot (device scratch
+  // [batch, seqlen_q, heads, head_dim], contiguous), which the decode kernel then reads as q.
+  const float *rot_cos = nullptr, *rot_sin = nullptr;
+  std::int64_t rotary_dim = 0;
+  bool rot_interleaved = false, rot_q_per_row = false;
+  void* q_rot = nullptr;
 };
 
 // Launch on `stream`; return the cudaError_t of the launch (0 = success) as int.
