@@ -145,6 +145,7 @@ struct DecodeCase {
   bool head_major = false;  // cache stored [pages, kv_heads, rows, d] (Hugging Face's), viewed with strides
   bool sinks = false;       // attention sinks (test::sinks_for)
   int rotary = 0;           // with appends: 1 rotates all of d (GPT-NeoX pairs), 2 half of d (GPT-J, interleaved)
+  std::int64_t keys_per_split = 0;  // > 0: batch-invariant slices (splits must be 0)
 };
 
 // Random rotary tables [positions][rotary_dim / 2] (f32 angles of position x frequency) and their view.
@@ -283,6 +284,7 @@ void check_decode(const DecodeCase& c) {
   }
   DecodeOptions dec;
   dec.num_splits = c.splits;
+  dec.keys_per_split = c.keys_per_split;
   TensorView knv = dview(dkn, c.batch, c.seqlen_new, c.kv_heads, c.d),
              vnv = dview(dvn, c.batch, c.seqlen_new, c.kv_heads, c.d);
   if (c.seqlen_new > 0) {

@@ -272,6 +272,50 @@ TEST_F(Gpu, DecodeBatchIdxAndLeftpadEqualTheCompactedCache) {
     }
 }
 
+// keys_per_split: a sequence's out and lse are the same bits decoded alone as in a batch with sequences
+// of other lengths (whose slice counts set the grid), for contiguous and paged caches.
+TEST_F(Gpu, DecodeKeysPerSplitIsBatchInvariant) {
+  const std::int64_t B = 5, cap = 1100, H = 8, HK = 2, D = 64, SQ = 2;
+  const std::vector<std::int32_t> seqlens = {1000, 0, 37, 300, 129};
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto k = test::random_tensor<bf16_t>(B, cap, HK, D, seed, 2.0),
+       v = test::random_tensor<bf16_t>(B, cap, HK, D, seed + 1);
+  auto q = test::random_tensor<bf16_t>(B, SQ, H, D, seed + 2, 2.0);
+  Dev<bf16_t> dk(k.data), dv(v.data), dq(q.data);
+  Dev<std::int32_t> dseq(seqlens);
+  const std::size_t q_row = static_cast<std::size_t>(SQ * H * D), lse_row = static_cast<std::size_t>(H * SQ);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "");
+    AttentionOptions o;
+    o.causal = causal;
+    DecodeOptions dec;
+    dec.keys_per_split = 128;
+    // Sequences [first, first + n) of the batch, as views into the same device arrays.
+    auto decode = [&](std::int64_t first, std::int64_t n) {
+      Dev<bf16_t> dout(poisoned<bf16_t>(n * q_row));
+      Dev<float> dlse(poisoned<float>(n * lse_row));
+      KVCache cache;
+      cache.k = TensorView::contiguous(dk.ptr + first * cap * HK * D, n, cap, HK, D);
+      cache.v = TensorView::contiguous(dv.ptr + first * cap * HK * D, n, cap, HK, D);
+      cache.seqlens = dseq.ptr + first;
+      TensorView lv = TensorView::contiguous(dlse.ptr, n, H, SQ);
+      cuda::attention_decode(TensorView::contiguous(dq.ptr + first * q_row, n, SQ, H, D), cache,
+                             dview(dout, n, SQ, H, D), o, dec, &lv);
+      if (cudaDeviceSynchronize() != cudaSuccess) ADD_FAILURE() << "decode failed";
+      return std::pair{dout.get(), dlse.get()};
+    };
+    const auto [all, all_lse] = decode(0, B);
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto [one, one_lse] = decode(b, 1);
+      for (std::size_t x = 0; x < q_row; ++x)
+        ASSERT_EQ(one[x].bits, all[b * q_row + x].bits) << "sequence " << b << " out element " << x;
+      for (std::size_t x = 0; x < lse_row; ++x)
+        ASSERT_EQ(std::memcmp(&one_lse[x], &all_lse[b * lse_row + x], sizeof(float)), 0) << "sequence " << b;
+    }
+  }
+}
+
 class GpuDecode : public Gpu, public ::testing::WithParamInterface<DecodeCase> {};
 TEST_P(GpuDecode, Bf16MatchesTheOracle) { check_decode<bf16_t>(GetParam()); }
 TEST_P(GpuDecode, F16MatchesTheOracle) { check_decode<f16_t>(GetParam()); }
@@ -289,7 +333,8 @@ INSTANTIATE_TEST_SUITE_P(
                       DecodeCase{2, 3, 8, 2, 64, 2000, true, true, 5, 0, 64, false, true},        // sinks, 5 splits
                       DecodeCase{3, 1, 32, 8, 128, 3000, false, false, 1, 0, 64, false, true},    // sinks, 1 split
                       DecodeCase{2, 1, 8, 2, 128, 700, false, false, 3, 4, 64, false, false, 1},  // rotary, NeoX
-                      DecodeCase{2, 3, 8, 2, 64, 500, true, true, 0, 3, 16, false, false, 2}),    // GPT-J, half d
+                      DecodeCase{2, 3, 8, 2, 64, 500, true, true, 0, 3, 16, false, false, 2},     // GPT-J, half d
+                      DecodeCase{3, 2, 16, 4, 128, 1500, true, false, 0, 0, 64, false, true, 0, 256}),  // invariant
     [](const ::testing::TestParamInfo<DecodeCase>& i) {
       const DecodeCase& c = i.param;
       return std::to_string(i.index) + "_b" + std::to_string(c.batch) + "_q" + std::to_string(c.sq) + "_h" +
@@ -297,7 +342,8 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(c.max_len) + (c.causal ? "_causal" : "") + (c.paged ? "_paged" : "_contiguous") +
              "_splits" + std::to_string(c.splits) + (c.seqlen_new ? "_append" : "") +
              (c.head_major ? "_headmajor" : "") + (c.sinks ? "_sinks" : "") +
-             (c.rotary ? "_rotary" + std::to_string(c.rotary) : "");
+             (c.rotary ? "_rotary" + std::to_string(c.rotary) : "") +
+             (c.keys_per_split ? "_kps" + std::to_string(c.keys_per_split) : "");
     });
 
 // ---- Non-finite inputs: the CPU's rules (docs/robustness.md) ------------------------------------------

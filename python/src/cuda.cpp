@@ -70,7 +70,7 @@ void varlen_forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray
 }
 
 // flash_attn_with_kvcache on CUDA tensors: attn::cuda::attention_decode (what it rejects -- quantized
-// caches, keys_per_split, f64 rotary tables -- it rejects by name). Reading cache_seqlens, the block table,
+// caches, f64 rotary tables -- it rejects by name). Reading cache_seqlens, the block table,
 // cache_batch_idx and cache_leftpad for validation copies them to the host and synchronises `stream`.
 void kvcache_cuda(const CudaArray& q, const CudaArray& k_cache, const CudaArray& v_cache, const CudaArray& out,
                   std::optional<CudaArray> lse, const CudaArray& cache_seqlens, std::optional<CudaArray> block_table,

@@ -155,8 +155,23 @@ def test_cuda_kvcache_bad_input_gets_a_named_error():
     q, k_cache, v_cache = q.cuda(), k_cache.cuda(), v_cache.cuda()
     with pytest.raises(attn.AttnError, match="cache_seqlens: must be on q's device"):
         attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
-    with pytest.raises(attn.AttnError, match="keys_per_split"):
-        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens.cuda(), keys_per_split=64)
+    k8 = torch.zeros(2, 40, 1, 64, dtype=torch.int8, device="cuda")
+    scale = torch.ones(2, 40, 1, device="cuda")
+    with pytest.raises(attn.AttnError, match="CPU-only"):
+        attn.flash_attn_with_kvcache(q, k8, k8, cache_seqlens=seqlens.cuda(), k_scale=scale, v_scale=scale)
+
+
+@needs_gpu
+def test_cuda_keys_per_split_makes_decode_batch_invariant():
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(16, 1, 8, 64, generator=g).to(torch.bfloat16).cuda()
+    k_cache, v_cache = (torch.randn(16, 900, 2, 64, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+    lens = torch.randint(1, 900, (16,), generator=g, dtype=torch.int32).cuda()
+    together = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, keys_per_split=128)
+    for b in (0, 5, 15):
+        alone = attn.flash_attn_with_kvcache(q[b:b + 1], k_cache[b:b + 1], v_cache[b:b + 1],
+                                             cache_seqlens=lens[b:b + 1], keys_per_split=128)
+        assert torch.equal(alone, together[b:b + 1])
 
 
 @needs_gpu

@@ -26,4 +26,11 @@ ATTN_HOST_DEVICE inline std::int64_t nonempty_slices(std::int64_t keys, std::int
   return n > 1 ? n : 1;
 }
 
+// Batch-invariant decode (DecodeOptions::keys_per_split): a sequence whose queries see n keys is cut
+// into max(1, ceil(n / keys_per_split)) slices (by split_slice), a function of the sequence alone.
+ATTN_HOST_DEVICE inline std::int64_t slices_for_keys_per_split(std::int64_t n, std::int64_t keys_per_split) {
+  const std::int64_t s = (n + keys_per_split - 1) / keys_per_split;
+  return s > 1 ? s : 1;
+}
+
 }  // namespace attn::detail

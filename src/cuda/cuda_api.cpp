@@ -12,6 +12,7 @@
 #include "core/problem.hpp"
 #include "core/validate.hpp"
 #include "core/page_rules.hpp"
+#include "core/split.hpp"
 #include "core/varlen_rules.hpp"
 #include "cuda/heuristics.hpp"
 #include "cuda/layout.hpp"
@@ -268,8 +269,6 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
   hc.leftpad = cache.leftpad ? leftpad.data() : nullptr;
   const detail::DecodeProblem p = detail::validate_decode(who, q, hc, out, opts, dec, lse);
   if (q.dtype != cache.k.dtype) fail(who, "q", "dtype must be the cache's on CUDA (f32 activations are CPU-only)");
-  if (dec.keys_per_split > 0)
-    fail(who, "keys_per_split", "batch-invariant splits are CPU-only (the CUDA decode uses one split count)");
   if (p.head_dim_v != p.head_dim || p.v_in_k)
     fail(who, "cache.v",
          p.v_in_k ? std::string("must not view cache.k's rows on CUDA (the MLA layout is CPU-only)")
@@ -317,14 +316,23 @@ void attention_decode(const TensorView& q, const KVCache& cache, const TensorVie
     copy_strides(d.kns, *dec.k_new);
     copy_strides(d.vns, *dec.v_new);
   }
-  std::int64_t max_keys = 0;
-  for (std::int64_t b = 0; b < batch; ++b) max_keys = std::max<std::int64_t>(max_keys, seqlens[b] + p.seqlen_new);
-  d.num_splits =
-      dec.num_splits > 0 ? dec.num_splits : decode_num_splits(max_keys, p.batch, p.heads, p.kv_heads, p.seqlen_q);
+  std::int64_t max_keys = 0, max_slices = 1;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    max_keys = std::max<std::int64_t>(max_keys, seqlens[b] + p.seqlen_new);
+    if (dec.keys_per_split > 0) {  // the decode kernel's rule: slices of the keys the sequence's queries see
+      const detail::Mask mask = p.mask(b);
+      const std::int64_t seen = std::max<std::int64_t>(0, mask.end_key(p.seqlen_q - 1) - mask.first_key(0));
+      max_slices = std::max(max_slices, detail::slices_for_keys_per_split(seen, dec.keys_per_split));
+    }
+  }
+  d.keys_per_split = dec.keys_per_split;
+  d.num_splits = dec.keys_per_split > 0 ? max_slices
+                 : dec.num_splits > 0   ? dec.num_splits
+                                        : decode_num_splits(max_keys, p.batch, p.heads, p.kv_heads, p.seqlen_q);
   if (d.num_splits > 65535)
     fail(who, "num_splits", "must be <= 65535 on CUDA (a grid dimension), got " + std::to_string(d.num_splits));
   void *scratch = nullptr, *q_rot = nullptr;
-  if (d.num_splits > 1) {
+  if (d.num_splits > 1 || d.keys_per_split > 0) {
     const std::size_t bytes =
         static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d.num_splits * (p.head_dim + 2)) * 4;
     check_cuda(who, cudaMallocAsync(&scratch, bytes, stream), "allocating the split partials");

@@ -53,10 +53,21 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   const std::int64_t key0 = p.leftpad ? std::int64_t{p.leftpad[b]} : 0, row = p.batch_idx ? p.batch_idx[b] : b;
   const std::int64_t sk = std::int64_t{p.seqlens[b]} + p.seqlen_new - key0;
   const detail::Mask mask = p.rule.mask(p.seqlen_q, sk);
-  // The slice, trimmed to the keys some query of this sequence can see.
-  const KeyRange slice = detail::split_slice(sk, p.num_splits, w);
-  const std::int64_t lo = slice.begin > mask.first_key(0) ? slice.begin : mask.first_key(0);
-  const std::int64_t hi = slice.end < mask.end_key(p.seqlen_q - 1) ? slice.end : mask.end_key(p.seqlen_q - 1);
+  // The slice, trimmed to the keys some query of this sequence can see (keys_per_split: a slice of those).
+  const std::int64_t seen_lo = mask.first_key(0), seen_hi = mask.end_key(p.seqlen_q - 1);
+  std::int64_t lo, hi;
+  if (p.keys_per_split > 0) {
+    const std::int64_t n = seen_hi > seen_lo ? seen_hi - seen_lo : 0;
+    const std::int64_t slices = detail::slices_for_keys_per_split(n, p.keys_per_split);
+    if (w >= slices) return;  // the whole block: this sequence has fewer slices than the grid
+    const KeyRange r = detail::split_slice(n, slices, w);
+    lo = seen_lo + r.begin;
+    hi = seen_lo + r.end;
+  } else {
+    const KeyRange slice = detail::split_slice(sk, p.num_splits, w);
+    lo = slice.begin > seen_lo ? slice.begin : seen_lo;
+    hi = slice.end < seen_hi ? slice.end : seen_hi;
+  }
   const std::int64_t n_tiles = hi > lo ? (hi - lo + BK - 1) / BK : 0;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -208,7 +219,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
     }
     const PackedRow pr = unpack_row(r0 + r, g0 + hq, group, p.seqlen_q);
     const std::int64_t orow = (b * p.heads + pr.head) * p.seqlen_q + pr.query;
-    if (p.num_splits == 1) {
+    if (p.num_splits == 1 && p.keys_per_split == 0) {
       float res[COLS];
       fold_sink(RowState<float>{&mm, &ll, oo, COLS}, p.rule.sink(pr.head));  // each item: same m, l; its columns
       const float lse = finalize(RowState<float>{&mm, &ll, oo, COLS}, res);
@@ -241,7 +252,15 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodePar
   const std::int64_t row = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* part = p.partial + row * p.num_splits * S;
-  const KeyRange mine = detail::split_slice(p.num_splits, kMergeWarps, warp);
+  const std::int64_t i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.heads, b = row / (p.seqlen_q * p.heads);
+  std::int64_t slices = p.num_splits;
+  if (p.keys_per_split > 0) {  // this sequence's own slices (decode_kernel's rule)
+    const std::int64_t sk = std::int64_t{p.seqlens[b]} + p.seqlen_new - (p.leftpad ? p.leftpad[b] : 0);
+    const detail::Mask mask = p.rule.mask(p.seqlen_q, sk);
+    const std::int64_t seen_lo = mask.first_key(0), seen_hi = mask.end_key(p.seqlen_q - 1);
+    slices = detail::slices_for_keys_per_split(seen_hi > seen_lo ? seen_hi - seen_lo : 0, p.keys_per_split);
+  }
+  const KeyRange mine = detail::split_slice(slices, kMergeWarps, warp);
   float m = kNegInf, l = 0.f, o[COLS];
 #pragma unroll
   for (int c = 0; c < COLS; ++c) o[c] = 0.f;
@@ -277,7 +296,6 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodePar
   for (int ww = 1; ww < kMergeWarps; ++ww)
     merge(RowState<float>{&m, &l, o, COLS},
           RowState<float>{&states[ww][D], &states[ww][D + 1], &states[ww][lane * COLS], COLS});
-  const std::int64_t i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.heads, b = row / (p.seqlen_q * p.heads);
   float res[COLS];
   fold_sink(RowState<float>{&m, &l, o, COLS}, p.rule.sink(h));  // once, after the merge of the splits
   const float lse = finalize(RowState<float>{&m, &l, o, COLS}, res);
@@ -362,7 +380,7 @@ int launch_decode_with(const DecodeParams& params, cudaStream_t stream) {
                   static_cast<unsigned>(p.batch));
   ATTN_LAUNCH(kernel, grid, C::THREADS, smem, stream)(p);
   if (cudaError_t e = cudaGetLastError()) return e;
-  if (p.num_splits > 1) {
+  if (p.num_splits > 1 || p.keys_per_split > 0) {
     const std::int64_t rows = p.batch * p.heads * p.seqlen_q;
     auto merge = merge_kernel<E, D>;
     ATTN_LAUNCH(merge, static_cast<unsigned>(rows), kMergeWarps * 32, 0, stream)(p);

@@ -41,7 +41,11 @@ struct DecodeParams {
   const std::int32_t* batch_idx = nullptr;
   const std::int32_t* leftpad = nullptr;
   detail::ScoreRule rule;   // alibi_slopes in device memory
-  std::int64_t num_splits;  // >= 1
+  std::int64_t num_splits;  // >= 1: the grid's slices, and the partials' stride per row
+  // > 0 (batch-invariant decode): sequence b's visible keys are cut into slices_for_keys_per_split of them
+  // (core/split.hpp, as the CPU does) and always merged by merge_kernel, so its bits do not depend on
+  // the batch; blocks past its slices exit.
+  std::int64_t keys_per_split = 0;
   std::int64_t row_blocks;  // ceil(group * seqlen_q / 16)
   float* partial;           // [batch * heads * seqlen_q][num_splits][head_dim + 2] when num_splits > 1
   // Append (k_new/v_new), run first.

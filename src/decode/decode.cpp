@@ -97,7 +97,7 @@ struct DecodePlan {
 // The slices of a sequence of n keys: ceil(n / keys_per_split) when set (a function of the sequence
 // alone: batch-invariant), else num_splits, else the automatic count (which depends on the batch).
 std::int64_t splits_of(const DecodeProblem& p, std::int64_t n) {
-  if (p.keys_per_split > 0) return std::max<std::int64_t>(1, (n + p.keys_per_split - 1) / p.keys_per_split);
+  if (p.keys_per_split > 0) return slices_for_keys_per_split(n, p.keys_per_split);
   return p.num_splits > 0 ? p.num_splits : decode_num_splits(n, p.batch, p.kv_heads, p.head_dim, p.cache_dtype);
 }
 
