@@ -8,7 +8,10 @@
 //   --variants: the kernel configurations of bench/gpu/variants.hpp (a build with ATTN_GPU_VARIANTS=ON),
 //               each compared with the library's output and then timed ("forward_variant" and
 //               "decode_variant" lines; bench/gpu/table.py lists them after the table); exits 3 if a
-//               variant's output differs from the library's by more than 0.05 (bf16 outputs in [-1, 1])
+//               variant fails to launch (reported and skipped) or its output differs from the library's by
+//               more than 0.05 (bf16 outputs in [-1, 1])
+// The library's own output is checked against the f64 oracle on sampled rows of every benchmark shape
+// ("oracle" lines); exits 4 if it is off by more than 0.02.
 //   --tiny:     small shapes and one repetition: a dry run of this program on the CPU emulation of CUDA
 //               (the test emulated.gpu_bench_dry_run), not a measurement
 #include <cuda_runtime.h>
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -102,6 +106,57 @@ double max_diff_bf16(const void* a, const void* b, std::size_t n) {
   return m;
 }
 
+// s with the characters JSON strings cannot hold raw replaced by spaces.
+std::string json_text(std::string s) {
+  for (char& c : s)
+    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return s;
+}
+
+std::vector<std::uint16_t> host_bf16(const void* dev, std::size_t n) {
+  std::vector<std::uint16_t> h(n);
+  CHECK(cudaMemcpy(h.data(), dev, n * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// The f64 oracle for one query row: softmax(q . k_j / sqrt(d)) over keys j < keys, times v, against the
+// row the library wrote; returns the largest |out - oracle| (infinity for a NaN). Element x of key j is
+// key(j, x), and so on.
+template <class Q, class K, class V, class O>
+double row_error(Q q, K key, V value, O out, std::int64_t keys, std::int64_t d) {
+  std::vector<double> s(static_cast<std::size_t>(keys)), o(static_cast<std::size_t>(d), 0.0);
+  double m = -INFINITY, l = 0;
+  for (std::int64_t j = 0; j < keys; ++j) {
+    double dot = 0;
+    for (std::int64_t x = 0; x < d; ++x) dot += q(x) * key(j, x);
+    s[j] = dot / std::sqrt(static_cast<double>(d));
+    m = std::max(m, s[j]);
+  }
+  for (std::int64_t j = 0; j < keys; ++j) {
+    const double p = std::exp(s[j] - m);
+    l += p;
+    for (std::int64_t x = 0; x < d; ++x) o[x] += p * value(j, x);
+  }
+  double err = 0;
+  for (std::int64_t x = 0; x < d; ++x) {
+    const double e = std::fabs(out(x) - o[x] / l);
+    if (!(e <= err)) err = std::isnan(e) ? INFINITY : e;
+  }
+  return err;
+}
+
+// The library's output is checked against the f64 oracle at the benchmark's shapes too, on a sample of
+// rows (the tests cover every row at smaller shapes): bf16 outputs of rows that average values in
+// [-1, 1) are within a few bf16 steps of it.
+constexpr double kOracleTolerance = 0.02;
+bool g_oracle_ok = true;
+void report_oracle(const char* what, std::int64_t rows, double err) {
+  std::printf("{\"what\":\"oracle\",\"case\":\"%s\",\"rows\":%lld,\"max_err\":%.3g,\"tolerance\":%g}\n", what,
+              static_cast<long long>(rows), err, kOracleTolerance);
+  std::fflush(stdout);
+  g_oracle_ok = g_oracle_ok && err <= kOracleTolerance;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,23 +211,46 @@ int main(int argc, char** argv) {
         median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o), opts); }, 3, quick ? 3 : 15);
     std::printf("{\"what\":\"forward\",\"causal\":%s,\"impl\":\"attn\",\"ms\":%.4f,\"tflops\":%.1f}\n",
                 causal ? "true" : "false", ms, flops / ms / 1e9);
+    {  // rows i of the first and last (batch, head), spread over the sequence
+      const auto hq = host_bf16(q, n), hk = host_bf16(k, n), hv = host_bf16(v, n), ho = host_bf16(o, n);
+      double err = 0;
+      std::int64_t rows = 0;
+      for (std::int64_t bh : {std::int64_t{0}, B * H - 1})
+        for (std::int64_t i = 0; i < S; i += std::max<std::int64_t>(1, S / 16), ++rows) {
+          const std::int64_t b = bh / H, h = bh % H;
+          auto at = [&](const std::vector<std::uint16_t>& t, std::int64_t row, std::int64_t x) {
+            return double(bf16_value(t[static_cast<std::size_t>(((b * S + row) * H + h) * D + x)]));
+          };
+          err = std::max(err, row_error([&](std::int64_t x) { return at(hq, i, x); },
+                                        [&](std::int64_t j, std::int64_t x) { return at(hk, j, x); },
+                                        [&](std::int64_t j, std::int64_t x) { return at(hv, j, x); },
+                                        [&](std::int64_t x) { return at(ho, i, x); }, causal ? i + 1 : S, D));
+        }
+      report_oracle(causal ? "forward causal" : "forward", rows, err);
+    }
 #if defined(ATTN_GPU_VARIANTS)
     // Each configuration: its output against the library's (the same bf16 inputs), then its time.
     if (variants) {
       CHECK(cudaMalloc(&o2, n * 2));
       for (const auto& var : attn::cuda_detail::forward_variants()) {
         attn::cuda_detail::launchers().forward = var.launch;
-        CHECK(cudaMemset(o2, 0xFF, n * 2));
-        attn::cuda::attention(view(q), view(k), view(v), view(o2), opts);
-        CHECK(cudaDeviceSynchronize());
-        const double diff = max_diff_bf16(o, o2, n);
-        variants_agree = variants_agree && diff <= kVariantTolerance;
-        const double t =
-            median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o2), opts); }, 2, quick ? 3 : 7);
-        std::printf(
-            "{\"what\":\"forward_variant\",\"causal\":%s,\"name\":\"%s\",\"max_diff_vs_library\":%.3g,\"ms\":%.4f,"
-            "\"tflops\":%.1f}\n",
-            causal ? "true" : "false", var.name, diff, t, flops / t / 1e9);
+        try {  // a variant that fails to launch is reported and skipped
+          CHECK(cudaMemset(o2, 0xFF, n * 2));
+          attn::cuda::attention(view(q), view(k), view(v), view(o2), opts);
+          CHECK(cudaDeviceSynchronize());
+          const double diff = max_diff_bf16(o, o2, n);
+          variants_agree = variants_agree && diff <= kVariantTolerance;
+          const double t =
+              median_ms([&] { attn::cuda::attention(view(q), view(k), view(v), view(o2), opts); }, 2, quick ? 3 : 7);
+          std::printf(
+              "{\"what\":\"forward_variant\",\"causal\":%s,\"name\":\"%s\",\"max_diff_vs_library\":%.3g,\"ms\":%.4f,"
+              "\"tflops\":%.1f}\n",
+              causal ? "true" : "false", var.name, diff, t, flops / t / 1e9);
+        } catch (const std::exception& e) {
+          variants_agree = false;
+          std::printf("{\"what\":\"forward_variant\",\"causal\":%s,\"name\":\"%s\",\"error\":\"%s\"}\n",
+                      causal ? "true" : "false", var.name, json_text(e.what()).c_str());
+        }
         std::fflush(stdout);
       }
       attn::cuda_detail::launchers() = {};
@@ -219,6 +297,25 @@ int main(int argc, char** argv) {
         attn::cuda::attention_decode(qv, cache, out_view(out), {}, dec, nullptr, nullptr, mirror);
       };
       const double ms = median_ms([&] { run(o, 0); }, 5, quick ? 5 : 30, 10);
+      {  // every head of the one query against all N keys
+        CHECK(cudaDeviceSynchronize());
+        const auto hq = host_bf16(q, static_cast<std::size_t>(H * D)),
+                   ho = host_bf16(o, static_cast<std::size_t>(H * D));
+        const auto hk = host_bf16(kc, cache_n), hv = host_bf16(vc, cache_n);
+        double err = 0;
+        for (std::int64_t h = 0; h < H; ++h) {
+          const std::int64_t g = h / (H / HK);
+          auto at = [&](const std::vector<std::uint16_t>& t, std::int64_t j, std::int64_t x) {
+            return double(
+                bf16_value(t[static_cast<std::size_t>(head_major ? (g * N + j) * D + x : (j * HK + g) * D + x)]));
+          };
+          err = std::max(err, row_error([&](std::int64_t x) { return double(bf16_value(hq[h * D + x])); },
+                                        [&](std::int64_t j, std::int64_t x) { return at(hk, j, x); },
+                                        [&](std::int64_t j, std::int64_t x) { return at(hv, j, x); },
+                                        [&](std::int64_t x) { return double(bf16_value(ho[h * D + x])); }, N, D));
+        }
+        report_oracle(head_major ? "decode kv-heads" : "decode keys", H, err);
+      }
       std::printf(
           "{\"what\":\"decode\",\"layout\":\"%s\",\"impl\":\"attn\",\"splits\":%lld,\"ms\":%.5f,\"gbps\":%.1f}\n",
           layout, static_cast<long long>(splits), ms, bytes / ms / 1e6);
@@ -237,16 +334,23 @@ int main(int argc, char** argv) {
           // The automatic split count assumes one kv head per block; a variant whose blocks read several
           // would leave SMs idle with it, so fixed counts are timed too (0 = automatic).
           for (std::int64_t sp : tiny ? std::vector<std::int64_t>{0, 5} : std::vector<std::int64_t>{0, 66, 132, 264}) {
-            CHECK(cudaMemset(o2, 0xFF, H * D * 2));
-            run(o2, sp);
-            CHECK(cudaDeviceSynchronize());
-            const double diff = max_diff_bf16(o, o2, static_cast<std::size_t>(H * D));
-            variants_agree = variants_agree && diff <= kVariantTolerance;
-            const double t = median_ms([&] { run(o2, sp); }, 5, quick ? 5 : 20, 10);
-            std::printf(
-                "{\"what\":\"decode_variant\",\"layout\":\"%s\",\"name\":\"%s\",\"splits\":%lld,"
-                "\"max_diff_vs_library\":%.3g,\"ms\":%.5f,\"gbps\":%.1f}\n",
-                layout, var.name, static_cast<long long>(sp), diff, t, bytes / t / 1e6);
+            try {  // a variant that fails to launch is reported and skipped
+              CHECK(cudaMemset(o2, 0xFF, H * D * 2));
+              run(o2, sp);
+              CHECK(cudaDeviceSynchronize());
+              const double diff = max_diff_bf16(o, o2, static_cast<std::size_t>(H * D));
+              variants_agree = variants_agree && diff <= kVariantTolerance;
+              const double t = median_ms([&] { run(o2, sp); }, 5, quick ? 5 : 20, 10);
+              std::printf(
+                  "{\"what\":\"decode_variant\",\"layout\":\"%s\",\"name\":\"%s\",\"splits\":%lld,"
+                  "\"max_diff_vs_library\":%.3g,\"ms\":%.5f,\"gbps\":%.1f}\n",
+                  layout, var.name, static_cast<long long>(sp), diff, t, bytes / t / 1e6);
+            } catch (const std::exception& e) {
+              variants_agree = false;
+              std::printf(
+                  "{\"what\":\"decode_variant\",\"layout\":\"%s\",\"name\":\"%s\",\"splits\":%lld,\"error\":\"%s\"}\n",
+                  layout, var.name, static_cast<long long>(sp), json_text(e.what()).c_str());
+            }
             std::fflush(stdout);
           }
         }
@@ -257,8 +361,13 @@ int main(int argc, char** argv) {
     for (void* p : {kc, vc, q, o, o2}) CHECK(cudaFree(p));
     CHECK(cudaFree(dseq));
   }
+  if (!g_oracle_ok) {
+    std::fprintf(stderr, "attn_gpu_bench: the library's output differs from the f64 oracle by more than %g\n",
+                 kOracleTolerance);
+    return 4;
+  }
   if (!variants_agree) {
-    std::fprintf(stderr, "attn_gpu_bench: a variant's output differs from the library's by more than %g\n",
+    std::fprintf(stderr, "attn_gpu_bench: a variant failed, or its output differs from the library's by more than %g\n",
                  kVariantTolerance);
     return 3;
   }
