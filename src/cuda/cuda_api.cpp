@@ -153,6 +153,153 @@ void launch_varlen(const char* who, const detail::Problem& p, const VarlenBatch&
   check_cuda(who, cuda_detail::launchers().forward(f, p.dtype, max_q, stream), "kernel launch");
 }
 
+// The index arrays attention_decode's validation reads (seqlens, and the block table, batch_idx and leftpad
+// when given), checked to be device memory and copied to the host (or taken from the caller's mirror),
+// and the cache as the CPU validator sees it: pointing at these copies.
+struct HostDecodeArrays {
+  std::vector<std::int32_t> seqlens, table, batch_idx, leftpad;
+  KVCache cache;
+  HostDecodeArrays(const char* who, const TensorView& q, const KVCache& c, const DecodeHostMirror& host, Stream stream)
+      : cache(c) {
+    if (is_quantized(c.k.dtype))  // the CPU validator would read the scales as host memory
+      fail(who, "cache.k",
+           "quantized caches (" + std::string(dtype_name(c.k.dtype)) + ") are CPU-only (attn::attention_decode)");
+    if (!c.seqlens) fail(who, "cache.seqlens", "data pointer is null");
+    const std::int64_t batch = q.rank == 4 ? q.shape[0] : 0;
+    if (batch < 1) detail::check_view(who, "q", q, 4, false);  // throws with the view rule
+    const bool paged = c.block_table != nullptr;
+    if (paged && c.max_pages < 1) fail(who, "cache.max_pages", "must be >= 1, got " + std::to_string(c.max_pages));
+    const std::int64_t bt_stride = c.block_table_stride == 0 ? c.max_pages : c.block_table_stride;
+    if (paged && bt_stride < c.max_pages)
+      fail(who, "cache.block_table_stride", "must be >= max_pages (" + std::to_string(c.max_pages) + ") or 0");
+    require_device(who, "cache.seqlens", c.seqlens);
+    if (paged) require_device(who, "cache.block_table", c.block_table);
+    if (c.batch_idx) require_device(who, "cache.batch_idx", c.batch_idx);
+    if (c.leftpad) require_device(who, "cache.leftpad", c.leftpad);
+    seqlens = host_array(who, c.seqlens, host.seqlens, batch, stream);
+    cache.seqlens = seqlens.data();
+    if (paged) {
+      table = host_array(who, c.block_table, host.block_table, (batch - 1) * bt_stride + c.max_pages, stream);
+      cache.block_table = table.data();
+    }
+    if (c.batch_idx) {
+      batch_idx = host_array(who, c.batch_idx, host.batch_idx, batch, stream);
+      cache.batch_idx = batch_idx.data();
+    }
+    if (c.leftpad) {
+      leftpad = host_array(who, c.leftpad, host.leftpad, batch, stream);
+      cache.leftpad = leftpad.data();
+    }
+  }
+};
+
+// What the decode kernels take beyond the CPU's rules: q of the cache's type, equal head dims (no MLA
+// view), the kernels' layouts, device pointers, f32 rotary tables.
+void check_decode_for_cuda(const char* who, const detail::DecodeProblem& p, const TensorView& q, const KVCache& cache,
+                           const TensorView& out, const AttentionOptions& opts, const DecodeOptions& dec,
+                           const TensorView* lse) {
+  if (q.dtype != cache.k.dtype) fail(who, "q", "dtype must be the cache's on CUDA (f32 activations are CPU-only)");
+  if (p.head_dim_v != p.head_dim || p.v_in_k)
+    fail(who, "cache.v",
+         p.v_in_k ? std::string("must not view cache.k's rows on CUDA (the MLA layout is CPU-only)")
+                  : "head_dim must equal cache.k's (" + std::to_string(p.head_dim) + ") on CUDA, got " +
+                        std::to_string(p.head_dim_v) + " (unequal head dims are CPU-only)");
+  require_kernel_layout(who, "q", q);
+  require_kernel_layout(who, "out", out);
+  require_kernel_layout(who, "cache.k", cache.k);
+  require_kernel_layout(who, "cache.v", cache.v);
+  if (dec.k_new) {
+    require_kernel_layout(who, "k_new", *dec.k_new);
+    require_kernel_layout(who, "v_new", *dec.v_new);
+  }
+  require_lse(who, lse);
+  if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
+  if (opts.sinks) require_device(who, "sinks", opts.sinks);
+  if (dec.rotary) {
+    if (dec.rotary->dtype != DType::f32)
+      fail(who, "rotary.dtype", "must be f32 on CUDA, got " + std::string(dtype_name(dec.rotary->dtype)));
+    require_device(who, "rotary.cos", dec.rotary->cos);
+    require_device(who, "rotary.sin", dec.rotary->sin);
+  }
+}
+
+// The kernels' parameters of a validated decode call, but for the split count and the scratch buffers.
+cuda_detail::DecodeParams decode_params(const detail::DecodeProblem& p, const TensorView& q, const KVCache& cache,
+                                        const TensorView& out, const TensorView* lse, const DecodeOptions& dec) {
+  cuda_detail::DecodeParams d{};
+  set_views(d, q, cache.k, cache.v, out, lse);
+  d.k_head_stride = cache.k.strides[2];
+  d.v_head_stride = cache.v.strides[2];
+  d.batch = p.batch;
+  d.seqlen_q = p.seqlen_q;
+  d.heads = p.heads;
+  d.kv_heads = p.kv_heads;
+  d.head_dim = p.head_dim;
+  d.seqlen_new = p.seqlen_new;
+  d.seqlens = cache.seqlens;
+  d.block_table = cache.block_table;
+  d.batch_idx = cache.batch_idx;
+  d.leftpad = cache.leftpad;
+  d.bt_stride = p.bt_stride;
+  d.page_size = cache.k.shape[1];
+  d.rule = p.rule;
+  d.row_blocks = (p.group() * p.seqlen_q + 15) / 16;
+  d.keys_per_split = dec.keys_per_split;
+  if (dec.k_new) {
+    d.k_new = dec.k_new->data;
+    d.v_new = dec.v_new->data;
+    copy_strides(d.kns, *dec.k_new);
+    copy_strides(d.vns, *dec.v_new);
+  }
+  if (dec.rotary) {
+    d.rot_cos = static_cast<const float*>(dec.rotary->cos);
+    d.rot_sin = static_cast<const float*>(dec.rotary->sin);
+    d.rotary_dim = dec.rotary->rotary_dim;
+    d.rot_interleaved = dec.rotary->interleaved;
+    d.rot_q_per_row = p.rotary_q_per_row;
+  }
+  return d;
+}
+
+// The grid's slices: with keys_per_split the most any sequence has (the decode kernel's rule: slices of
+// the keys its queries see), else num_splits, else the automatic count.
+std::int64_t decode_splits(const detail::DecodeProblem& p, const DecodeOptions& dec,
+                           const std::vector<std::int32_t>& seqlens) {
+  std::int64_t max_keys = 0, max_slices = 1;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    max_keys = std::max<std::int64_t>(max_keys, seqlens[b] + p.seqlen_new);
+    if (dec.keys_per_split > 0) {
+      const detail::Mask mask = p.mask(b);
+      const std::int64_t seen = std::max<std::int64_t>(0, mask.end_key(p.seqlen_q - 1) - mask.first_key(0));
+      max_slices = std::max(max_slices, detail::slices_for_keys_per_split(seen, dec.keys_per_split));
+    }
+  }
+  if (dec.keys_per_split > 0) return max_slices;
+  return dec.num_splits > 0 ? dec.num_splits : decode_num_splits(max_keys, p.batch, p.heads, p.kv_heads, p.seqlen_q);
+}
+
+// The scratch the launch needs (the split partials, q rotated), allocated and freed on `stream` around it.
+void launch_decode(const char* who, cuda_detail::DecodeParams& d, const detail::DecodeProblem& p, Stream stream) {
+  void *scratch = nullptr, *q_rot = nullptr;
+  if (d.num_splits > 1 || d.keys_per_split > 0) {
+    const std::size_t bytes =
+        static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d.num_splits * (p.head_dim + 2)) * 4;
+    check_cuda(who, cudaMallocAsync(&scratch, bytes, stream), "allocating the split partials");
+    d.partial = static_cast<float*>(scratch);
+  }
+  if (d.rot_cos) {
+    const std::size_t bytes = static_cast<std::size_t>(p.batch * p.seqlen_q * p.heads * p.head_dim) * 2;
+    const int err = cudaMallocAsync(&q_rot, bytes, stream);
+    if (err != cudaSuccess && scratch) (void)cudaFreeAsync(scratch, stream);
+    check_cuda(who, err, "allocating the rotated queries");
+    d.q_rot = q_rot;
+  }
+  const int err = cuda_detail::launchers().decode(d, p.cache_dtype, stream);
+  if (scratch) (void)cudaFreeAsync(scratch, stream);
+  if (q_rot) (void)cudaFreeAsync(q_rot, stream);
+  check_cuda(who, err, "kernel launch");
+}
+
 }  // namespace
 
 int device_count() {
@@ -237,123 +384,14 @@ std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::i
 void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out, const AttentionOptions& opts,
                       const DecodeOptions& dec, const TensorView* lse, Stream stream, const DecodeHostMirror& host) {
   const char* who = "attn::cuda::attention_decode";
-  const bool paged = cache.block_table != nullptr;
-  if (is_quantized(cache.k.dtype))  // the CPU validator would read the scales as host memory
-    fail(who, "cache.k",
-         "quantized caches (" + std::string(dtype_name(cache.k.dtype)) + ") are CPU-only (attn::attention_decode)");
-  if (!cache.seqlens) fail(who, "cache.seqlens", "data pointer is null");
-  const std::int64_t batch = q.rank == 4 ? q.shape[0] : 0;
-  if (batch < 1) detail::check_view(who, "q", q, 4, false);  // throws with the view rule
-  if (paged && cache.max_pages < 1)
-    fail(who, "cache.max_pages", "must be >= 1, got " + std::to_string(cache.max_pages));
-  const std::int64_t bt_stride = cache.block_table_stride == 0 ? cache.max_pages : cache.block_table_stride;
-  if (paged && bt_stride < cache.max_pages)
-    fail(who, "cache.block_table_stride", "must be >= max_pages (" + std::to_string(cache.max_pages) + ") or 0");
-  require_device(who, "cache.seqlens", cache.seqlens);
-  if (paged) require_device(who, "cache.block_table", cache.block_table);
-  if (cache.batch_idx) require_device(who, "cache.batch_idx", cache.batch_idx);
-  if (cache.leftpad) require_device(who, "cache.leftpad", cache.leftpad);
-  // The CPU validator reads seqlens, the block table, batch_idx and leftpad: give it host copies.
-  const auto seqlens = host_array(who, cache.seqlens, host.seqlens, batch, stream);
-  const auto table =
-      paged ? host_array(who, cache.block_table, host.block_table, (batch - 1) * bt_stride + cache.max_pages, stream)
-            : std::vector<std::int32_t>{};
-  const auto batch_idx =
-      cache.batch_idx ? host_array(who, cache.batch_idx, host.batch_idx, batch, stream) : std::vector<std::int32_t>{};
-  const auto leftpad =
-      cache.leftpad ? host_array(who, cache.leftpad, host.leftpad, batch, stream) : std::vector<std::int32_t>{};
-  KVCache hc = cache;
-  hc.seqlens = seqlens.data();
-  hc.block_table = paged ? table.data() : nullptr;
-  hc.batch_idx = cache.batch_idx ? batch_idx.data() : nullptr;
-  hc.leftpad = cache.leftpad ? leftpad.data() : nullptr;
-  const detail::DecodeProblem p = detail::validate_decode(who, q, hc, out, opts, dec, lse);
-  if (q.dtype != cache.k.dtype) fail(who, "q", "dtype must be the cache's on CUDA (f32 activations are CPU-only)");
-  if (p.head_dim_v != p.head_dim || p.v_in_k)
-    fail(who, "cache.v",
-         p.v_in_k ? std::string("must not view cache.k's rows on CUDA (the MLA layout is CPU-only)")
-                  : "head_dim must equal cache.k's (" + std::to_string(p.head_dim) + ") on CUDA, got " +
-                        std::to_string(p.head_dim_v) + " (unequal head dims are CPU-only)");
-  require_kernel_layout(who, "q", q);
-  require_kernel_layout(who, "out", out);
-  require_kernel_layout(who, "cache.k", cache.k);
-  require_kernel_layout(who, "cache.v", cache.v);
-  if (dec.k_new) {
-    require_kernel_layout(who, "k_new", *dec.k_new);
-    require_kernel_layout(who, "v_new", *dec.v_new);
-  }
-  require_lse(who, lse);
-  if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
-  if (opts.sinks) require_device(who, "sinks", opts.sinks);
-  if (dec.rotary) {
-    if (dec.rotary->dtype != DType::f32)
-      fail(who, "rotary.dtype", "must be f32 on CUDA, got " + std::string(dtype_name(dec.rotary->dtype)));
-    require_device(who, "rotary.cos", dec.rotary->cos);
-    require_device(who, "rotary.sin", dec.rotary->sin);
-  }
-
-  cuda_detail::DecodeParams d{};
-  set_views(d, q, cache.k, cache.v, out, lse);
-  d.k_head_stride = cache.k.strides[2];
-  d.v_head_stride = cache.v.strides[2];
-  d.batch = p.batch;
-  d.seqlen_q = p.seqlen_q;
-  d.heads = p.heads;
-  d.kv_heads = p.kv_heads;
-  d.head_dim = p.head_dim;
-  d.seqlen_new = p.seqlen_new;
-  d.seqlens = cache.seqlens;
-  d.block_table = cache.block_table;
-  d.batch_idx = cache.batch_idx;
-  d.leftpad = cache.leftpad;
-  d.bt_stride = bt_stride;
-  d.page_size = cache.k.shape[1];
-  d.rule = p.rule;
-  d.row_blocks = (p.group() * p.seqlen_q + 15) / 16;
-  if (dec.k_new) {
-    d.k_new = dec.k_new->data;
-    d.v_new = dec.v_new->data;
-    copy_strides(d.kns, *dec.k_new);
-    copy_strides(d.vns, *dec.v_new);
-  }
-  std::int64_t max_keys = 0, max_slices = 1;
-  for (std::int64_t b = 0; b < batch; ++b) {
-    max_keys = std::max<std::int64_t>(max_keys, seqlens[b] + p.seqlen_new);
-    if (dec.keys_per_split > 0) {  // the decode kernel's rule: slices of the keys the sequence's queries see
-      const detail::Mask mask = p.mask(b);
-      const std::int64_t seen = std::max<std::int64_t>(0, mask.end_key(p.seqlen_q - 1) - mask.first_key(0));
-      max_slices = std::max(max_slices, detail::slices_for_keys_per_split(seen, dec.keys_per_split));
-    }
-  }
-  d.keys_per_split = dec.keys_per_split;
-  d.num_splits = dec.keys_per_split > 0 ? max_slices
-                 : dec.num_splits > 0   ? dec.num_splits
-                                        : decode_num_splits(max_keys, p.batch, p.heads, p.kv_heads, p.seqlen_q);
+  const HostDecodeArrays h(who, q, cache, host, stream);
+  const detail::DecodeProblem p = detail::validate_decode(who, q, h.cache, out, opts, dec, lse);
+  check_decode_for_cuda(who, p, q, cache, out, opts, dec, lse);
+  cuda_detail::DecodeParams d = decode_params(p, q, cache, out, lse, dec);
+  d.num_splits = decode_splits(p, dec, h.seqlens);
   if (d.num_splits > 65535)
     fail(who, "num_splits", "must be <= 65535 on CUDA (a grid dimension), got " + std::to_string(d.num_splits));
-  void *scratch = nullptr, *q_rot = nullptr;
-  if (d.num_splits > 1 || d.keys_per_split > 0) {
-    const std::size_t bytes =
-        static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d.num_splits * (p.head_dim + 2)) * 4;
-    check_cuda(who, cudaMallocAsync(&scratch, bytes, stream), "allocating the split partials");
-    d.partial = static_cast<float*>(scratch);
-  }
-  if (dec.rotary) {
-    d.rot_cos = static_cast<const float*>(dec.rotary->cos);
-    d.rot_sin = static_cast<const float*>(dec.rotary->sin);
-    d.rotary_dim = dec.rotary->rotary_dim;
-    d.rot_interleaved = dec.rotary->interleaved;
-    d.rot_q_per_row = p.rotary_q_per_row;
-    const std::size_t bytes = static_cast<std::size_t>(p.batch * p.seqlen_q * p.heads * p.head_dim) * 2;
-    const int err = cudaMallocAsync(&q_rot, bytes, stream);
-    if (err != cudaSuccess && scratch) (void)cudaFreeAsync(scratch, stream);
-    check_cuda(who, err, "allocating the rotated queries");
-    d.q_rot = q_rot;
-  }
-  const int err = cuda_detail::launchers().decode(d, p.cache_dtype, stream);
-  if (scratch) (void)cudaFreeAsync(scratch, stream);
-  if (q_rot) (void)cudaFreeAsync(q_rot, stream);
-  check_cuda(who, err, "kernel launch");
+  launch_decode(who, d, p, stream);
 }
 
 }  // namespace attn::cuda
