@@ -96,6 +96,12 @@ struct Mask {
     const std::int64_t n = end_key(i) - first_key(i);
     return n > 0 ? n : 0;
   }
+  // The keys some query sees: [first_key(0), first_key(0) + seen_count()), the union of every query's
+  // (the ends are non-decreasing in i). Decode's slices cut this range.
+  ATTN_HOST_DEVICE std::int64_t seen_count() const {
+    const std::int64_t n = end_key(seqlen_q - 1) - first_key(0);
+    return n > 0 ? n : 0;
+  }
   // The logit of visible key j for query i (ScoreRule::logit at this pair's distance).
   template <class A>
   ATTN_HOST_DEVICE A score(A dot, std::int64_t i, std::int64_t j, A slope) const {

@@ -268,11 +268,8 @@ std::int64_t decode_splits(const detail::DecodeProblem& p, const DecodeOptions& 
   std::int64_t max_keys = 0, max_slices = 1;
   for (std::int64_t b = 0; b < p.batch; ++b) {
     max_keys = std::max<std::int64_t>(max_keys, seqlens[b] + p.seqlen_new);
-    if (dec.keys_per_split > 0) {
-      const detail::Mask mask = p.mask(b);
-      const std::int64_t seen = std::max<std::int64_t>(0, mask.end_key(p.seqlen_q - 1) - mask.first_key(0));
-      max_slices = std::max(max_slices, detail::slices_for_keys_per_split(seen, dec.keys_per_split));
-    }
+    if (dec.keys_per_split > 0)
+      max_slices = std::max(max_slices, detail::slices_for_keys_per_split(p.mask(b).seen_count(), dec.keys_per_split));
   }
   if (dec.keys_per_split > 0) return max_slices;
   return dec.num_splits > 0 ? dec.num_splits : decode_num_splits(max_keys, p.batch, p.heads, p.kv_heads, p.seqlen_q);

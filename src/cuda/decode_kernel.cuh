@@ -36,6 +36,12 @@ struct DecTraits {
   static constexpr int SMEM_BYTES = PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES;
 };
 
+// The keys sequence b attends over: cache positions leftpad[b] .. seqlens[b] + seqlen_new - 1
+// (DecodeProblem::seqlen_k on the CPU).
+__device__ __forceinline__ std::int64_t sequence_keys(const DecodeParams& p, std::int64_t b) {
+  return std::int64_t{p.seqlens[b]} + p.seqlen_new - (p.leftpad ? p.leftpad[b] : 0);
+}
+
 template <class E, class C>
 __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p) {
   constexpr int D = C::D, BK = C::BK, HB = C::HB, KW = C::KW, TILE = C::TILE, NT = KW / 8, DT = D / 8,
@@ -51,13 +57,12 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   // Sequence b's keys: cache positions key0 .. seqlens[b] + seqlen_new - 1 of cache row `row` (leftpad and
   // batch_idx, contiguous caches only), as DecodeProblem::key_offset reads them on the CPU.
   const std::int64_t key0 = p.leftpad ? std::int64_t{p.leftpad[b]} : 0, row = p.batch_idx ? p.batch_idx[b] : b;
-  const std::int64_t sk = std::int64_t{p.seqlens[b]} + p.seqlen_new - key0;
+  const std::int64_t sk = sequence_keys(p, b);
   const detail::Mask mask = p.rule.mask(p.seqlen_q, sk);
   // The slice, trimmed to the keys some query of this sequence can see (keys_per_split: a slice of those).
-  const std::int64_t seen_lo = mask.first_key(0), seen_hi = mask.end_key(p.seqlen_q - 1);
+  const std::int64_t seen_lo = mask.first_key(0), n = mask.seen_count();
   std::int64_t lo, hi;
   if (p.keys_per_split > 0) {
-    const std::int64_t n = seen_hi > seen_lo ? seen_hi - seen_lo : 0;
     const std::int64_t slices = detail::slices_for_keys_per_split(n, p.keys_per_split);
     if (w >= slices) return;  // the whole block: this sequence has fewer slices than the grid
     const KeyRange r = detail::split_slice(n, slices, w);
@@ -66,7 +71,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   } else {
     const KeyRange slice = detail::split_slice(sk, p.num_splits, w);
     lo = slice.begin > seen_lo ? slice.begin : seen_lo;
-    hi = slice.end < seen_hi ? slice.end : seen_hi;
+    hi = slice.end < seen_lo + n ? slice.end : seen_lo + n;
   }
   const std::int64_t n_tiles = hi > lo ? (hi - lo + BK - 1) / BK : 0;
 
@@ -254,12 +259,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodePar
   const float* part = p.partial + row * p.num_splits * S;
   const std::int64_t i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.heads, b = row / (p.seqlen_q * p.heads);
   std::int64_t slices = p.num_splits;
-  if (p.keys_per_split > 0) {  // this sequence's own slices (decode_kernel's rule)
-    const std::int64_t sk = std::int64_t{p.seqlens[b]} + p.seqlen_new - (p.leftpad ? p.leftpad[b] : 0);
-    const detail::Mask mask = p.rule.mask(p.seqlen_q, sk);
-    const std::int64_t seen_lo = mask.first_key(0), seen_hi = mask.end_key(p.seqlen_q - 1);
-    slices = detail::slices_for_keys_per_split(seen_hi > seen_lo ? seen_hi - seen_lo : 0, p.keys_per_split);
-  }
+  if (p.keys_per_split > 0)  // this sequence's own slices (decode_kernel's rule)
+    slices =
+        detail::slices_for_keys_per_split(p.rule.mask(p.seqlen_q, sequence_keys(p, b)).seen_count(), p.keys_per_split);
   const KeyRange mine = detail::split_slice(slices, kMergeWarps, warp);
   float m = kNegInf, l = 0.f, o[COLS];
 #pragma unroll

@@ -114,7 +114,7 @@ DecodePlan plan_decode(const DecodeProblem& p) {
       plan.end_key[static_cast<std::size_t>(b * p.seqlen_q + i)] = s.mask.end_key(i);
     }
     s.lo = s.mask.first_key(0);
-    s.n = std::max<std::int64_t>(0, s.mask.end_key(p.seqlen_q - 1) - s.lo);
+    s.n = s.mask.seen_count();
     s.splits = splits_of(p, s.n);
     s.first_item = plan.items;
     plan.items += s.items();
