@@ -188,7 +188,7 @@ PackedQueries<A> pack_queries(const DecodeProblem& p) {
 template <class A>
 class ItemWorker {
  public:
-  // rows: 2 kChunk pointers; scales (quantized caches): scales_size(p) floats.
+  // rows: 3 kChunk pointers; scales (quantized caches): scales_size(p) floats.
   ItemWorker(const DecodeProblem& p, const DecodePlan& plan, const PackedQueries<A>& pq, A* scratch, const void** rows,
              float* scales)
       : p_(p), plan_(plan), pq_(pq), rows_(rows), scales_(scales) {
@@ -202,8 +202,12 @@ class ItemWorker {
     a_.state_stride = state_stride_for(p.head_dim_v);
     a_.bf16_out = p.q_dtype == DType::bf16;
     a_.scratch = scratch;
+    if (p.quantized())
+      conv_.resize(
+          static_cast<std::size_t>(kChunk * p.kv_heads * std::max(p.k_scale.shape[3], p.v_scale.shape[3])) * 3 / 2 + 1);
     a_.k_rows = rows;
     a_.v_rows = rows + kChunk;
+    a_.next_k_rows = rows + 2 * kChunk;
   }
 
   void run(std::int64_t it, A* states) {
@@ -229,6 +233,8 @@ class ItemWorker {
       a_.n = std::min(kChunk, hi - j0);
       a_.j0 = j0;
       point_at_rows(b, j0, a_.n);
+      a_.next_n = std::min(kChunk, std::max<std::int64_t>(hi - j0 - kChunk, 0));
+      point_at_next_k_rows(b, j0 + kChunk, a_.next_n);
       if constexpr (std::is_same_v<A, double>) {
         decode_chunk_f64(a_);
       } else {
@@ -249,21 +255,42 @@ class ItemWorker {
       const std::int64_t groups = sv.shape[3];
       (side == 0 ? a_.k_scales : a_.v_scales) = dst;
       (side == 0 ? a_.k_groups : a_.v_groups) = groups;
-      const std::int64_t hs = sv.strides[2], xs = sv.strides[3];
-      for (std::int64_t c = 0; c < a_.n; ++c) {
-        const std::int64_t at = p_.key_offset(sv, b, a_.j0 + c);
-        if (sv.dtype == DType::f32 && groups == 1) {  // the common case (per token or per kv head) in a tight loop
-          const float* src = static_cast<const float*>(sv.data) + at;
-          for (std::int64_t g = 0; g < p_.kv_heads; ++g) dst[g * kChunk + c] = src[g * hs];
-          continue;
-        }
-        for (std::int64_t g = 0; g < p_.kv_heads; ++g)
-          for (std::int64_t x = 0; x < groups; ++x)
-            dst[side == 0 ? (g * kChunk + c) * groups + x : (g * groups + x) * kChunk + c] =
-                read_scale(sv, at + g * hs + x * xs);
-      }
+      if (sv.dtype == DType::f16)
+        gather_scales(static_cast<const f16_t*>(sv.data), sv, side == 0, b, dst);
+      else
+        gather_scales(static_cast<const float*>(sv.data), sv, side == 0, b, dst);
       dst += p_.kv_heads * kChunk * groups;
     }
+  }
+
+  // point_at_scales for one side: the chunk's kv_heads x groups scales per key gathered, f16 ones widened in
+  // one vector pass (decode_widen_f16; converting them one by one cost a quarter of a q8_0 decode), then put
+  // in the kernel's layout.
+  template <class S>
+  void gather_scales(const S* base, const TensorView& sv, bool keys, std::int64_t b, float* dst) {
+    const std::int64_t groups = sv.shape[3], hs = sv.strides[2], xs = sv.strides[3], per_key = p_.kv_heads * groups;
+    float* conv = conv_.data();
+    auto* raw = reinterpret_cast<std::uint16_t*>(conv + kChunk * per_key);
+    for (std::int64_t c = 0; c < a_.n; ++c) {
+      const S* src = base + p_.key_offset(sv, b, a_.j0 + c);
+      for (std::int64_t g = 0; g < p_.kv_heads; ++g)
+        for (std::int64_t x = 0; x < groups; ++x) {
+          const std::int64_t e = c * per_key + g * groups + x;
+          if constexpr (std::is_same_v<S, f16_t>)
+            raw[e] = src[g * hs + x * xs].bits;
+          else
+            conv[e] = src[g * hs + x * xs];
+        }
+    }
+    if constexpr (std::is_same_v<S, f16_t>) decode_widen_f16(raw, a_.n * per_key, conv);
+    for (std::int64_t c = 0; c < a_.n; ++c)
+      for (std::int64_t e = 0; e < per_key; ++e) {  // e = g * groups + x
+        const float v = conv[c * per_key + e];
+        if (keys)
+          dst[((e / groups) * kChunk + c) * groups + e % groups] = v;
+        else
+          dst[e * kChunk + c] = v;
+      }
   }
 
   // Pointers to kv head 0's K and V rows of keys [j, j + n) of sequence b (any layout, any page size).
@@ -277,11 +304,18 @@ class ItemWorker {
     }
   }
 
+  void point_at_next_k_rows(std::int64_t b, std::int64_t j, std::int64_t n) {
+    const auto es = static_cast<std::int64_t>(dtype_size(p_.cache_dtype));
+    const auto* kbase = static_cast<const unsigned char*>(p_.k.data);
+    for (std::int64_t c = 0; c < n; ++c) rows_[2 * kChunk + c] = kbase + p_.key_offset(p_.k, b, j + c) * es;
+  }
+
   const DecodeProblem& p_;
   const DecodePlan& plan_;
   const PackedQueries<A>& pq_;
   const void** rows_;
   float* scales_;
+  std::vector<float> conv_;  // a chunk's scales of one side, widened, then their f16 bits (gather_scales)
   ChunkArgs<A> a_{};
 };
 // A quantized cache's scales of one chunk, K's then V's (see point_at_scales).
@@ -335,7 +369,7 @@ void run(const DecodeProblem& p) {
     static thread_local std::vector<const void*> row_ptrs;
     static thread_local std::vector<A> scratch;
     static thread_local std::vector<float> scales;
-    row_ptrs.resize(2 * kChunk);
+    row_ptrs.resize(3 * kChunk);
     const auto scratch_size =
         static_cast<std::size_t>(chunk_scratch_size(p.kv_heads, p.group() * p.seqlen_q, p.head_dim, d));
     if (scratch.size() < scratch_size) scratch.resize(scratch_size);

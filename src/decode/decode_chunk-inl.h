@@ -258,40 +258,58 @@ HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, floa
     }
 }
 
-// rows[t][c] *= scales[(t / rows_per_scale) * kChunk + c] for `count` rows of kChunk lanes, c < n: a
-// quantized cache's per-key scales (one row of them per kv head) applied to its dots or weights.
+// rows[t][c] *= unit * scales[(t / rows_per_scale) * kChunk + c] for `count` rows of kChunk lanes, c < n:
+// a quantized cache's per-key scales (one row of them per kv head) applied to its dots or weights, times
+// the power of two its loaded codes leave out (stored_unit, decode_quant-inl.h; exact, so the product is
+// the one of the exact codes).
 HWY_INLINE void ScaleLanes(const float* scales, float* rows, std::int64_t count, std::int64_t rows_per_scale,
-                           std::int64_t n) {
+                           std::int64_t n, float unit) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  const VF vu = hn::Set(df, unit);
   for (std::int64_t t = 0; t < count; ++t) {
     const float* s = scales + (t / rows_per_scale) * kChunk;
     float* row = rows + t * kChunk;
     std::int64_t c = 0;
-    for (; c + N <= n; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, row + c), hn::LoadU(df, s + c)), df, row + c);
-    for (; c < n; ++c) row[c] *= s[c];
+    for (; c + N <= n; c += N)
+      hn::StoreU(hn::Mul(hn::LoadU(df, row + c), hn::Mul(hn::LoadU(df, s + c), vu)), df, row + c);
+    for (; c < n; ++c) row[c] *= s[c] * unit;
   }
 }
 
-// One chunk, all kv heads: score_keys(dots4) fills the key walk's dots (WalkKeys), which become masked,
-// scaled scores; then per kv head g every row is folded (probabilities in the scratch) and P V is added
-// through pv (PvVisibleKeys).
-template <class ScoreKeysFn, class PvFn>
-HWY_INLINE void RunChunk(const ChunkArgs<float>& a, ScoreKeysFn&& score_keys, PvFn&& pv) {
+// Kv head g's K rows of the item's next chunk, into L2, before kv head g's P V pass: that pass works from
+// cache (its V was prefetched by the key walk), and without these the memory would idle during it.
+template <class T>
+HWY_INLINE void PrefetchNextK(const ChunkArgs<float>& a, std::int64_t g) {
+  constexpr auto kBytes = static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t bytes = a.head_dim * kBytes, at = g * a.k_head_stride * kBytes;
+  for (std::int64_t c = 0; c < a.next_n; ++c) {
+    const char* kr = static_cast<const char*>(a.next_k_rows[c]) + at;
+    for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(kr + b, 0, 2);
+  }
+}
+
+// One chunk of a cache of T, all kv heads: score_keys(dots4) fills the key walk's dots (WalkKeys), which
+// become masked, scaled scores; then per kv head g every row is folded (probabilities in the scratch) and
+// P V is added through pv (PvVisibleKeys). A quantized cache's per-row scales are applied times `unit`,
+// the power of two the kernel's loaded codes leave out.
+template <class T, class ScoreKeysFn, class PvFn>
+HWY_INLINE void RunChunk(const ChunkArgs<float>& a, float unit, ScoreKeysFn&& score_keys, PvFn&& pv) {
   const std::int64_t dv = a.head_dim_v, R = a.group * a.seqlen_q, S = a.state_stride;
   float* scores = a.scratch;  // [kv_heads][R][kChunk]
   float* probs = a.scratch + a.kv_heads * R * kChunk;
   float* dots4 = a.scratch + chunk_dots4_offset(a.kv_heads, R, a.head_dim, dv);
   score_keys(dots4);
   UntangleDots(a, dots4, scores);
-  if (a.k_scales && a.k_groups == 1) ScaleLanes(a.k_scales, scores, a.kv_heads * R, R, a.n);
+  if (a.k_scales && a.k_groups == 1) ScaleLanes(a.k_scales, scores, a.kv_heads * R, R, a.n, unit);
   TransformScores(a, scores);
   for (std::int64_t g = 0; g < a.kv_heads; ++g) {
     float* st = a.states + g * R * S;
     for (std::int64_t r = 0; r < R; ++r)
       FoldRow(scores + (g * R + r) * kChunk, probs + r * kChunk, a.n, st + r * S, st + r * S + S - 2,
               st + r * S + S - 1, dv);
-    if (a.v_scales && a.v_groups == 1) ScaleLanes(a.v_scales + g * kChunk, probs, R, R, a.n);
+    if (a.v_scales && a.v_groups == 1) ScaleLanes(a.v_scales + g * kChunk, probs, R, R, a.n, unit);
+    PrefetchNextK<T>(a, g);
     for (std::int64_t r0 = 0; r0 < R; r0 += 4)
       PvVisibleKeys(a, g, r0, std::min<std::int64_t>(4, R - r0), probs, st, pv);
   }

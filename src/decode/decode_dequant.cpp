@@ -12,6 +12,7 @@
 
 #include <hwy/highway.h>
 
+#include "core/element.hpp"
 #include "core/quant.hpp"
 #include "decode/decode_internal.hpp"
 #include "decode/decode_quant-inl.h"
@@ -32,13 +33,27 @@ void DequantizeRows(const QuantRows& r) {
     float* out = r.out + c * r.head_dim;
     for (std::int64_t x = 0; x < r.groups; ++x) {
       const float s = r.scales[c * r.groups + x];
-      const VF vs = hn::Set(df, s);
+      const VF vs = hn::Set(df, s * stored_unit(kType));
       std::int64_t e = x * size;
       const std::int64_t end = e + size;
       for (; e + N <= end; e += N) hn::StoreU(hn::Mul(LoadStored<kType>(df, row + e), vs), df, out + e);
       for (; e < end; ++e) out[e] = stored_value(kType, row[e]) * s;
     }
   }
+}
+
+// F16C's conversion where Highway has it (AVX2 and later); elsewhere Highway emulates it and reads exponent
+// 31 as a number, so the scalar conversion runs (a NaN scale must stay NaN).
+void WidenF16(const std::uint16_t* src, std::int64_t n, float* dst) {
+  std::int64_t i = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> df16;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(src) + i)), df, dst + i);
+#endif
+  for (; i < n; ++i) dst[i] = f16_to_float(f16_t{src[i]});
 }
 
 void DequantizeDispatch(const QuantRows& r, DType t) {
@@ -58,6 +73,10 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attn::detail {
 HWY_EXPORT(DequantizeDispatch);
+HWY_EXPORT(WidenF16);
+void decode_widen_f16(const std::uint16_t* src, std::int64_t n, float* dst) {
+  HWY_DYNAMIC_DISPATCH(WidenF16)(src, n, dst);
+}
 void dequantize_rows(const QuantRows& r, DType cache_dtype) {
   HWY_DYNAMIC_DISPATCH(DequantizeDispatch)(r, cache_dtype);
 }

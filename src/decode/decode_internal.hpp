@@ -29,6 +29,10 @@ struct ChunkArgs {
   std::int64_t n, j0;
   const void* const* k_rows;  // n pointers to each key's row for kv head 0
   const void* const* v_rows;
+  // The K rows of the item's next chunk (next_n of them, 0 at its last chunk), prefetched during this
+  // chunk's P V pass so that memory keeps streaming while the pass works from cache.
+  const void* const* next_k_rows = nullptr;
+  std::int64_t next_n = 0;
   std::int64_t k_head_stride, v_head_stride;                     // elements from kv head g to g + 1
   std::int64_t kv_heads, group, seqlen_q, head_dim, head_dim_v;  // q and K rows' length; V rows' and o's
   const std::int64_t* first_key;  // [seqlen_q]: query i sees keys [first_key[i], end_key[i])
@@ -63,17 +67,22 @@ constexpr bool dots_in_bf16(DType t) { return t == DType::bf16 || is_quantized(t
 inline std::int64_t state_stride_for(std::int64_t head_dim_v) { return (head_dim_v + 15) / 16 * 16 + 16; }
 
 // A chunk kernel's scratch, for R = group x seqlen_q query rows per kv head, in values. The SIMD kernels:
-// scores [kv_heads][R][kChunk], probabilities [R][kChunk], kChunk x width unused, and from
-// chunk_dots4_offset the key walk's dots [kv_heads][ceil(R / 4)][kChunk][4]. The f64 kernel (one kv head
-// at a time) keeps its scores and probabilities in the first 2 R kChunk values and its packed V after.
-// width = max(head_dim, head_dim_v).
+// scores [kv_heads][R][kChunk], probabilities [R][kChunk], kChunk x width unused, from
+// chunk_dots4_offset the key walk's dots [kv_heads][ceil(R / 4)][kChunk][4], then the weights. The f64 kernel (one kv
+// head at a time) keeps its scores and probabilities in the first 2 R kChunk values and its packed V after. width =
+// max(head_dim, head_dim_v).
 inline std::int64_t chunk_dots4_offset(std::int64_t kv_heads, std::int64_t R, std::int64_t head_dim,
                                        std::int64_t head_dim_v) {
   return (kv_heads + 1) * R * kChunk + kChunk * std::max(head_dim, head_dim_v);
 }
+// After the dots, 4 x kChunk weights: P V's p times a block's scales, for up to 4 rows at a time.
+inline std::int64_t chunk_weights_offset(std::int64_t kv_heads, std::int64_t R, std::int64_t head_dim,
+                                         std::int64_t head_dim_v) {
+  return chunk_dots4_offset(kv_heads, R, head_dim, head_dim_v) + kv_heads * ((R + 3) / 4 * 4) * kChunk;
+}
 inline std::int64_t chunk_scratch_size(std::int64_t kv_heads, std::int64_t R, std::int64_t head_dim,
                                        std::int64_t head_dim_v) {
-  return chunk_dots4_offset(kv_heads, R, head_dim, head_dim_v) + kv_heads * ((R + 3) / 4 * 4) * kChunk;
+  return chunk_weights_offset(kv_heads, R, head_dim, head_dim_v) + 4 * kChunk;
 }
 
 // f32/bf16/f16 caches (Highway, runtime dispatch to the best ISA). A kernel may keep o in its own lane
@@ -86,6 +95,9 @@ bool decode_codes_to_bf16(DType t, const std::uint8_t* codes, std::int64_t n, st
 
 // Quantized caches (i8, fp8): n rows dequantized to out[c][head_dim] with the scales scales[c][groups]
 // (core/quant.hpp's rule, the kernel's SIMD conversions; decode_dequant.cpp).
+// dst[i] = the f16 value of bits src[i], i < n (a quantized cache's f16 scales, in vectors).
+void decode_widen_f16(const std::uint16_t* src, std::int64_t n, float* dst);
+
 struct QuantRows {
   std::int64_t n, head_dim, groups;
   const std::uint8_t* const* rows;

@@ -55,7 +55,11 @@ struct HwyOf<f16_t> {
   using type = hwy::float16_t;
 };
 
-// Lanes [x, x + N) of a cache row, widened to f32.
+// What a loaded code of T is short of its value (stored_unit; 1 for the float types), folded into the scales.
+template <class T>
+constexpr float kUnit = stored_unit(dtype_of<T>());
+
+// Lanes [x, x + N) of a cache row, widened to f32 (a quantized cache's codes divided by kUnit<T>).
 template <class T>
 HWY_INLINE VF LoadRow(DF df, const T* row, std::int64_t x) {
   if constexpr (std::is_same_v<T, float>) {
@@ -69,6 +73,23 @@ HWY_INLINE VF LoadRow(DF df, const T* row, std::int64_t x) {
   }
 }
 
+// Lanes [x, x + 2N) of a cache row as two f32 vectors, as LoadRow loads them.
+template <class T>
+HWY_INLINE void LoadRowPair(DF df, const T* row, std::int64_t x, VF& lo, VF& hi) {
+  if constexpr (is_quantized(dtype_of<T>())) {
+    LoadStoredPair<dtype_of<T>()>(df, reinterpret_cast<const std::uint8_t*>(row) + x, lo, hi);
+  } else {
+    lo = LoadRow(df, row, x);
+    hi = LoadRow(df, row, x + static_cast<std::int64_t>(hn::Lanes(df)));
+  }
+}
+
+// One element as LoadRow loads it (the tails of the vector loops).
+template <class T>
+HWY_INLINE float LoadLane(const T& e) {
+  return load<float>(e) / kUnit<T>;
+}
+
 // dst[r] = q_r . k for NR <= 4 query rows (stride d) and one key row; dst[NR ..] = 0. D > 0 is d at
 // compile time (64, 128, 256: the loop unrolls and the out-of-order core overlaps more keys).
 template <int NR, int D, class T>
@@ -78,6 +99,13 @@ HWY_INLINE void Dots4(const float* q, std::int64_t d, const T* k, float* dst) {
   VF acc[4];
   for (int r = 0; r < 4; ++r) acc[r] = hn::Zero(df);
   std::int64_t x = 0;
+#pragma GCC unroll 8
+  for (; x + 2 * N <= dd; x += 2 * N) {
+    VF k0, k1;
+    LoadRowPair(df, k, x, k0, k1);
+    for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * dd + x), k0, acc[r]);
+    for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * dd + x + N), k1, acc[r]);
+  }
 #pragma GCC unroll 16
   for (; x + N <= dd; x += N) {
     const VF kv = LoadRow(df, k, x);
@@ -86,17 +114,16 @@ HWY_INLINE void Dots4(const float* q, std::int64_t d, const T* k, float* dst) {
   StoreSum4(df, acc[0], acc[1], acc[2], acc[3], dst);
   if constexpr (D == 0 || D % hn::MaxLanes(df) != 0) {  // else the vector loop covered d
     for (; x < dd; ++x) {
-      const float kx = load<float>(k[x]);
+      const float kx = LoadLane(k[x]);
       for (int r = 0; r < NR; ++r) dst[r] += q[r * dd + x] * kx;
     }
   }
 }
 
-// o_r[x .. x + NV*N) += sum_c p[r][c] v_c[x ..] for NR rows (states stride S, p stride kChunk); with
-// kScaled, p[r][c] times key c's scale vs[c] (a quantized cache's scale of this block).
-template <int NR, int NV, class T, bool kScaled = false>
+// o_r[x .. x + NV*N) += sum_c p[r][c] v_c[x ..] for NR rows (states stride S, p stride kChunk).
+template <int NR, int NV, class T>
 HWY_INLINE void PvSumBlock(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
-                           std::int64_t S, std::int64_t x, const float* vs = nullptr) {
+                           std::int64_t S, std::int64_t x) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   VF acc[NR][NV];
@@ -105,9 +132,11 @@ HWY_INLINE void PvSumBlock(const float* p, const T* const* vrows, std::int64_t v
   for (std::int64_t c = 0; c < n; ++c) {
     const T* vr = vrows[c] + vhs;
     VF vv[NV];
-    for (int v = 0; v < NV; ++v) vv[v] = LoadRow(df, vr, x + v * N);
+    int v0 = 0;
+    for (; v0 + 2 <= NV; v0 += 2) LoadRowPair(df, vr, x + v0 * N, vv[v0], vv[v0 + 1]);
+    for (int v = v0; v < NV; ++v) vv[v] = LoadRow(df, vr, x + v * N);
     for (int r = 0; r < NR; ++r) {
-      const VF pr = hn::Set(df, kScaled ? p[r * kChunk + c] * vs[c] : p[r * kChunk + c]);
+      const VF pr = hn::Set(df, p[r * kChunk + c]);
       for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(pr, vv[v], acc[r][v]);
     }
   }
@@ -138,7 +167,7 @@ HWY_INLINE void PvSum(const float* p, const T* const* vrows, std::int64_t vhs, s
   for (; x < d; ++x)
     for (int r = 0; r < NR; ++r) {
       float acc = o[r * S + x];
-      for (std::int64_t c = 0; c < n; ++c) acc += p[r * kChunk + c] * load<float>(vrows[c][vhs + x]);
+      for (std::int64_t c = 0; c < n; ++c) acc += p[r * kChunk + c] * LoadLane(vrows[c][vhs + x]);
       o[r * S + x] = acc;
     }
 }
@@ -157,7 +186,10 @@ void ScoreKeys(const ChunkArgs<float>& a, float* dots4) {
 
 // ---- Quantized caches with scales per block of G dims (llama.cpp's q8_0: G = 32) ----
 
-// dst[r] = sum over blocks b of s[b] (q_r . k) over the block's dims, for NR <= 4 rows.
+// dst[r] = q_r . k for NR <= 4 rows, k dequantized block by block as it is loaded: its codes times the
+// block's scale s[b] (one f32 multiply per value, core/quant.hpp's rule, so the dot is the textbook dot on the
+// dequantized cache). Scaling K's 16 values per vector costs one multiply, against one FMA per query row for
+// scaling each row's partial dot.
 template <int NR, class T>
 HWY_INLINE void Dots4Grouped(const float* q, std::int64_t d, const T* k, const float* s, std::int64_t G, float* dst) {
   const DF df;
@@ -166,15 +198,12 @@ HWY_INLINE void Dots4Grouped(const float* q, std::int64_t d, const T* k, const f
   float tail[4] = {0, 0, 0, 0};
   for (int r = 0; r < 4; ++r) acc[r] = hn::Zero(df);
   for (std::int64_t x0 = 0, b = 0; x0 < d; x0 += G, ++b) {
-    VF part[NR];
-    for (int r = 0; r < NR; ++r) part[r] = hn::Zero(df);
+    const VF vs = hn::Set(df, s[b] * kUnit<T>);
     std::int64_t x = x0;
     for (; x + N <= x0 + G; x += N) {
-      const VF kv = LoadRow(df, k, x);
-      for (int r = 0; r < NR; ++r) part[r] = hn::MulAdd(hn::LoadU(df, q + r * d + x), kv, part[r]);
+      const VF kv = hn::Mul(LoadRow(df, k, x), vs);
+      for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * d + x), kv, acc[r]);
     }
-    const VF vs = hn::Set(df, s[b]);
-    for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(part[r], vs, acc[r]);
     for (; x < x0 + G; ++x)
       for (int r = 0; r < NR; ++r) tail[r] += q[r * d + x] * (load<float>(k[x]) * s[b]);
   }
@@ -192,23 +221,35 @@ void ScoreKeysGrouped(const ChunkArgs<float>& a, float* dots4) {
   });
 }
 
-// PvSum with key c's scale of block b at vs[b * kChunk + c].
+// PvSum with key c's scale of block b at vs[b * kChunk + c]: per block, the weights w[r][c] = p[r][c] x
+// the scale (times kUnit<T>), n x NR multiplies in vectors, then the unscaled P V over the block's dims
+// with w (a scalar multiply and a broadcast per key, row and vector would cost more than the FMAs).
+// w: NR x kChunk scratch floats.
 template <int NR, class T>
 HWY_INLINE void PvSumGrouped(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n, float* o,
-                             std::int64_t S, std::int64_t d, const float* vs, std::int64_t groups) {
+                             std::int64_t S, std::int64_t d, const float* vs, std::int64_t groups, float* w) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), G = d / groups;
+  const VF vu = hn::Set(df, kUnit<T>);
   for (std::int64_t b = 0; b < groups; ++b) {
     const float* vsb = vs + b * kChunk;
+    for (int r = 0; r < NR; ++r) {
+      std::int64_t c = 0;
+      for (; c + N <= n; c += N)
+        hn::StoreU(hn::Mul(hn::LoadU(df, p + r * kChunk + c), hn::Mul(hn::LoadU(df, vsb + c), vu)), df,
+                   w + r * kChunk + c);
+      for (; c < n; ++c) w[r * kChunk + c] = p[r * kChunk + c] * (vsb[c] * kUnit<T>);
+    }
     std::int64_t x = b * G;
     const std::int64_t end = x + G;
-    for (; x + kPvVectors * N <= end; x += kPvVectors * N)
-      PvSumBlock<NR, kPvVectors, T, true>(p, vrows, vhs, n, o, S, x, vsb);
-    for (; x + N <= end; x += N) PvSumBlock<NR, 1, T, true>(p, vrows, vhs, n, o, S, x, vsb);
+    for (; x + kPvVectors * N <= end; x += kPvVectors * N) PvSumBlock<NR, kPvVectors>(w, vrows, vhs, n, o, S, x);
+    if constexpr (kPvVectors > 2)
+      for (; x + 2 * N <= end; x += 2 * N) PvSumBlock<NR, 2>(w, vrows, vhs, n, o, S, x);
+    for (; x + N <= end; x += N) PvSumBlock<NR, 1>(w, vrows, vhs, n, o, S, x);
     for (; x < end; ++x)
       for (int r = 0; r < NR; ++r) {
         float acc = o[r * S + x];
-        for (std::int64_t c = 0; c < n; ++c) acc += p[r * kChunk + c] * vsb[c] * load<float>(vrows[c][vhs + x]);
+        for (std::int64_t c = 0; c < n; ++c) acc += w[r * kChunk + c] * LoadLane(vrows[c][vhs + x]);
         o[r * S + x] = acc;
       }
   }
@@ -218,8 +259,8 @@ template <class T>
 void Chunk(const ChunkArgs<float>& a) {
   constexpr bool kQuantized = is_quantized(dtype_of<T>());
   const T* const* vrows = reinterpret_cast<const T* const*>(a.v_rows);
-  RunChunk(
-      a,
+  RunChunk<T>(
+      a, kUnit<T>,
       [&](float* dots4) {
         if constexpr (kQuantized)
           if (a.k_groups > 1) return ScoreKeysGrouped<T>(a, dots4);
@@ -228,9 +269,10 @@ void Chunk(const ChunkArgs<float>& a) {
       [&](auto nr, std::int64_t g, const float* p, std::int64_t c0, std::int64_t m, float* o) {
         if constexpr (kQuantized)
           if (a.v_groups > 1)
-            return PvSumGrouped<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride,
-                                                     a.head_dim_v, a.v_scales + g * a.v_groups * kChunk + c0,
-                                                     a.v_groups);
+            return PvSumGrouped<decltype(nr)::value>(
+                p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim_v,
+                a.v_scales + g * a.v_groups * kChunk + c0, a.v_groups,
+                a.scratch + chunk_weights_offset(a.kv_heads, a.group * a.seqlen_q, a.head_dim, a.head_dim_v));
         PvSum<decltype(nr)::value>(p, vrows + c0, g * a.v_head_stride, m, o, a.state_stride, a.head_dim_v);
       });
 }

@@ -248,8 +248,8 @@ template <class T>
 ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
   const T* const* vrows = reinterpret_cast<const T* const*>(a.v_rows);
   const bool v_grouped = a.v_scales != nullptr && a.v_groups > 1;
-  RunChunk(
-      a,
+  RunChunk<T>(
+      a, 1.0f,  // LoadBf16x32 gives the codes' exact values
       [&](float* dots4) ATTN_DPBF16_ATTR {
         WithHeadDim(a.head_dim, [&](auto D) ATTN_DPBF16_ATTR {
           constexpr int kD = decltype(D)::value;
