@@ -94,7 +94,7 @@ inline AttentionOptions draw_options(Bytes& in, bool causal, bool use_softcap, b
   slopes.assign(static_cast<std::size_t>(batch * heads), 0.0f);
   for (auto& s : slopes) s = in.u8() / 64.0f;
   if (use_alibi) {
-    o.alibi_slopes = slopes.data();
+    o.alibi_slopes = slopes;
     o.alibi_batch_stride = in.u8() & 1 ? heads : 0;
   }
   o.num_threads = in.u8() % 4;
@@ -124,7 +124,7 @@ inline void draw_sinks(Bytes& in, AttentionOptions& o, std::int64_t heads, std::
     const std::uint8_t b = in.u8();
     s = b == 0 ? -std::numeric_limits<float>::infinity() : (b - 128) / 16.0f;
   }
-  o.sinks = sinks.data();
+  o.sinks = sinks;
 }
 
 // Invalid dropout options (docs/robustness.md): dropout_p NaN or outside [0, 1), or dropout_offset

@@ -272,7 +272,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
       break;
     case kAlibiStride:
-      o.alibi_slopes = slopes.data();
+      o.alibi_slopes = slopes;
       o.alibi_batch_stride = -1 - amount;
       break;
     case kThreads:

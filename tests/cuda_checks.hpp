@@ -107,11 +107,11 @@ void check_forward(const Case& c) {
   std::vector<float> slopes;
   AttentionOptions o_cpu = test::options_of(c, 0.3f, slopes);
   const std::vector<float> sinks = test::sinks_for(c.h);
-  if (c.sinks) o_cpu.sinks = sinks.data();
+  if (c.sinks) o_cpu.sinks = sinks;
   Dev<float> d_slopes(slopes), d_sinks(sinks);
   AttentionOptions o = o_cpu;
-  if (c.alibi) o.alibi_slopes = d_slopes.ptr;
-  if (c.sinks) o.sinks = d_sinks.ptr;
+  if (c.alibi) o.alibi_slopes = {d_slopes.ptr, static_cast<std::int64_t>(d_slopes.n)};
+  if (c.sinks) o.sinks = {d_sinks.ptr, static_cast<std::int64_t>(d_sinks.n)};
   auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
   std::vector<double> oracle(q.data.size()), oracle_lse(static_cast<std::size_t>(c.b * c.h * c.sq));
   TensorView olv = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
@@ -212,7 +212,7 @@ void check_decode(const DecodeCase& c) {
   AttentionOptions o;
   o.causal = c.causal;
   const std::vector<float> sinks = test::sinks_for(c.heads);
-  if (c.sinks) o.sinks = sinks.data();  // the oracle's; the device call gets d_sinks below
+  if (c.sinks) o.sinks = sinks;  // the oracle's; the device call gets d_sinks below
   std::vector<double> oracle(q.data.size()), oracle_lse(static_cast<std::size_t>(c.batch * c.heads * c.sq));
   std::vector<T> textbook(q.data.size());
   for (std::int64_t b = 0; b < c.batch; ++b) {
@@ -298,7 +298,7 @@ void check_decode(const DecodeCase& c) {
   if (c.rotary) dec.rotary = &d_rot;
   TensorView lv = TensorView::contiguous(dlse.ptr, c.batch, c.heads, c.sq);
   Dev<float> d_sinks(sinks);
-  if (c.sinks) o.sinks = d_sinks.ptr;
+  if (c.sinks) o.sinks = {d_sinks.ptr, static_cast<std::int64_t>(d_sinks.n)};
   cuda::attention_decode(dview(dq, c.batch, c.sq, c.heads, c.d), cache, dview(dout, c.batch, c.sq, c.heads, c.d), o,
                          dec, &lv);
   CUDA_OK(cudaDeviceSynchronize());

@@ -101,7 +101,7 @@ inline AttentionOptions options_of(const Shape& s, float slope_base, std::vector
   slopes.clear();
   for (std::int64_t x = 0; x < s.b * s.h; ++x) slopes.push_back(slope_base / float(1 + x));
   if (s.alibi) {
-    o.alibi_slopes = slopes.data();
+    o.alibi_slopes = slopes;
     o.alibi_batch_stride = s.h;
   }
   return o;

@@ -87,7 +87,7 @@ void expect_matches_sequences(const VarlenCase& c) {
     std::vector<double> lse(static_cast<std::size_t>(c.H * nq));
     for (std::int64_t h = 0; h < c.H; ++h) std::copy_n(c.lse.begin() + h * c.TQ + q0, nq, lse.begin() + h * nq);
     AttentionOptions ob = c.opts;
-    if (ob.alibi_slopes) ob.alibi_slopes = c.slopes.data() + b * c.H;
+    if (ob.alibi_slopes) ob.alibi_slopes = F32Array(c.slopes).from(b * c.H);
     if (nq > 0)
       attention_backward_reference(rows_of(c.q, q0, nq), rows_of(c.k, k0, nk), rows_of(c.v, k0, nk),
                                    rows_of(c.out, q0, nq), rows_of(c.dout, q0, nq),
@@ -115,7 +115,7 @@ TEST(BackwardVarlen, EachSequenceMatchesTheTextbookAlone) {
     VarlenCase c(kLens, 4, 2, 5);
     c.opts.causal = variant == 1;
     if (variant == 2) c.opts.window_left = 2, c.opts.window_right = 1;
-    if (variant == 3) c.opts.alibi_slopes = c.slopes.data(), c.opts.alibi_batch_stride = c.H, c.opts.softcap = 3;
+    if (variant == 3) c.opts.alibi_slopes = c.slopes, c.opts.alibi_batch_stride = c.H, c.opts.softcap = 3;
     c.forward();
     for (auto [bq, bk] : {std::pair<int, int>{1, 1}, {3, 2}, {16, 16}}) {
       SCOPED_TRACE("variant " + std::to_string(variant) + " tiles " + std::to_string(bq) + "x" + std::to_string(bk));

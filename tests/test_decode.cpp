@@ -134,7 +134,7 @@ struct Scenario {
       }
       AttentionOptions ob = o;
       ob.num_threads = 1;
-      if (o.alibi_slopes) ob.alibi_slopes = o.alibi_slopes + b * o.alibi_batch_stride;
+      if (o.alibi_slopes) ob.alibi_slopes = o.alibi_slopes.from(b * o.alibi_batch_stride);
       std::vector<detail::Acc<U>> lb(static_cast<std::size_t>(H * SQ));
       const TensorView lv = TensorView::contiguous(lb.data(), 1, H, SQ);
       attention_reference(qb.view(), kb.view(), vb.view(),
@@ -205,7 +205,7 @@ TEST(Decode, MasksAndScoreTransformsMatchTheReference) {
       o.window_right = x.right;
       o.softcap = x.softcap;
       if (x.alibi) {
-        o.alibi_slopes = slopes.data();
+        o.alibi_slopes = slopes;
         o.alibi_batch_stride = 8;
       }
       o.softmax_scale = 0.3;

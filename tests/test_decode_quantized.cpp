@@ -450,7 +450,7 @@ TEST(DecodeQuantized, BadInputIsRejectedByNameAndNothingIsWritten) {
       {"cache.k_scale", [](KVCache& k, auto&, auto&) { k.k_scale.shape[2] = 1; }, "kv_heads"},
       {"cache.v_scale", [](KVCache& k, auto&, auto&) { k.v_scale.rank = 3; }, "rank must be 4"},
       {"q", [&](auto&, TensorView& qv, auto&) { qv = TensorView::contiguous(i8.data(), 2, 1, 4, D); },
-       "quantized types are for attention_decode's cache.k and cache.v only"},
+       "dtype must be f32, bf16 or f16 for a quantized cache (cache.k is i8), got i8"},
       {"q", [&](auto&, TensorView& qv, auto&) { qv = TensorView::contiguous(f64.data(), 2, 1, 4, D); },
        "f32, bf16 or f16 for a quantized cache"},
       {"cache.v", [](KVCache& k, auto&, auto&) { k.v.dtype = DType::fp8_e4m3; }, "must match cache.k's"},
@@ -460,7 +460,7 @@ TEST(DecodeQuantized, BadInputIsRejectedByNameAndNothingIsWritten) {
          bad = TensorView::contiguous(i8.data(), 2, 1, HK, D);
          d.k_new = &bad;
        },
-       "quantized types are for"},
+       "dtype must be f32, bf16 or f16 (it is quantized into the i8 cache), got i8"},
       {"cache.k_scale",
        [](KVCache& k, auto&, DecodeOptions&) {
          k.k_scale = TensorView::strided(&zero, {k.k.shape[0], k.k.shape[1], 2, 1}, {0, 0, 0, 0});

@@ -624,7 +624,7 @@ TEST(Int32Limits, KeyPositionsPastInt32AreNotWrapped) {
   AttentionOptions o;
   o.causal = true;
   o.window_left = 4;
-  o.alibi_slopes = &slope;
+  o.alibi_slopes = {&slope, 1};
   const TensorView kv = TensorView::contiguous(static_cast<const float*>(km.p), 1, SK, 1, D),
                    vv = TensorView::contiguous(static_cast<const float*>(vm.p), 1, SK, 1, D);
   for (const auto& a : algos()) {

@@ -43,7 +43,7 @@ void check_varlen(const std::vector<std::pair<int, int>>& lens, std::int64_t H, 
   std::vector<float> slopes;
   for (std::int64_t x = 0; x < B * H; ++x) slopes.push_back(0.3f / float(1 + x));
   if (alibi) {
-    o.alibi_slopes = slopes.data();
+    o.alibi_slopes = slopes;
     o.alibi_batch_stride = H;
   }
   auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
@@ -60,7 +60,7 @@ void check_varlen(const std::vector<std::pair<int, int>>& lens, std::int64_t H, 
       const std::int64_t q0 = p.cu_q[b], nq = p.cu_q[b + 1] - q0, k0 = p.cu_k[b], nk = p.cu_k[b + 1] - k0;
       if (nq == 0) continue;
       AttentionOptions ob = o;
-      if (alibi) ob.alibi_slopes = slopes.data() + b * H;
+      if (alibi) ob.alibi_slopes = F32Array(slopes).from(b * H);
       std::vector<double> oracle(static_cast<std::size_t>(nq * H * D)), olse(static_cast<std::size_t>(H * nq));
       std::vector<T> textbook(oracle.size());
       TensorView ol = TensorView::contiguous(olse.data(), 1, H, nq);

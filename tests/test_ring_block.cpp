@@ -75,7 +75,7 @@ TEST_P(RingF64, EveryRankMatchesTheWholeSequence) {
   const Shape& s = c.shape;
   std::vector<float> slopes, sinks = sinks_for(s.h);
   AttentionOptions opts = options_of(s, 0.3f, slopes);
-  if (s.sinks) opts.sinks = sinks.data();
+  if (s.sinks) opts.sinks = sinks;
   const auto q = random_tensor<double>(s.b, c.sq, s.h, s.d, 1), k = random_tensor<double>(s.b, c.sk, s.hk, s.d, 2);
   const auto v = random_tensor<double>(s.b, c.sk, s.hk, c.dv, 3);
   Tensor<double> whole(s.b, c.sq, s.h, c.dv);

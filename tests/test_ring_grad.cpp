@@ -100,7 +100,7 @@ TEST_P(RingGradF64, EveryRankMatchesTheWholeBackward) {
   const Shape& s = c.shape;
   std::vector<float> slopes, sinks = sinks_for(s.h);
   AttentionOptions opts = options_of(s, 0.3f, slopes);
-  if (s.sinks) opts.sinks = sinks.data();
+  if (s.sinks) opts.sinks = sinks;
   const Whole<double> w(c, opts);
   Tensor<double> dq(s.b, c.sq, s.h, s.d), dk(s.b, c.sk, s.hk, s.d), dv(s.b, c.sk, s.hk, s.d);
   attention_backward(w.q.view(), w.k.view(), w.v.view(), w.out.view(), w.dout.view(), w.lse_view(), dq.view(),

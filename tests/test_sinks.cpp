@@ -111,7 +111,7 @@ TEST(Sinks, TheReferenceIsTheTextbookWithTheSinkAsALogit) {
     AttentionOptions o;
     o.causal = true;
     o.window_left = c.left;
-    o.sinks = sinks.data();
+    o.sinks = sinks;
     std::vector<double> out(q.data.size()), lse(want_lse.size());
     TensorView lv = TensorView::contiguous(lse.data(), c.B, c.H, c.SQ);
     attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), c.B, c.SQ, c.H, c.D), o, &lv);
@@ -132,7 +132,7 @@ TEST(Sinks, EveryAlgorithmIsExactInF64) {
   AttentionOptions o;
   o.causal = true;
   o.window_left = c.left;
-  o.sinks = sinks.data();
+  o.sinks = sinks;
   const std::size_t nl = static_cast<std::size_t>(c.B * c.H * c.SQ);
   std::vector<double> want(q.data.size()), want_lse(nl);
   TensorView wl = TensorView::contiguous(want_lse.data(), c.B, c.H, c.SQ);
@@ -165,7 +165,7 @@ TEST(Sinks, VarlenAndDecodeFoldTheSinkOnce) {
   const std::vector<float> sinks = sinks_for(H);
   AttentionOptions o;
   o.causal = true;
-  o.sinks = sinks.data();
+  o.sinks = sinks;
   // Two sequences of one batch: varlen over them packed equals the reference on each alone.
   const auto q = random_tensor<double>(2, SQ, H, D, 7, 2.0), k = random_tensor<double>(2, SK, HK, D, 8, 2.0),
              v = random_tensor<double>(2, SK, HK, D, 9);
@@ -212,7 +212,7 @@ TEST(Sinks, F32IsWithinTwiceTheTextbookError) {
   const std::vector<float> sinks = sinks_for(c.H);
   AttentionOptions o;
   o.causal = true;
-  o.sinks = sinks.data();
+  o.sinks = sinks;
   const auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
   std::vector<double> oracle(q.data.size());
   attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.B, c.SQ, c.H, c.D),

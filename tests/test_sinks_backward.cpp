@@ -33,7 +33,7 @@ struct Problem {
         dout(random_tensor<double>(B, SQ, H, D, 4)) {
     o.causal = true;
     o.window_left = 6;
-    o.sinks = sinks.data();
+    o.sinks = sinks;
   }
   // The loss sum(dout * out) of the reference forward, its out and lse.
   double loss(const AttentionOptions& opts, std::vector<double>* out = nullptr,
@@ -88,8 +88,8 @@ TEST(SinksBackward, DsinkIsTheDerivativeOfTheLoss) {
       up[static_cast<std::size_t>(h)] += eps;
       down[static_cast<std::size_t>(h)] -= eps;
       AttentionOptions ou = base, od = base;
-      ou.sinks = up.data();
-      od.sinks = down.data();
+      ou.sinks = up;
+      od.sinks = down;
       const double fd = (p.loss(ou) - p.loss(od)) / (2.0 * eps);
       EXPECT_NEAR(g.dsink[static_cast<std::size_t>(h)], fd, 1e-6 * std::max(1.0, std::abs(fd))) << "head " << h;
     }

@@ -107,7 +107,7 @@ TEST(VarlenPaged, BitwiseForEveryDtypeAndMask) {
   AttentionOptions window, softcap, alibi, dropout;
   window.window_left = 7, window.window_right = 2;
   softcap.softcap = 3.0;
-  alibi.alibi_slopes = slopes.data(), alibi.alibi_batch_stride = 4;
+  alibi.alibi_slopes = slopes, alibi.alibi_batch_stride = 4;
   dropout.dropout_p = 0.25, dropout.dropout_seed = 11;
   for (const AttentionOptions& o : {window, softcap, alibi, dropout}) {
     check_bitwise<float>(kLens, 5, 4, 2, 40, o);

@@ -38,7 +38,8 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
 //        [0, num_pages) (later entries are never read)
 // Everything else (masks per sequence, lse, dtypes, tiles, threads, validation before any write, out
 // and lse not overlapping the cache or the table) is attention_varlen's, and so is the arithmetic: the
-// result is bitwise that of attention_varlen on the same keys packed. Inference only: no backward.
+// result is bitwise that of attention_varlen on the same keys packed, dropout's keep mask included
+// (tests/test_varlen_paged.cpp). There is no backward for the paged layout: train on the packed form.
 struct VarlenPages {
   const std::int32_t* block_table = nullptr;  // [batch, max_pages]
   std::int64_t max_pages = 0;                 // columns of block_table

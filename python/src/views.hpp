@@ -84,20 +84,25 @@ struct BasicOptions {
     o.dropout_p = dropout_p;
     o.dropout_seed = seed;
     o.dropout_offset = offset;
+    const std::size_t heads = q.ndim() >= 2 ? q.shape(q.ndim() - 2) : 0;
     if (alibi_slopes) {
       const A& a = *alibi_slopes;
-      if (a.dtype() != nb::dtype<float>() || a.ndim() < 1 || a.ndim() > 2 ||
-          (a.shape(a.ndim() - 1) > 1 && a.stride(a.ndim() - 1) != 1))
-        reject(who, "alibi_slopes", "must be float32 [heads] or [batch, heads] with unit stride along heads");
-      o.alibi_slopes = static_cast<const float*>(a.data());
+      if (a.dtype() != nb::dtype<float>() || a.ndim() < 1 || a.ndim() > 2 || a.shape(a.ndim() - 1) != heads ||
+          (heads > 1 && a.stride(a.ndim() - 1) != 1) || (a.ndim() == 2 && a.shape(0) > 1 && a.stride(0) < 0))
+        reject(
+            who, "alibi_slopes",
+            "must be float32 [heads = " + std::to_string(heads) + "] or [batch, heads] with unit stride along heads");
       o.alibi_batch_stride = a.ndim() == 2 && a.shape(0) > 1 ? a.stride(0) : 0;
+      // The C++ validation checks this length against the batch (the number of sequences).
+      const auto rows = static_cast<std::int64_t>(a.ndim() == 2 ? a.shape(0) : 1);
+      o.alibi_slopes = {static_cast<const float*>(a.data()),
+                        (rows - 1) * o.alibi_batch_stride + static_cast<std::int64_t>(heads)};
     }
     if (sinks) {
       const A& a = *sinks;
-      const std::size_t heads = q.ndim() >= 2 ? q.shape(q.ndim() - 2) : 0;
       if (a.dtype() != nb::dtype<float>() || a.ndim() != 1 || a.shape(0) != heads || (heads > 1 && a.stride(0) != 1))
         reject(who, "sinks", "must be float32 [heads = " + std::to_string(heads) + "] with unit stride");
-      o.sinks = static_cast<const float*>(a.data());
+      o.sinks = {static_cast<const float*>(a.data()), static_cast<std::int64_t>(heads)};
     }
     return o;
   }

@@ -20,8 +20,8 @@
 //   out, lse: no self-aliasing, no overlap with any input or each other; when appending, the cache must
 //       not alias itself or overlap k_new, v_new, q, seqlens, block_table or the scales, and cache.k and
 //       cache.v must not overlap; scales the append writes must not overlap any other input
-//   options: as validate.cpp (scale, threads, window, softcap, ALiBi); dropout_p must be 0; num_splits >= 0;
-//       keys_per_split >= 0
+//   options: as validate.cpp (scale, threads, window, softcap, ALiBi, the arrays' lengths); dropout_p must be 0;
+//       num_splits >= 0; keys_per_split >= 0
 //   rotary: only with k_new/v_new; cos, sin not null; dtype f32 or f64; rotary_dim even in [2, head_dim];
 //       positions cover every position used
 #include <algorithm>
@@ -124,7 +124,10 @@ bool values_in_keys(const KVCache& cache) {
 DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
                               const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse) {
   const bool paged = cache.block_table != nullptr;
-  const Span sq = check_view(who, "q", q, 4, false);
+  // With a quantized cache, q's and k_new's quantized dtypes are named by check_quantized_types, whose
+  // message lists the types allowed there (not f64).
+  const bool quantized = is_quantized(cache.k.dtype);
+  const Span sq = check_view(who, "q", q, 4, false, quantized);
   const Span sk = check_view(who, "cache.k", cache.k, 4, !paged, true);
   const Span sv = check_view(who, "cache.v", cache.v, 4, !paged, true);
   const Span so = check_view(who, "out", out, 4, false);
@@ -144,8 +147,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     fail(who, dec.k_new ? "v_new" : "k_new", "k_new and v_new must be given together");
   }
   const bool append = dec.k_new != nullptr;
-  const Span skn = append ? check_view(who, "k_new", *dec.k_new, 4, true) : Span{};
-  const Span svn = dec.v_new ? check_view(who, "v_new", *dec.v_new, 4, true) : Span{};
+  const Span skn = append ? check_view(who, "k_new", *dec.k_new, 4, true, quantized) : Span{};
+  const Span svn = dec.v_new ? check_view(who, "v_new", *dec.v_new, 4, true, quantized) : Span{};
 
   // Element types.
   const DType ct = cache.k.dtype;
@@ -286,6 +289,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
 
   // Options.
   const ResolvedOptions resolved = resolve_options(who, opts, d);
+  check_option_arrays(who, opts, batch, heads);
   const bool q_per_row = resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0;
   check_rotary(who, dec, cache, batch, d, sqn, seqlen_new, q_per_row);
   if (dec.rotary && v_in_k)

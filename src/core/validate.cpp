@@ -150,9 +150,9 @@ ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& op
   rule.softcap = opts.softcap;
   rule.window_left = opts.window_left;
   rule.window_right = opts.causal ? 0 : opts.window_right;
-  rule.alibi_slopes = opts.alibi_slopes;
+  rule.alibi_slopes = opts.alibi_slopes.data;
   rule.alibi_batch_stride = opts.alibi_batch_stride;
-  rule.sinks = opts.sinks;
+  rule.sinks = opts.sinks.data;
   DropoutRule dropout;
   if (opts.dropout_p > 0) {
     dropout.p = opts.dropout_p;
@@ -176,6 +176,23 @@ void check_dropout_extent(std::string_view who, const DropoutRule& dropout, std:
   if (!checked_mul(batch, heads, bh) || bh > k32)
     fail(who, "q",
          "batch x heads must be <= 2^32 with dropout, got " + std::to_string(batch) + " x " + std::to_string(heads));
+}
+
+void check_option_arrays(std::string_view who, const AttentionOptions& opts, std::int64_t batch, std::int64_t heads) {
+  if (opts.alibi_slopes) {
+    std::int64_t rows = 0, needed = 0;
+    if (!checked_mul(batch - 1, opts.alibi_batch_stride, rows) || !checked_add(rows, heads, needed))
+      fail(who, "alibi_batch_stride",
+           "(batch - 1) x alibi_batch_stride overflows, got " + std::to_string(opts.alibi_batch_stride));
+    if (opts.alibi_slopes.size < needed)
+      fail(who, "alibi_slopes",
+           "must hold (batch - 1) x alibi_batch_stride + heads = " + std::to_string(needed) + " values (batch " +
+               std::to_string(batch) + ", alibi_batch_stride " + std::to_string(opts.alibi_batch_stride) + ", heads " +
+               std::to_string(heads) + "), got " + std::to_string(opts.alibi_slopes.size));
+  }
+  if (opts.sinks && opts.sinks.size != heads)
+    fail(who, "sinks",
+         "must hold one value per query head (" + std::to_string(heads) + "), got " + std::to_string(opts.sinks.size));
 }
 
 void reject_dropout(std::string_view who, const DropoutRule& dropout, std::string_view what) {
@@ -254,6 +271,7 @@ Problem validate(std::string_view who, const TensorView& q, const TensorView& k,
   p.lse = lse;
   p.dropout.heads = p.heads;
   check_dropout_extent(who, p.dropout, p.batch, p.heads, p.seqlen_q, p.seqlen_k);
+  check_option_arrays(who, opts, p.batch, p.heads);
   return p;
 }
 

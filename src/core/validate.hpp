@@ -50,6 +50,10 @@ ResolvedOptions resolve_options(std::string_view who, const AttentionOptions& op
 void check_dropout_extent(std::string_view who, const DropoutRule& dropout, std::int64_t batch, std::int64_t heads,
                           std::int64_t seqlen_q, std::int64_t seqlen_k);
 
+// The options' arrays against the problem's sizes (batch: the number of sequences; heads: query heads):
+// alibi_slopes must hold (batch - 1) * alibi_batch_stride + heads values, sinks exactly heads.
+void check_option_arrays(std::string_view who, const AttentionOptions& opts, std::int64_t batch, std::int64_t heads);
+
 // For the entry points without dropout (the inference paths): dropout_p must be 0. `what` names the
 // path in the message ("split-K is an inference path").
 void reject_dropout(std::string_view who, const DropoutRule& dropout, std::string_view what);

@@ -50,8 +50,10 @@ Problem validate_packed(std::string_view who, const TensorView& q, const TensorV
                    v4 = packed_as_batch_of_one(who, "v", v), o4 = packed_as_batch_of_one(who, "out", out);
   check_varlen_lse(who, lse);
   Problem p = validate(who, q4, k4, v4, &o4, opts, lse);
-  // The packed problem's batch is 1; dropout's counter word b * heads + h needs the sequence count.
+  // The packed problem's batch is 1; dropout's counter word b * heads + h and the ALiBi slopes of
+  // sequence b need the sequence count.
   check_dropout_extent(who, p.dropout, batch, p.heads, p.seqlen_q, p.seqlen_k);
+  check_option_arrays(who, opts, batch, p.heads);
   return p;
 }
 
@@ -69,6 +71,7 @@ BackwardProblem validate_packed_backward(std::string_view who, const TensorView&
   check_varlen_lse(who, &lse);
   BackwardProblem p = validate_backward(who, q4, k4, v4, o4, do4, lse, dq4, dk4, dv4, opts, dsink);
   check_dropout_extent(who, p.dropout, batch, p.heads, p.seqlen_q, p.seqlen_k);  // as validate_packed
+  check_option_arrays(who, opts, batch, p.heads);
   return p;
 }
 

@@ -131,8 +131,8 @@ void validate_forward(const char* who, const detail::Problem& p, const TensorVie
   for (auto [name, t] : {std::pair<const char*, const TensorView*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
     require_kernel_layout(who, name, *t);
   require_lse(who, lse);
-  if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
-  if (opts.sinks) require_device(who, "sinks", opts.sinks);
+  if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes.data);
+  if (opts.sinks) require_device(who, "sinks", opts.sinks.data);
 }
 
 // The forward over the sequences of a validated varlen call (cq: cu_seqlens_q on the host), reading the
@@ -213,8 +213,8 @@ void check_decode_for_cuda(const char* who, const detail::DecodeProblem& p, cons
     require_kernel_layout(who, "v_new", *dec.v_new);
   }
   require_lse(who, lse);
-  if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes);
-  if (opts.sinks) require_device(who, "sinks", opts.sinks);
+  if (opts.alibi_slopes) require_device(who, "alibi_slopes", opts.alibi_slopes.data);
+  if (opts.sinks) require_device(who, "sinks", opts.sinks.data);
   if (dec.rotary) {
     if (dec.rotary->dtype != DType::f32)
       fail(who, "rotary.dtype", "must be f32 on CUDA, got " + std::string(dtype_name(dec.rotary->dtype)));

@@ -60,8 +60,12 @@ void append_rule_fields(std::vector<SharedField>& fields, const ScoreRule& r, st
   fields.push_back({"opts", "softcap", double_bits(r.softcap)});
   fields.push_back({"opts", "window_left (causal, window)", r.window_left});
   fields.push_back({"opts", "window_right (causal, window)", r.window_right});
+  std::vector<float> slopes;  // slope(b, h) as the kernels read it: with stride 0 the array holds only heads
+  if (r.alibi_slopes)
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t h = 0; h < heads; ++h) slopes.push_back(r.alibi_slope(b, h));
   fields.push_back(
-      {"opts", "alibi_slopes (their values)", r.alibi_slopes ? hash_floats(r.alibi_slopes, batch * heads) : 0});
+      {"opts", "alibi_slopes (their values)", r.alibi_slopes ? hash_floats(slopes.data(), batch * heads) : 0});
   fields.push_back({"opts", "sinks (their values)", r.sinks ? hash_floats(r.sinks, heads) : 0});
 }
 

@@ -191,8 +191,8 @@ inline Config generate(std::uint64_t seed) {
 
 // Points the options at the config's own arrays (ALiBi slopes, sinks), after a copy of the config.
 inline void bind_arrays(Config& c) {
-  if (!c.alibi.empty()) c.opts.alibi_slopes = c.alibi.data();
-  if (!c.sinks.empty()) c.opts.sinks = c.sinks.data();
+  if (!c.alibi.empty()) c.opts.alibi_slopes = c.alibi;
+  if (!c.sinks.empty()) c.opts.sinks = c.sinks;
 }
 
 // The rounding slack of the accuracy rule for f32-accumulated types, beyond twice the textbook error, in

@@ -207,7 +207,7 @@ std::string check_decode_quantized(Config c, bool paged) {
     std::vector<double> oracle(q64.size());
     std::vector<float> text(q64.size());
     AttentionOptions o = c.opts;
-    if (o.alibi_slopes) o.alibi_slopes += b * o.alibi_batch_stride, o.alibi_batch_stride = 0;
+    if (o.alibi_slopes) o.alibi_slopes = o.alibi_slopes.from(b * o.alibi_batch_stride), o.alibi_batch_stride = 0;
     attention_reference(
         TensorView::contiguous(q64.data(), 1, SQ, H, D), TensorView::contiguous(kv64[0].data(), 1, n, HK, D),
         TensorView::contiguous(kv64[1].data(), 1, n, HK, D), TensorView::contiguous(oracle.data(), 1, SQ, H, D), o);

@@ -130,7 +130,7 @@ std::string check_decode(Config c, bool paged) {
     }
     std::vector<double> oracle(q64.size());
     AttentionOptions o = c.opts;
-    if (o.alibi_slopes) o.alibi_slopes += b * o.alibi_batch_stride, o.alibi_batch_stride = 0;
+    if (o.alibi_slopes) o.alibi_slopes = o.alibi_slopes.from(b * o.alibi_batch_stride), o.alibi_batch_stride = 0;
     attention_reference(
         TensorView::contiguous(q64.data(), 1, SQ, H, D), TensorView::contiguous(k64.data(), 1, n, HK, D),
         TensorView::contiguous(v64.data(), 1, n, HK, D), TensorView::contiguous(oracle.data(), 1, SQ, H, D), o);

@@ -126,7 +126,7 @@ std::string check_varlen(Config c) {
       vT[i] = detail::store<T>(v64[i]);
     }
     AttentionOptions o = c.opts;
-    if (o.alibi_slopes) o.alibi_slopes += b * o.alibi_batch_stride, o.alibi_batch_stride = 0;
+    if (o.alibi_slopes) o.alibi_slopes = o.alibi_slopes.from(b * o.alibi_batch_stride), o.alibi_batch_stride = 0;
     std::vector<double> oracle(q64.size()), oracle_lse(static_cast<std::size_t>(H * nq));
     std::vector<A> text_lse(oracle_lse.size());
     const TensorView ol = TensorView::contiguous(oracle_lse.data(), 1, H, nq),

@@ -99,7 +99,7 @@ TEST(Ring, F64MatchesTheWholeSequenceOnEveryRank) {
           const std::int64_t sk = 48, dv = sq == 48 ? s.d : s.d + 3;
           std::vector<float> slopes, sinks = sinks_for(s.h);
           AttentionOptions opts = options_of(s, 0.3f, slopes);
-          if (s.sinks) opts.sinks = sinks.data();
+          if (s.sinks) opts.sinks = sinks;
           const auto q = random_tensor<double>(s.b, sq, s.h, s.d, 1), k = random_tensor<double>(s.b, sk, s.hk, s.d, 2),
                      v = random_tensor<double>(s.b, sk, s.hk, dv, 3);
           Tensor<double> whole(s.b, sq, s.h, dv);
@@ -247,7 +247,7 @@ TEST(RingBackward, F64MatchesTheWholeBackwardOnEveryRank) {
         const Shape& s = m.shape;
         std::vector<float> slopes, sinks = sinks_for(s.h);
         AttentionOptions opts = options_of(s, 0.3f, slopes);
-        if (s.sinks) opts.sinks = sinks.data();
+        if (s.sinks) opts.sinks = sinks;
         const std::int64_t S = 48;
         const auto q = random_tensor<double>(s.b, S, s.h, s.d, 1), k = random_tensor<double>(s.b, S, s.hk, s.d, 2),
                    v = random_tensor<double>(s.b, S, s.hk, s.d, 3), dout = random_tensor<double>(s.b, S, s.h, s.d, 4);
@@ -376,7 +376,7 @@ TEST(ShardedDecode, F64MatchesTheWholeCacheOnEveryRank) {
       s.b = B, s.h = H, s.hk = HK, s.d = D;
       std::vector<float> slopes, sinks = sinks_for(H);
       AttentionOptions opts = options_of(s, 0.3f, slopes);
-      if (s.sinks) opts.sinks = sinks.data();
+      if (s.sinks) opts.sinks = sinks;
       KVCache whole;
       whole.k = k.view(), whole.v = v.view(), whole.seqlens = whole_lens.data();
       Tensor<double> expect(B, 3, H, DV), got(B, 3, H, DV);
