@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from . import _C
+from ._options import AttentionOptions
 
 
 # Tensors go to attn._C as DLPack capsules made by torch's C exporter (about 1 us each on the development
@@ -186,13 +187,16 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal
 
 def _setup_fwd(ctx, inputs, output):
     q, k, v, *options = inputs
-    ctx.options = _detached(options)
+    ctx.options = _detached(AttentionOptions._make(options))
     ctx.save_for_backward(q, k, v, *output)
 
 
-def _option_grads(options, dsink):
-    """Gradients of the options: None, except the sinks' (the last option) when they are given."""
-    return (None,) * (len(options) - 1) + (dsink if options[-1] is not None else None,)
+_NO_OPTION_GRADS = AttentionOptions._make((None,) * len(AttentionOptions._fields))
+
+
+def _option_grads(options: AttentionOptions, dsink):
+    """Gradients of the options, one per field in the ops' order: None, except the sinks' when they are given."""
+    return _NO_OPTION_GRADS if options.sinks is None else _NO_OPTION_GRADS._replace(sinks=dsink)
 
 
 def _backward_fwd(ctx, dout, dlse):
@@ -203,7 +207,7 @@ def _backward_fwd(ctx, dout, dlse):
 
 def _setup_varlen(ctx, inputs, output):
     q, k, v, cu_q, cu_k, *options = inputs
-    ctx.options = _detached(options)
+    ctx.options = _detached(AttentionOptions._make(options))
     ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
 
 
@@ -219,17 +223,18 @@ varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_varlen)
 
 # ---- eager mode: the same kernels and formulas through torch.autograd.Function, which costs a few
 # microseconds per call where the custom op's dispatch costs tens; torch.compile sees the custom ops.
-def _detached(options):
-    """The options with the sinks (the last) detached: the kernels take plain tensors."""
-    sinks = options[-1]
-    return tuple(options) if sinks is None else tuple(options[:-1]) + (sinks.detach(),)
+def _detached(options: AttentionOptions) -> AttentionOptions:
+    """The options with the sinks detached: the kernels take plain tensors."""
+    return options if options.sinks is None else options._replace(sinks=options.sinks.detach())
 
 
+# The Functions take the options whole, and the sinks apart as well: autograd sees only the tensors among
+# apply's arguments, and the sinks are the one option with a gradient.
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, *options):
-        out, lse = _fwd_eager(q.detach(), k.detach(), v.detach(), *_detached(options))
+    def forward(ctx, q, k, v, sinks, options):
         ctx.options = _detached(options)
+        out, lse = _fwd_eager(q.detach(), k.detach(), v.detach(), *ctx.options)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -238,14 +243,14 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv, dsink = _bwd_eager(dout.contiguous(), q, k, v, out, lse, *ctx.options)
-        return (dq, dk, dv) + _option_grads(ctx.options, dsink)
+        return dq, dk, dv, dsink if ctx.options.sinks is not None else None, None
 
 
 class _VarlenAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, *options):
-        out, lse = _varlen_fwd_eager(q.detach(), k.detach(), v.detach(), cu_q, cu_k, *_detached(options))
+    def forward(ctx, q, k, v, cu_q, cu_k, sinks, options):
         ctx.options = _detached(options)
+        out, lse = _varlen_fwd_eager(q.detach(), k.detach(), v.detach(), cu_q, cu_k, *ctx.options)
         ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -254,33 +259,31 @@ class _VarlenAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
         dq, dk, dv, dsink = _varlen_bwd_eager(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
-        return (dq, dk, dv, None, None) + _option_grads(ctx.options, dsink)
+        return dq, dk, dv, None, None, dsink if ctx.options.sinks is not None else None, None
 
 
-def _cuda_forward(who, q, k, v, options, with_lse, cu_seqlens=None, block_table=None):
+def _cuda_forward(who, q, k, v, options: AttentionOptions, with_lse, cu_seqlens=None, block_table=None):
     """(out, lse or None) of attn's CUDA backend (attn._C.forward_cuda, or varlen_forward_cuda with
     cu_seqlens = (cu_seqlens_q, cu_seqlens_k) and, for a paged cache k, v, block_table), on torch's current
     stream of q's device. Inference only: that backend has no backward, so a call through which a gradient
     could flow is an error, not a result without gradients."""
-    scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = options
     cu_q, cu_k = cu_seqlens or (None, None)
-    require_cuda(who, q, k=k, v=v, alibi_slopes=alibi, sinks=sinks, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                 block_table=block_table)
-    if _needs_grad(q, k, v, sinks):
+    require_cuda(who, q, k=k, v=v, alibi_slopes=options.alibi_slopes, sinks=options.sinks, cu_seqlens_q=cu_q,
+                 cu_seqlens_k=cu_k, block_table=block_table)
+    if _needs_grad(q, k, v, options.sinks):
         raise _C.AttnError(f"{who}: q: the CUDA backend has no backward pass: call it under torch.no_grad() or "
                            "with tensors that do not require grad")
-    kw = dict(stream=cuda_stream(q), softmax_scale=scale, causal=causal, window_left=left, window_right=right,
-              softcap=softcap, alibi_slopes=_dl_opt(alibi), dropout_p=dropout_p, seed=seed, num_threads=threads,
-              sinks=_dl_opt(sinks))
+    kw = options._replace(alibi_slopes=_dl_opt(options.alibi_slopes), sinks=_dl_opt(options.sinks))._asdict()
     with torch.cuda.device(q.device):
         out = _out_for(q, v)
         if cu_seqlens is not None:  # varlen: q [total_q, heads, d], lse [heads, total_q] (always returned)
             lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-            _C.varlen_forward_cuda(*map(_dl, (q, k, v, out, lse, *cu_seqlens)), block_table=_dl_opt(block_table), **kw)
+            _C.varlen_forward_cuda(*map(_dl, (q, k, v, out, lse, *cu_seqlens)), block_table=_dl_opt(block_table),
+                                   stream=cuda_stream(q), **kw)
             return out, lse
         b, sq, h, _ = q.shape
         lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if with_lse else None
-        _C.forward_cuda(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), **kw)
+        _C.forward_cuda(_dl(q), _dl(k), _dl(v), _dl(out), _dl_opt(lse), stream=cuda_stream(q), **kw)
     return out, lse
 
 
@@ -325,47 +328,74 @@ _grad_enabled = torch.is_grad_enabled
 
 def inference_forward(q, k, v, softmax_scale, causal, window_size, softcap, threads):
     """out of flash_attn_func's plain inference call (no gradient can flow, no dropout, ALiBi, sinks or lse),
-    in one frame called straight from flash_attn_func, or None when the call is not that one. After a kernel
-    has evicted the interpreter's working set, every frame and object of a path is paid in cache misses
-    (docs/python.md, "Speed"), so this path builds no options tuple and leaves the defaults to the binding."""
-    if (type(q) is not Tensor or not (q.is_cpu and k.is_cpu and v.is_cpu) or _is_compiling() or
-            (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+    in one frame called straight from flash_attn_func, or None when the call is not that one, or has an
+    argument of a form this path does not check (k or v not a tensor, window_size not a pair of ints): the
+    general path names it. After a kernel has evicted the interpreter's working set, every frame and object
+    of a path is paid in cache misses (docs/python.md, "Speed"), so this path builds no options tuple,
+    leaves the defaults to the binding, and catches bad forms with try, which costs nothing until it
+    catches (Python >= 3.11), rather than checking them."""
+    try:
+        if (type(q) is not Tensor or not (q.is_cpu and k.is_cpu and v.is_cpu) or _is_compiling() or
+                (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+            return None
+        left, right = window_size
+    except (AttributeError, TypeError, ValueError):
         return None
-    left, right = window_size
     out = _out_for(q, v)
-    _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), None, softmax_scale=softmax_scale, causal=bool(causal),
-               window_left=left, window_right=right, softcap=softcap, num_threads=threads)
+    try:
+        _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), None, softmax_scale=softmax_scale, causal=bool(causal),
+                   window_left=left, window_right=right, softcap=softcap, num_threads=threads)
+    except TypeError:  # an argument the binding refuses by type (a float in window_size)
+        return None
     return out
 
 
-def attention(q, k, v, *options, with_lse=True):
+def require_tensors(who, **arrays):
+    """Each of arrays a torch tensor: a list or NumPy array among them gets a named error rather than an
+    AttributeError from the first attribute read."""
+    for name, t in arrays.items():
+        if not isinstance(t, Tensor):
+            raise _C.AttnError(f"{who}: {name}: must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _all_tensors(q, k, v):
+    return isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+
+
+def attention(q, k, v, options: AttentionOptions, with_lse=True):
     """(out, lse) of attn::fwd, differentiable; the custom op under torch.compile, else the Function, or,
     when no gradient can flow (inference), the kernel alone, which skips lse (None) unless with_lse."""
     if _is_compiling():
         return fwd(q, k, v, *options)
+    if not _all_tensors(q, k, v):  # flash_attn_func has sent NumPy and DLPack arrays elsewhere
+        require_tensors("attn.flash_attn_func", q=q, k=k, v=v)
     if q.is_cuda:
         return _cuda_forward("attn.flash_attn_func", q, k, v, options, with_lse)
     require_cpu("attn.flash_attn_func", q, k, v)
-    if not _needs_grad(q, k, v, options[-1]):
+    if not _needs_grad(q, k, v, options.sinks):
         return _fwd_eager(q, k, v, *options, with_lse=with_lse)
-    return _Attention.apply(q, k, v, *options)
+    return _Attention.apply(q, k, v, options.sinks, options)
 
 
-def varlen_attention(q, k, v, cu_q, cu_k, *options):
+def varlen_attention(q, k, v, cu_q, cu_k, options: AttentionOptions):
     if torch.compiler.is_compiling():
         return varlen_fwd(q, k, v, cu_q, cu_k, *options)
+    if not _all_tensors(q, k, v):
+        require_tensors("attn.flash_attn_varlen_func", q=q, k=k, v=v)
     if q.is_cuda:
         return _cuda_forward("attn.flash_attn_varlen_func", q, k, v, options, True, (cu_q, cu_k))
     require_cpu("attn.flash_attn_varlen_func", q, k, v)
-    if not _needs_grad(q, k, v, options[-1]):
+    if not _needs_grad(q, k, v, options.sinks):
         return _varlen_fwd_eager(q, k, v, cu_q, cu_k, *options)
-    return _VarlenAttention.apply(q, k, v, cu_q, cu_k, *options)
+    return _VarlenAttention.apply(q, k, v, cu_q, cu_k, options.sinks, options)
 
 
-def varlen_paged_attention(q, k_cache, v_cache, cu_q, cu_k, block_table, *options):
+def varlen_paged_attention(q, k_cache, v_cache, cu_q, cu_k, block_table, options: AttentionOptions):
     """(out, lse) over a paged cache: inference only (no gradient flows to q or the cache)."""
     if torch.compiler.is_compiling():
         return varlen_fwd_paged(q, k_cache, v_cache, cu_q, cu_k, block_table, *options)
+    if not _all_tensors(q, k_cache, v_cache):  # flash_attn_varlen_func names the cache k and v
+        require_tensors("attn.flash_attn_varlen_func", q=q, k=k_cache, v=v_cache)
     if q.is_cuda:
         return _cuda_forward("attn.flash_attn_varlen_func", q.detach(), k_cache.detach(), v_cache.detach(), options,
                              True, (cu_q, cu_k), block_table)

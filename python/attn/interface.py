@@ -4,11 +4,13 @@ and its packed forms, inference only). Inputs are torch tensors on the CPU (f64,
 strides: packed qkv and kv are passed as views, without a copy); every function but the kvcache one is
 differentiable. NumPy arrays, and other frameworks' CPU arrays through DLPack, are accepted by
 flash_attn_func (forward only; it returns NumPy arrays for them). docs/python.md lists what differs."""
+import operator
 import sys
-from typing import Optional, Tuple
+from typing import Tuple
 
 from . import _C
 from . import _threads
+from ._options import AttentionOptions
 from ._threads import get_num_threads
 
 
@@ -24,9 +26,14 @@ def _torch_ops():
     return _ops
 
 
-def _window(window_size) -> Tuple[int, int]:
-    left, right = window_size
-    return int(left), int(right)
+def _window(who, window_size) -> Tuple[int, int]:
+    """(left, right) of a window_size, a pair of ints: Python's, NumPy's, anything with __index__. A float
+    is refused rather than truncated, as flash-attn's int parameters refuse it."""
+    try:
+        left, right = window_size
+        return operator.index(left), operator.index(right)
+    except (TypeError, ValueError):
+        raise _C.AttnError(f"{who}: window_size: must be a pair (left, right) of ints, got {window_size!r}") from None
 
 
 def _seed(dropout_p: float) -> int:
@@ -36,11 +43,12 @@ def _seed(dropout_p: float) -> int:
     return int(torch.randint(0, 2**62, (1,)).item())  # the default generator: torch.manual_seed replays it
 
 
-def _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks=None):
-    left, right = _window(window_size)
-    scale = None if softmax_scale is None else float(softmax_scale)
-    return (scale, bool(causal), left, right, float(softcap), alibi_slopes, float(dropout_p), _seed(dropout_p),
-            get_num_threads(), sinks)
+def _options(who, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks=None) -> AttentionOptions:
+    left, right = _window(who, window_size)
+    return AttentionOptions(softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
+                            window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
+                            dropout_p=float(dropout_p), seed=_seed(dropout_p), num_threads=get_num_threads(),
+                            sinks=sinks)
 
 
 def _result(out, lse, return_attn_probs, opts, mask_shape):
@@ -49,7 +57,7 @@ def _result(out, lse, return_attn_probs, opts, mask_shape):
     seqlen_q, seqlen_k), f32 (f64 for f64)."""
     if not return_attn_probs:
         return out
-    dropout_p, seed = opts[6], opts[7]
+    dropout_p = opts.dropout_p
     if type(out).__module__ == "numpy":
         import numpy as np
         mask = np.empty(mask_shape if dropout_p else (0,), dtype=np.float64 if out.dtype == np.float64 else np.float32)
@@ -59,7 +67,7 @@ def _result(out, lse, return_attn_probs, opts, mask_shape):
                            dtype=torch.float64 if out.dtype == torch.float64 else torch.float32)
     if dropout_p == 0:
         return out, lse, mask
-    _C.dropout_mask(mask, dropout_p, seed)
+    _C.dropout_mask(mask, dropout_p, opts.seed)
     return out, lse, mask
 
 
@@ -76,6 +84,9 @@ def _as_numpy(who, **arrays):
     out = []
     for name, a in arrays.items():
         if type(a).__module__ != "numpy":
+            if not hasattr(a, "__dlpack__"):
+                raise _C.AttnError(f"{who}: {name}: must be a NumPy array or an array with __dlpack__, as q is, got "
+                                   f"{type(a).__name__}")
             try:
                 a = np.from_dlpack(a)
             except (BufferError, RuntimeError, TypeError, ValueError) as e:
@@ -86,14 +97,12 @@ def _as_numpy(who, **arrays):
     return out
 
 
-def _numpy_forward(q, k, v, opts):
+def _numpy_forward(q, k, v, opts: AttentionOptions):
     import numpy as np
-    scale, causal, left, right, softcap, alibi, dropout_p, seed, threads, sinks = opts
     b, sq, h, _ = q.shape
     out = np.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
     lse = np.empty((b, h, sq), dtype=np.float64 if q.dtype == np.float64 else np.float32)
-    _C.forward(q, k, v, out, lse, softmax_scale=scale, causal=causal, window_left=left, window_right=right,
-               softcap=softcap, alibi_slopes=alibi, dropout_p=dropout_p, seed=seed, num_threads=threads, sinks=sinks)
+    _C.forward(q, k, v, out, lse, **opts._asdict())  # the fields are the binding's keywords
     return out, lse
 
 
@@ -108,12 +117,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         out = _ops.inference_forward(q, k, v, softmax_scale, causal, window_size, softcap, _threads._num_threads)
         if out is not None:
             return out
-    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks)
+    opts = _options("attn.flash_attn_func", dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks)
     if type(q).__module__ == "numpy" or _other_dlpack(q):
         q, k, v = _as_numpy("attn.flash_attn_func", q=q, k=k, v=v)
         out, lse = _numpy_forward(q, k, v, opts)
     else:
-        out, lse = _torch_ops().attention(q, k, v, *opts, with_lse=return_attn_probs)
+        out, lse = _torch_ops().attention(q, k, v, opts, with_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs, opts, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
 
 
@@ -142,11 +151,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     page_size >= 1, sequence b's key j in block block_table[b, j // page_size] at slot j % page_size,
     cu_seqlens_k giving the key counts; this form is inference only (no gradient)."""
     _ops = _torch_ops()
-    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks)
+    opts = _options("attn.flash_attn_varlen_func", dropout_p, softmax_scale, causal, window_size, softcap,
+                    alibi_slopes, sinks)
     if block_table is not None:
-        out, lse = _ops.varlen_paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *opts)
+        out, lse = _ops.varlen_paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, opts)
     else:
-        out, lse = _ops.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *opts)
+        out, lse = _ops.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, opts)
     batch = len(cu_seqlens_q) - 1
     return _result(out, lse, return_attn_probs, opts, (batch, q.shape[1], int(max_seqlen_q), int(max_seqlen_k)))
 
@@ -198,6 +208,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     import contextlib
     import torch
     _ops = _torch_ops()
+    _ops.require_tensors("attn.flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache,
+                         **{name: t for name, t in (("k", k), ("v", v)) if t is not None})
+    left, right = _window("attn.flash_attn_with_kvcache", window_size)
     on_cuda = q.is_cuda  # attn's CUDA backend (docs/python.md, "CUDA tensors")
     if on_cuda:
         _ops.require_cuda("attn.flash_attn_with_kvcache", q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
@@ -224,7 +237,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_seqlens = torch.full((batch,), full, dtype=torch.int32, device=q.device)
     elif isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    left, right = _window(window_size)
     # v's head dim (MLA: 512 of 576)
     out = torch.empty(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32,

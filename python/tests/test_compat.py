@@ -52,6 +52,28 @@ def test_rotary_matches_complex_multiplication():
     assert q.shape == x.shape and torch.allclose(q.norm(dim=-1), x.norm(dim=-1))
 
 
+def test_rotary_in_16_bits_rounds_once():
+    """bf16 and f16 inputs are rotated in f32 and rounded to their dtype once, as flash-attn's kernel does:
+    each result y is within one unit in the last place (eps * |y|) of the f64 rotation, but for f32's own
+    rounding of the two products and their difference (under 2^-22 of the row's largest |x|), which shows
+    only where the products cancel. Rotating in 16 bits rounds cos, sin, the products and the difference
+    each at 2^-9 (bf16) or 2^-12 (f16) and fails this where they cancel."""
+    b, s, h, d = 2, 64, 4, 64
+    g = torch.Generator().manual_seed(3)
+    theta = torch.rand(s, d // 4, generator=g, dtype=torch.float64) * 100  # rotary_dim = d / 2
+    cos, sin = theta.cos().float(), theta.sin().float()
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(b, s, h, d, generator=g).to(dtype)
+        size = x[..., : d // 2].double().abs().amax(dim=-1, keepdim=True)
+        for interleaved in (False, True):
+            got = apply_rotary_emb(x, cos, sin, interleaved=interleaved)
+            want = apply_rotary_emb(x.double(), cos.double(), sin.double(), interleaved=interleaved)[..., : d // 2]
+            err = (got[..., : d // 2].double() - want).abs()
+            assert got.dtype == dtype
+            assert (err <= torch.finfo(dtype).eps * want.abs() + 2**-21 * size).all(), (dtype, interleaved)
+            assert torch.equal(got[..., d // 2:], x[..., d // 2:])
+
+
 def test_private_forward_and_backward_match_autograd():
     q, k, v = (torch.randn(1, 13, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     out, lse, _, rng = _flash_attn_forward(q, k, v, 0.0, None, True, -1, -1, 0.0, None, False)

@@ -5,7 +5,9 @@ plus a rounding slack of a few units in the last place for f32."""
 import itertools
 import math
 import os
+import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -181,6 +183,85 @@ def test_bad_input_raises_the_cpp_message():
         attn.flash_attn_func(q.int(), k, v)
     with pytest.raises(ValueError, match="set_num_threads"):
         attn.set_num_threads(-1)
+
+
+def _entry_points(q, k, v):
+    """Each public function that takes window_size, called on q, k, v (batch 1) and forwarding **kw: the
+    plain inference call (flash_attn_func's short path), the general path (return_attn_probs), the
+    autograd path, NumPy inputs, the packed and varlen forms, the paged varlen call and the kvcache call."""
+    cu = torch.tensor([0, q.shape[1]], dtype=torch.int32)
+    cu_k = torch.tensor([0, k.shape[1]], dtype=torch.int32)
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    n = q.shape[1]
+    return {
+        "flash_attn_func": lambda **kw: attn.flash_attn_func(q, k, v, **kw),
+        "flash_attn_func, return_attn_probs": lambda **kw: attn.flash_attn_func(q, k, v, return_attn_probs=True, **kw),
+        "flash_attn_func, grad": lambda **kw: attn.flash_attn_func(q.detach().requires_grad_(), k, v, **kw),
+        "flash_attn_func, NumPy": lambda **kw: attn.flash_attn_func(q.numpy(), k.numpy(), v.numpy(), **kw),
+        "flash_attn_qkvpacked_func": lambda **kw: attn.flash_attn_qkvpacked_func(torch.stack((q, k, v), 2), **kw),
+        "flash_attn_kvpacked_func": lambda **kw: attn.flash_attn_kvpacked_func(q, torch.stack((k, v), 2), **kw),
+        "flash_attn_varlen_func": lambda **kw: attn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu_k, n, n, **kw),
+        "flash_attn_varlen_func, paged": lambda **kw: attn.flash_attn_varlen_func(q[0], k, v, cu, cu_k, n, n,
+                                                                                 block_table=table, **kw),
+        "flash_attn_varlen_qkvpacked_func": lambda **kw: attn.flash_attn_varlen_qkvpacked_func(
+            torch.stack((q[0], k[0], v[0]), 1), cu, n, **kw),
+        "flash_attn_varlen_kvpacked_func": lambda **kw: attn.flash_attn_varlen_kvpacked_func(
+            q[0], torch.stack((k[0], v[0]), 1), cu, cu_k, n, n, **kw),
+        "flash_attn_with_kvcache": lambda **kw: attn.flash_attn_with_kvcache(q, k, v, **kw),
+    }
+
+
+def test_window_size_that_is_not_a_pair_of_ints_gets_a_named_error():
+    q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))
+    for name, call in _entry_points(q, k, v).items():
+        call(window_size=[3, np.int64(1)])  # a list and NumPy's ints are a pair of ints
+        for bad in ((3,), (1, 2, 3), 3, None, (1.5, 2), ("a", "b")):
+            with pytest.raises(attn.AttnError, match=re.escape(
+                    f"window_size: must be a pair (left, right) of ints, got {bad!r}")):
+                call(window_size=bad)
+
+
+def test_arrays_that_are_not_tensors_get_a_named_error():
+    from attn.flash_attn import flash_attn_interface as private
+    t = torch.randn(1, 8, 2, 16)
+    as_list = t.tolist()
+    cases = [  # (who, the call, the argument that is a list)
+        ("flash_attn_func", lambda: attn.flash_attn_func(as_list, t, t), "q"),
+        ("flash_attn_func", lambda: attn.flash_attn_func(t, as_list, t), "k"),  # the short path reads k first
+        ("flash_attn_func", lambda: attn.flash_attn_func(t, t, as_list, return_attn_probs=True), "v"),
+        ("flash_attn_func", lambda: attn.flash_attn_func(t.numpy(), as_list, t.numpy()), "k"),
+        ("flash_attn_varlen_func", lambda: attn.flash_attn_varlen_func(as_list[0], t[0], t[0], *_cu(8), 8, 8), "q"),
+        ("flash_attn_varlen_func", lambda: attn.flash_attn_varlen_func(t[0], t[0], as_list[0], *_cu(8), 8, 8), "v"),
+        ("flash_attn_varlen_func", lambda: attn.flash_attn_varlen_func(
+            t[0], as_list, t, *_cu(8), 8, 8, block_table=torch.zeros(1, 1, dtype=torch.int32)), "k"),
+        ("flash_attn_with_kvcache", lambda: attn.flash_attn_with_kvcache(as_list, t, t), "q"),
+        ("flash_attn_with_kvcache", lambda: attn.flash_attn_with_kvcache(t, t, as_list), "v_cache"),
+        ("flash_attn_with_kvcache", lambda: attn.flash_attn_with_kvcache(t, t, t, k=as_list, v=t), "k"),
+        ("_flash_attn_forward", lambda: private._flash_attn_forward(t, t, as_list, 0.0, None, False, -1, -1, 0.0, None,
+                                                                    False), "v"),
+    ]
+    for who, call, name in cases:
+        with pytest.raises(attn.AttnError, match=f"{who}: {name}: must be a .*, got list"):
+            call()
+
+
+def _cu(n):
+    return torch.tensor([0, n], dtype=torch.int32), torch.tensor([0, n], dtype=torch.int32)
+
+
+def test_options_are_named_in_the_order_of_the_ops_parameters():
+    """The options travel as attn._options.AttentionOptions, read by name, and reach the custom ops (and
+    their eager wrappers, which take the same parameters) as *options: each field must land on the op's
+    parameter of its name."""
+    from attn._options import AttentionOptions
+    fields = list(AttentionOptions._fields)
+    for op, tensors in ((torch.ops.attn.fwd, 3), (torch.ops.attn.bwd, 6), (torch.ops.attn.varlen_fwd, 5),
+                        (torch.ops.attn.varlen_fwd_paged, 6), (torch.ops.attn.varlen_bwd, 8)):
+        assert [a.name for a in op.default._schema.arguments[tensors:]] == fields, op
+    opts = attn.interface._options("who", 0.25, 0.5, 1, (np.int64(4), 0), 2, None)
+    assert isinstance(opts, AttentionOptions)
+    assert (opts.softmax_scale, opts.causal, opts.window_left, opts.window_right, opts.softcap, opts.dropout_p,
+            opts.num_threads) == (0.5, True, 4, 0, 2.0, 0.25, attn.get_num_threads())
 
 
 def test_numpy_inputs():

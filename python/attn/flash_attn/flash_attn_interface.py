@@ -3,21 +3,28 @@ _flash_attn_backward that some projects call directly (flash-attn 2.8's signatur
 import torch
 
 from .. import _C, _ops
+from .._options import AttentionOptions
 from .._threads import get_num_threads
 from ..interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,  # noqa: F401
                           flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                           flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
 
+_WHO = "attn.flash_attn.flash_attn_interface."
 
-def _options(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap, alibi_slopes, seed):
-    return (None if softmax_scale is None else float(softmax_scale), bool(causal), int(window_size_left),
-            int(window_size_right), float(softcap), alibi_slopes, float(dropout_p), int(seed), get_num_threads(),
-            None)  # no sinks in flash-attn's private API
+
+def _options(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap, alibi_slopes,
+             seed) -> AttentionOptions:
+    return AttentionOptions(softmax_scale=None if softmax_scale is None else float(softmax_scale),
+                            causal=bool(causal), window_left=int(window_size_left),
+                            window_right=int(window_size_right), softcap=float(softcap), alibi_slopes=alibi_slopes,
+                            dropout_p=float(dropout_p), seed=int(seed), num_threads=get_num_threads(),
+                            sinks=None)  # no sinks in flash-attn's private API
 
 
 def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
                         alibi_slopes, return_softmax):
     """-> (out, softmax_lse, S_dmask, rng_state); rng_state holds the dropout seed for the backward."""
+    _ops.require_tensors(_WHO + "_flash_attn_forward", q=q, k=k, v=v)
     seed = 0 if dropout_p == 0 else int(torch.randint(0, 2**62, (1,)).item())
     out, lse = _ops._fwd_eager(q.detach(), k.detach(), v.detach(),
                                *_options(dropout_p, softmax_scale, causal, window_size_left, window_size_right,
@@ -30,12 +37,10 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
                          window_size_left, window_size_right, softcap, alibi_slopes, deterministic, rng_state=None):
     """Writes dq, dk, dv in place; returns softmax_d = rowsum(dout * out), (batch, nheads, seqlen_q), f32
     (f64 for f64)."""
+    _ops.require_tensors(_WHO + "_flash_attn_backward", dout=dout, q=q, k=k, v=v, out=out)
     seed = int(rng_state[0]) if rng_state is not None else 0
-    kw = dict(zip(("softmax_scale", "causal", "window_left", "window_right", "softcap", "alibi_slopes", "dropout_p",
-                   "seed", "num_threads"),
-                  _options(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
-                           alibi_slopes, seed)))
+    opts = _options(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap, alibi_slopes, seed)
     _C.backward(q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), softmax_lse, dq, dk, dv, offset=0,
-                **kw)
+                **opts._asdict())  # the fields are the binding's keywords
     acc = torch.float64 if out.dtype == torch.float64 else torch.float32
     return (dout.to(acc) * out.to(acc)).sum(dim=-1).transpose(1, 2).contiguous()

@@ -6,15 +6,19 @@ import torch
 
 def _rotate(x, cos, sin, interleaved):
     rot = cos.shape[-1] * 2
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    # In f32 at least (f64 stays f64), rounded to x's dtype once at the end, as flash-attn's kernel and attn's
+    # own rotary in flash_attn_with_kvcache compute it: rounding cos, sin, each product and their difference
+    # to bf16 or f16 lands several units in the last place away from those where the products cancel.
+    acc = torch.promote_types(x.dtype, torch.float32)
+    x_rot, x_pass = x[..., :rot].to(acc), x[..., rot:]
     if interleaved:
         x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
     else:
         x1, x2 = x_rot[..., : rot // 2], x_rot[..., rot // 2:]
-    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    c, s = cos.to(acc), sin.to(acc)
     y1, y2 = x1 * c - x2 * s, x1 * s + x2 * c
     y = torch.stack((y1, y2), dim=-1).flatten(-2) if interleaved else torch.cat((y1, y2), dim=-1)
-    return torch.cat((y, x_pass), dim=-1)
+    return torch.cat((y.to(x.dtype), x_pass), dim=-1)
 
 
 def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, cu_seqlens=None,
