@@ -53,7 +53,10 @@ Shapes parse_shapes(const ShapeArgs& a) {
 }
 
 void measure_peaks(Shapes& s) {
-  for (auto t : s.threads) s.peak[static_cast<int>(t)] = fma_peak_gflops(static_cast<int>(t));
+  for (auto t : s.threads) {
+    s.peak[static_cast<int>(t)] = fma_peak_gflops(static_cast<int>(t));
+    s.amx_peak[static_cast<int>(t)] = amx_bf16_peak_gflops(static_cast<int>(t));
+  }
 }
 
 void print_intro(const char* command, const Shapes& s) {
@@ -62,6 +65,8 @@ void print_intro(const char* command, const Shapes& s) {
               static_cast<long long>(s.kv_heads));
   for (auto [t, g] : s.peak)
     std::printf("  measured FMA peak (f32): %.1f GFLOP/s with %d thread%s\n", g, t, t > 1 ? "s" : "");
+  for (auto [t, g] : s.amx_peak)  // the ceiling of the AMX kernels to come, where AMX can run
+    if (g > 0) std::printf("  measured AMX-BF16 peak: %.1f GFLOP/s with %d thread%s\n", g, t, t > 1 ? "s" : "");
 }
 
 void print_case_heads() { std::printf("%7s %7s %4s %6s %5s", "seq_q", "seq_k", "d", "causal", "dtype"); }
@@ -92,6 +97,7 @@ nlohmann::json case_json(const char* kind, const Shapes& s, const BenchCase& c, 
                         {"gflops", gflops},
                         {"peak_gflops", peak},
                         {"peak_fraction", gflops / peak},
+                        {"amx_bf16_peak_gflops", s.amx_peak.at(static_cast<int>(c.threads))},
                         {"machine", machine_name()},
                         {"kernels", kernel_paths()}};
 }

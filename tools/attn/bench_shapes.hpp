@@ -34,14 +34,16 @@ void add_shape_options(CLI::App& c, ShapeArgs& a);
 void add_tile_options(CLI::App& c, ShapeArgs& a, const std::string& q_help, const std::string& k_help);
 void add_json_flag(CLI::App& c, ShapeArgs& a);
 
-// The parsed flags (a bad one throws UsageError), and the FMA peak measured for each thread count.
+// The parsed flags (a bad one throws UsageError), and the FMA and AMX-BF16 peaks measured for each
+// thread count.
 struct Shapes {
   std::vector<std::int64_t> dims, threads;
   std::int64_t heads = 0, kv_heads = 0, batch = 0;
   std::vector<bool> causals;
   std::vector<DType> dtypes;
   TileOptions tiles;
-  std::map<int, double> peak;  // GFLOP/s (f32) by thread count
+  std::map<int, double> peak;      // GFLOP/s (f32) by thread count
+  std::map<int, double> amx_peak;  // GFLOP/s (AMX-BF16) by thread count, 0 where AMX is not usable
 };
 Shapes parse_shapes(const ShapeArgs& a);
 void measure_peaks(Shapes& s);

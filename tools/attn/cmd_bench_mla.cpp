@@ -46,13 +46,15 @@ void run_mla(const MlaArgs& a) {
   o.num_threads = a.threads;
   const double flops = 2.0 * static_cast<double>(n) * kHeads * (kDim + kDimV);
   const double peak = fma_peak_gflops(a.threads), bw = read_bandwidth_gbps(a.threads);
+  const double amx = amx_bf16_peak_gflops(a.threads);  // 0 where AMX cannot run
   if (!a.json)
     std::printf(
         "attn bench mla: %s; %s; 1 kv head, %lld heads, d_qk %lld, d_v %lld, bf16 cache of %lld keys, %d threads\n"
-        "FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s\n%-10s %12s %12s %9s %12s %10s %10s\n",
+        "FMA peak %.1f GFLOP/s, AMX-BF16 peak %.1f GFLOP/s, read bandwidth %.1f GB/s\n"
+        "%-10s %12s %12s %9s %12s %10s %10s\n",
         machine_name().c_str(), kernel_paths().c_str(), static_cast<long long>(kHeads), static_cast<long long>(kDim),
-        static_cast<long long>(kDimV), static_cast<long long>(n), a.threads, peak, bw, "values", "median", "GFLOP/s",
-        "of peak", "cache read", "tokens/s", "vs copy");
+        static_cast<long long>(kDimV), static_cast<long long>(n), a.threads, peak, amx, bw, "values", "median",
+        "GFLOP/s", "of peak", "cache read", "tokens/s", "vs copy");
   double copy_s = 0;
   for (const bool view : {false, true}) {
     KVCache cache;
@@ -76,6 +78,7 @@ void run_mla(const MlaArgs& a) {
                                          {"seconds", t.median_s},
                                          {"gflops", gflops},
                                          {"fma_peak_gflops", peak},
+                                         {"amx_bf16_peak_gflops", amx},
                                          {"gbps", bytes / t.median_s / 1e9},
                                          {"read_bandwidth_gbps", bw},
                                          {"tokens_per_s", 1 / t.median_s},

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   attn::cli::add_demo_command(app);
   attn::cli::add_bench_command(app);
   attn::cli::add_explore_command(app);
+  attn::cli::add_info_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

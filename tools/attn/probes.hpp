@@ -10,6 +10,11 @@ namespace attn::cli {
 // from independent FMA chains in registers on the widest vector unit available (probe_fma.cpp).
 double fma_peak_gflops(int threads);
 
+// Peak AMX-BF16 throughput (TDPBF16PS, bf16 products summed in f32) with `threads` threads, in GFLOP/s
+// (2 flops per product), from independent tile accumulators (probe_amx.cpp); 0 where AMX is not usable
+// (detail::amx_support) or the CLI was compiled without it.
+double amx_bf16_peak_gflops(int threads);
+
 // Sustained read bandwidth from memory with `threads` threads, in GB/s (10^9 bytes/s), streaming
 // a buffer much larger than the last-level cache (probe_bandwidth.cpp).
 double read_bandwidth_gbps(int threads);
