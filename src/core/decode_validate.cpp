@@ -121,41 +121,63 @@ bool values_in_keys(const KVCache& cache) {
   return true;
 }
 
-DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
-                              const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse) {
-  const bool paged = cache.block_table != nullptr;
+namespace {
+
+// The byte spans of the call's views, each checked on its own (validate.cpp's view rules): outputs must
+// not overlap the inputs, and when appending the cache must not overlap anything else.
+struct DecodeSpans {
+  Span q, k, v, out, lse, k_new, v_new;
+};
+
+// The sizes of the call, from q, the cache and k_new, checked against each other.
+struct DecodeSizes {
+  std::int64_t batch, seqlen_q, heads, head_dim, kv_heads, seqlen_new;
+};
+
+// Where the sequences' keys live: the block table's row stride (paged), the keys a sequence may hold,
+// the page size (a contiguous cache's max_seqlen), and the spans of the index arrays.
+struct CacheExtent {
+  std::int64_t bt_stride = 0, capacity = 0, page_size = 0, num_pages = 0;
+  Span seqlens, block_table, row_maps;
+};
+
+// Each view alone, and the rules of an MLA cache (cache.v a view of cache.k's rows) and of an append.
+DecodeSpans check_views(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
+                        const DecodeOptions& dec, const TensorView* lse, bool paged, bool v_in_k) {
   // With a quantized cache, q's and k_new's quantized dtypes are named by check_quantized_types, whose
   // message lists the types allowed there (not f64).
   const bool quantized = is_quantized(cache.k.dtype);
-  const Span sq = check_view(who, "q", q, 4, false, quantized);
-  const Span sk = check_view(who, "cache.k", cache.k, 4, !paged, true);
-  const Span sv = check_view(who, "cache.v", cache.v, 4, !paged, true);
-  const Span so = check_view(who, "out", out, 4, false);
-  const Span sl = lse ? check_view(who, "lse", *lse, 3, false) : Span{};
-  const bool v_in_k = values_in_keys(cache);
+  DecodeSpans s;
+  s.q = check_view(who, "q", q, 4, false, quantized);
+  s.k = check_view(who, "cache.k", cache.k, 4, !paged, true);
+  s.v = check_view(who, "cache.v", cache.v, 4, !paged, true);
+  s.out = check_view(who, "out", out, 4, false);
+  s.lse = lse ? check_view(who, "lse", *lse, 3, false) : Span{};
   if (v_in_k) {
     if (cache.v.shape[3] > cache.k.shape[3])
       fail(who, "cache.v",
            "head_dim (" + std::to_string(cache.v.shape[3]) + ") must be <= cache.k's (" +
                std::to_string(cache.k.shape[3]) + ") when cache.v views cache.k's rows (MLA)");
     if (dec.v_new) fail(who, "v_new", "must be null when cache.v views cache.k's rows (MLA): k_new holds the values");
-    if (dec.k_new && is_quantized(cache.k.dtype))
+    if (dec.k_new && quantized)
       fail(who, "cache.v",
            "must not view cache.k's rows (MLA) when appending into a quantized cache (k_new is quantized with "
            "cache.k_scale alone)");
   } else if ((dec.k_new == nullptr) != (dec.v_new == nullptr)) {
     fail(who, dec.k_new ? "v_new" : "k_new", "k_new and v_new must be given together");
   }
-  const bool append = dec.k_new != nullptr;
-  const Span skn = append ? check_view(who, "k_new", *dec.k_new, 4, true, quantized) : Span{};
-  const Span svn = dec.v_new ? check_view(who, "v_new", *dec.v_new, 4, true, quantized) : Span{};
+  s.k_new = dec.k_new ? check_view(who, "k_new", *dec.k_new, 4, true, quantized) : Span{};
+  s.v_new = dec.v_new ? check_view(who, "v_new", *dec.v_new, 4, true, quantized) : Span{};
+  return s;
+}
 
-  // Element types.
+void check_dtypes(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
+                  const DecodeOptions& dec, const TensorView* lse) {
   const DType ct = cache.k.dtype;
   require_dtype(who, "cache.v", cache.v.dtype, ct, "cache.k");
   if (is_quantized(ct)) {
     check_quantized_types(who, ct, q, dec);
-  } else if (append) {
+  } else if (dec.k_new) {
     require_dtype(who, "k_new", dec.k_new->dtype, ct, "cache.k");
     if (dec.v_new) require_dtype(who, "v_new", dec.v_new->dtype, ct, "cache.k");
   }
@@ -169,8 +191,10 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     fail(who, "lse",
          "dtype must be " + std::string(dtype_name(lse_dtype)) + " for a " + std::string(dtype_name(ct)) +
              " cache, got " + std::string(dtype_name(lse->dtype)));
+}
 
-  // Shapes.
+DecodeSizes check_shapes(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
+                         const DecodeOptions& dec, const TensorView* lse, bool paged) {
   const std::int64_t batch = q.shape[0], sqn = q.shape[1], heads = q.shape[2], d = q.shape[3];
   const std::int64_t kv_heads = cache.k.shape[2];
   static constexpr const char* kDims[] = {"batch", "seqlen", "heads", "head_dim"};
@@ -193,9 +217,8 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     require_equal(who, "lse", "heads", lse->shape[1], "q", heads);
     require_equal(who, "lse", "seqlen_q", lse->shape[2], "q", sqn);
   }
-  const CacheScales scales = check_cache_scales(who, cache);
   std::int64_t seqlen_new = 0;
-  if (append) {
+  if (dec.k_new) {
     require_equal(who, "k_new", "batch", dec.k_new->shape[0], "q", batch);
     require_equal(who, "k_new", "heads", dec.k_new->shape[2], "cache.k", kv_heads);
     require_equal(who, "k_new", "head_dim", dec.k_new->shape[3], "cache.k", d);
@@ -206,92 +229,106 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     }
     seqlen_new = dec.k_new->shape[1];
   }
+  return {batch, sqn, heads, d, kv_heads, seqlen_new};
+}
 
-  // Sequence lengths, capacity and the block table.
+// Sequence lengths against the capacity, the block table's shape and the entries every sequence uses,
+// batch_idx and leftpad.
+CacheExtent check_sequences(std::string_view who, const KVCache& cache, const DecodeSizes& n, bool paged) {
   if (!cache.seqlens) fail(who, "cache.seqlens", "data pointer is null");
-  std::int64_t bt_stride = 0, capacity = cache.k.shape[1];
-  const std::int64_t page_size = cache.k.shape[1], num_pages = cache.k.shape[0];
-  Span sbt{};
+  CacheExtent e;
+  e.capacity = e.page_size = cache.k.shape[1];
+  e.num_pages = cache.k.shape[0];
   if (paged) {
     const BlockTableShape t = check_block_table(who, "cache.block_table", cache.block_table, cache.max_pages,
-                                                cache.block_table_stride, batch, page_size);
-    bt_stride = t.stride;
-    capacity = t.capacity;
-    sbt = t.span;
+                                                cache.block_table_stride, n.batch, e.page_size);
+    e.bt_stride = t.stride;
+    e.capacity = t.capacity;
+    e.block_table = t.span;
   }
-  const Span sseq = int32_span(cache.seqlens, batch);
-  for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t n = cache.seqlens[b];
-    if (n < 0)
-      fail(who, "cache.seqlens", "must be >= 0, got seqlens[" + std::to_string(b) + "] = " + std::to_string(n));
-    if (saturating_add(n, seqlen_new) > capacity)
+  e.seqlens = int32_span(cache.seqlens, n.batch);
+  for (std::int64_t b = 0; b < n.batch; ++b) {
+    const std::int64_t len = cache.seqlens[b];
+    if (len < 0)
+      fail(who, "cache.seqlens", "must be >= 0, got seqlens[" + std::to_string(b) + "] = " + std::to_string(len));
+    if (saturating_add(len, n.seqlen_new) > e.capacity)
       fail(who, "cache.seqlens",
-           "seqlens[" + std::to_string(b) + "] + seqlen_new (" + std::to_string(n) + " + " +
-               std::to_string(seqlen_new) + ") exceeds the cache capacity (" + std::to_string(capacity) +
+           "seqlens[" + std::to_string(b) + "] + seqlen_new (" + std::to_string(len) + " + " +
+               std::to_string(n.seqlen_new) + ") exceeds the cache capacity (" + std::to_string(e.capacity) +
                (paged ? " = max_pages x page_size)" : " = max_seqlen)"));
-    if (paged)  // n + seqlen_new <= capacity: no overflow
-      check_block_table_entries(who, "cache.block_table", cache.block_table, bt_stride, b, n + seqlen_new, page_size,
-                                num_pages);
+    if (paged)  // len + seqlen_new <= capacity: no overflow
+      check_block_table_entries(who, "cache.block_table", cache.block_table, e.bt_stride, b, len + n.seqlen_new,
+                                e.page_size, e.num_pages);
   }
+  e.row_maps = check_row_maps(who, cache, n.batch, paged, n.seqlen_new > 0);
+  return e;
+}
 
-  const Span sidx = check_row_maps(who, cache, batch, paged, append && seqlen_new > 0);
+// Two sequences of a paged cache must not append into the same slot.
+void check_append_slots(std::string_view who, const KVCache& cache, const DecodeSizes& n, const CacheExtent& e) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> slots;  // (page * page_size + slot, b)
+  slots.reserve(static_cast<std::size_t>(n.batch * n.seqlen_new));
+  for (std::int64_t b = 0; b < n.batch; ++b)
+    for (std::int64_t t = 0; t < n.seqlen_new; ++t) {
+      const std::int64_t pos = cache.seqlens[b] + t;
+      slots.emplace_back(cache.block_table[b * e.bt_stride + pos / e.page_size] * e.page_size + pos % e.page_size, b);
+    }
+  std::sort(slots.begin(), slots.end());
+  for (std::size_t i = 1; i < slots.size(); ++i)
+    if (slots[i].first == slots[i - 1].first)
+      fail(who, "cache.block_table",
+           "sequences " + std::to_string(slots[i - 1].second) + " and " + std::to_string(slots[i].second) +
+               " append into the same slot (page " + std::to_string(slots[i].first / e.page_size) + ", slot " +
+               std::to_string(slots[i].first % e.page_size) + ")");
+}
 
-  // Aliasing and overlaps.
+// Outputs distinct and apart from every input; when appending, the cache (and the scales it writes) apart
+// from everything else too.
+void check_overlaps(std::string_view who, const KVCache& cache, const TensorView& out, const TensorView* lse,
+                    const DecodeSpans& s, const CacheExtent& e, const CacheScales& scales, const DecodeSizes& n,
+                    bool paged, bool v_in_k) {
   check_no_self_alias(who, "out", out);
   if (lse) check_no_self_alias(who, "lse", *lse);
-  const std::pair<const char*, Span> inputs[] = {{"q", sq},
-                                                 {"cache.k", sk},
-                                                 {"cache.v", sv},
-                                                 {"k_new", skn},
-                                                 {"v_new", svn},
-                                                 {"cache.seqlens", sseq},
-                                                 {"cache.block_table", sbt},
-                                                 {"cache.batch_idx / leftpad", sidx},
+  const std::pair<const char*, Span> inputs[] = {{"q", s.q},
+                                                 {"cache.k", s.k},
+                                                 {"cache.v", s.v},
+                                                 {"k_new", s.k_new},
+                                                 {"v_new", s.v_new},
+                                                 {"cache.seqlens", e.seqlens},
+                                                 {"cache.block_table", e.block_table},
+                                                 {"cache.batch_idx / leftpad", e.row_maps},
                                                  {"cache.k_scale", scales.k_span},
                                                  {"cache.v_scale", scales.v_span}};
-  for (auto [name, s] : inputs) {
-    if (overlaps(so, s)) fail(who, "out", std::string("overlaps input ") + name);
-    if (overlaps(sl, s)) fail(who, "lse", std::string("overlaps input ") + name);
+  for (auto [name, span] : inputs) {
+    if (overlaps(s.out, span)) fail(who, "out", std::string("overlaps input ") + name);
+    if (overlaps(s.lse, span)) fail(who, "lse", std::string("overlaps input ") + name);
   }
-  if (overlaps(so, sl)) fail(who, "lse", "overlaps out");
-  if (append && seqlen_new > 0) {
-    check_no_self_alias(who, "cache.k", cache.k);
-    check_no_self_alias(who, "cache.v", cache.v);
-    if (!v_in_k && overlaps(sk, sv)) fail(who, "cache.v", "overlaps cache.k (both are written when appending)");
-    for (std::size_t i = 0; i < std::size(inputs); ++i) {
-      if (i == 1 || i == 2) continue;  // cache.k and cache.v themselves
-      const auto [name, s] = inputs[i];
-      if (overlaps(sk, s)) fail(who, "cache.k", std::string("overlaps ") + name + " (written when appending)");
-      if (overlaps(sv, s)) fail(who, "cache.v", std::string("overlaps ") + name + " (written when appending)");
-    }
-    for (auto [arg, written, owned] : {std::tuple{"cache.k_scale", scales.k_span, scales.k_owned},
-                                       std::tuple{"cache.v_scale", scales.v_span, scales.v_owned}})
-      for (auto [name, s] : inputs)
-        if (owned && std::string_view(name) != arg && overlaps(written, s))
-          fail(who, arg, std::string("overlaps ") + name + " (the appended positions' scales are written)");
-    if (paged) {                                                 // two sequences must not append into the same slot
-      std::vector<std::pair<std::int64_t, std::int64_t>> slots;  // (page * page_size + slot, b)
-      slots.reserve(static_cast<std::size_t>(batch * seqlen_new));
-      for (std::int64_t b = 0; b < batch; ++b)
-        for (std::int64_t t = 0; t < seqlen_new; ++t) {
-          const std::int64_t pos = cache.seqlens[b] + t;
-          slots.emplace_back(cache.block_table[b * bt_stride + pos / page_size] * page_size + pos % page_size, b);
-        }
-      std::sort(slots.begin(), slots.end());
-      for (std::size_t i = 1; i < slots.size(); ++i)
-        if (slots[i].first == slots[i - 1].first)
-          fail(who, "cache.block_table",
-               "sequences " + std::to_string(slots[i - 1].second) + " and " + std::to_string(slots[i].second) +
-                   " append into the same slot (page " + std::to_string(slots[i].first / page_size) + ", slot " +
-                   std::to_string(slots[i].first % page_size) + ")");
-    }
+  if (overlaps(s.out, s.lse)) fail(who, "lse", "overlaps out");
+  if (n.seqlen_new == 0) return;
+  check_no_self_alias(who, "cache.k", cache.k);
+  check_no_self_alias(who, "cache.v", cache.v);
+  if (!v_in_k && overlaps(s.k, s.v)) fail(who, "cache.v", "overlaps cache.k (both are written when appending)");
+  for (std::size_t i = 0; i < std::size(inputs); ++i) {
+    if (i == 1 || i == 2) continue;  // cache.k and cache.v themselves
+    const auto [name, span] = inputs[i];
+    if (overlaps(s.k, span)) fail(who, "cache.k", std::string("overlaps ") + name + " (written when appending)");
+    if (overlaps(s.v, span)) fail(who, "cache.v", std::string("overlaps ") + name + " (written when appending)");
   }
+  for (auto [arg, written, owned] : {std::tuple{"cache.k_scale", scales.k_span, scales.k_owned},
+                                     std::tuple{"cache.v_scale", scales.v_span, scales.v_owned}})
+    for (auto [name, span] : inputs)
+      if (owned && std::string_view(name) != arg && overlaps(written, span))
+        fail(who, arg, std::string("overlaps ") + name + " (the appended positions' scales are written)");
+  if (paged) check_append_slots(who, cache, n, e);
+}
 
-  // Options.
-  const ResolvedOptions resolved = resolve_options(who, opts, d);
-  check_option_arrays(who, opts, batch, heads);
+// The shared options (validate.cpp) and decode's own: rotary, no dropout, split counts.
+ResolvedOptions check_options(std::string_view who, const KVCache& cache, const AttentionOptions& opts,
+                              const DecodeOptions& dec, const DecodeSizes& n, bool v_in_k) {
+  const ResolvedOptions resolved = resolve_options(who, opts, n.head_dim);
+  check_option_arrays(who, opts, n.batch, n.heads);
   const bool q_per_row = resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0;
-  check_rotary(who, dec, cache, batch, d, sqn, seqlen_new, q_per_row);
+  check_rotary(who, dec, cache, n.batch, n.head_dim, n.seqlen_q, n.seqlen_new, q_per_row);
   if (dec.rotary && v_in_k)
     fail(who, "rotary",
          "must be null when cache.v views cache.k's rows (MLA): it rotates the first rotary_dim dims, which are "
@@ -301,21 +338,26 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
     fail(who, "num_splits", "must be >= 0 (0 = automatic), got " + std::to_string(dec.num_splits));
   if (dec.keys_per_split < 0)
     fail(who, "keys_per_split", "must be >= 0 (0 = off), got " + std::to_string(dec.keys_per_split));
+  return resolved;
+}
 
+DecodeProblem make_problem(const TensorView& q, const KVCache& cache, const TensorView& out, const DecodeOptions& dec,
+                           const TensorView* lse, const ResolvedOptions& resolved, const DecodeSizes& n,
+                           const CacheExtent& e, const CacheScales& scales, bool v_in_k) {
   DecodeProblem p{};
   static_cast<ResolvedOptions&>(p) = resolved;
-  p.batch = batch;
-  p.seqlen_q = sqn;
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.head_dim = d;
+  p.batch = n.batch;
+  p.seqlen_q = n.seqlen_q;
+  p.heads = n.heads;
+  p.kv_heads = n.kv_heads;
+  p.head_dim = n.head_dim;
   p.head_dim_v = cache.v.shape[3];
   p.v_in_k = v_in_k;
-  p.seqlen_new = seqlen_new;
-  p.cache_dtype = ct;
+  p.seqlen_new = n.seqlen_new;
+  p.cache_dtype = cache.k.dtype;
   p.q_dtype = q.dtype;
-  p.paged = paged;
-  p.page_size = page_size;
+  p.paged = cache.block_table != nullptr;
+  p.page_size = e.page_size;
   p.num_splits = dec.num_splits;
   p.keys_per_split = dec.keys_per_split;
   p.q = q;
@@ -327,7 +369,7 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   p.v_new = dec.v_new;
   p.seqlens = cache.seqlens;
   p.block_table = cache.block_table;
-  p.bt_stride = bt_stride;
+  p.bt_stride = e.bt_stride;
   p.batch_idx = cache.batch_idx;
   p.leftpad = cache.leftpad;
   p.rotary = dec.rotary;
@@ -335,7 +377,23 @@ DecodeProblem validate_decode(std::string_view who, const TensorView& q, const K
   p.v_scale = scales.v;
   p.k_scale_owned = scales.k_owned;
   p.v_scale_owned = scales.v_owned;
-  p.rotary_q_per_row = q_per_row;
+  p.rotary_q_per_row = resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0;
+  return p;
+}
+
+}  // namespace
+
+DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
+                              const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse) {
+  const bool paged = cache.block_table != nullptr, v_in_k = values_in_keys(cache);
+  const DecodeSpans spans = check_views(who, q, cache, out, dec, lse, paged, v_in_k);
+  check_dtypes(who, q, cache, out, dec, lse);
+  const DecodeSizes sizes = check_shapes(who, q, cache, out, dec, lse, paged);
+  const CacheScales scales = check_cache_scales(who, cache);
+  const CacheExtent extent = check_sequences(who, cache, sizes, paged);
+  check_overlaps(who, cache, out, lse, spans, extent, scales, sizes, paged, v_in_k);
+  const ResolvedOptions resolved = check_options(who, cache, opts, dec, sizes, v_in_k);
+  DecodeProblem p = make_problem(q, cache, out, dec, lse, resolved, sizes, extent, scales, v_in_k);
   check_quantized_append(who, p);
   return p;
 }
