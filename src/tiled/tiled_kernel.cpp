@@ -209,30 +209,45 @@ struct Scratch {
   }
 };
 
-template <class T, class D, class A = hn::TFromD<D>>
-void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task, Scratch<A>& w) {
-  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(p.head_dim);
-  const std::size_t dim_v = static_cast<std::size_t>(p.head_dim_v), dp = RoundUp(dim_v, N);
-  const std::int64_t g = p.group(), rows_h = task.rows, i0 = task.i0, b = task.b;
-  const std::size_t real = static_cast<std::size_t>(g * rows_h);
-  const std::size_t R = RoundUp(real, std::max<std::size_t>(N, kPvRows));
-  const Rows<A>& rw = w.rows;
-  auto head_of = [&](std::size_t r) { return task.kv_head * g + static_cast<std::int64_t>(r) / rows_h; };
-  auto query_of = [&](std::size_t r) { return i0 + static_cast<std::int64_t>(r) % rows_h; };
+// One task's geometry: its R rows (real of them queries, the rest padding to whole vectors), row r
+// being query query_of(r) of head head_of(r) (the group's heads one after another, rows_h queries each),
+// and V's rows padded to dp values.
+struct TaskRows {
+  std::size_t N, dim, dim_v, dp, real, R;
+  std::int64_t g, rows_h, i0, b, kv_head;
+  std::int64_t head_of(std::size_t r) const { return kv_head * g + static_cast<std::int64_t>(r) / rows_h; }
+  std::int64_t query_of(std::size_t r) const { return i0 + static_cast<std::int64_t>(r) % rows_h; }
+};
 
-  // bf16 with AVX512-BF16: the scores take bf16 pairs (core/dpbf16.hpp); otherwise the accumulator type.
-  constexpr bool kMayDp = std::is_same_v<T, bf16_t> && static_cast<bool>(ATTN_DPBF16_TARGET);
-  const bool use_dp = kMayDp && bf16_dots();
-  const ScoreOperands<A> op{w.qt, w.k, R, dim, dim};
+template <class D>
+HWY_INLINE TaskRows TaskRowsOf(D d, const Problem& p, const TileTask& task) {
+  TaskRows t;
+  t.N = hn::Lanes(d);
+  t.dim = static_cast<std::size_t>(p.head_dim);
+  t.dim_v = static_cast<std::size_t>(p.head_dim_v);
+  t.dp = RoundUp(t.dim_v, t.N);
+  t.g = p.group();
+  t.rows_h = task.rows;
+  t.i0 = task.i0;
+  t.b = task.b;
+  t.kv_head = task.kv_head;
+  t.real = static_cast<std::size_t>(t.g * t.rows_h);
+  t.R = RoundUp(t.real, std::max<std::size_t>(t.N, kPvRows));
+  return t;
+}
 
-  // Q^T, zero for the padding rows; the states reset to the neutral element.
+// Q^T into the scratch (bf16 pairs for the dot-product kernel), zero for the padding rows; O and the row
+// states reset to the neutral element; dropout's counter words per row.
+template <bool kMayDp, class T, class A>
+HWY_INLINE void LoadQueries(const Problem& p, const TaskRows& t, bool use_dp, Scratch<A>& w) {
+  const std::size_t R = t.R, dim = t.dim, real = t.real;
   std::fill(w.qt, w.qt + dim * R, A(0));
-  std::fill(w.o, w.o + R * dp, A(0));
+  std::fill(w.o, w.o + R * t.dp, A(0));
   // Q's rows lie a head stride apart, each a cache miss that no hardware prefetcher follows; transposed
   // element by element, one row's misses at a time, they cost 10% of this function at causal seq 1024.
   // The row kQAhead ahead is requested while this one is transposed.
   constexpr std::size_t kQAhead = 8;
-  auto q_row = [&](std::size_t r) { return row_ptr<const T>(p.q, b, query_of(r), head_of(r)); };
+  auto q_row = [&](std::size_t r) { return row_ptr<const T>(p.q, t.b, t.query_of(r), t.head_of(r)); };
   for (std::size_t r = 0; r < std::min(kQAhead, real); ++r) PrefetchRowAt(q_row(r), p.q, dim);
   for (std::size_t r = 0; r < real; ++r) {
     if (r + kQAhead < real) PrefetchRowAt(q_row(r + kQAhead), p.q, dim);
@@ -246,98 +261,127 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
     }
     for (std::size_t x = 0; x < dim; ++x) w.qt[x * R + r] = load<A>(src[x * p.q.strides[3]]);
   }
+  const Rows<A>& rw = w.rows;
   for (std::size_t r = 0; r < R; ++r) {
     rw.m[r] = -std::numeric_limits<A>::infinity();
     rw.l[r] = A(0);
-    rw.slope[r] = r < real ? static_cast<A>(p.rule.alibi_slope(b, head_of(r))) : A(0);
+    rw.slope[r] = r < real ? static_cast<A>(p.rule.alibi_slope(t.b, t.head_of(r))) : A(0);
     rw.dist[r] = A(0);
   }
-  const Epilogue base{&p.rule, false};
   if (p.dropout.enabled())
     for (std::size_t r = 0; r < R; ++r) {  // padding rows: any counter (their P is never stored)
-      w.ctr_i[r] = r < real ? static_cast<std::uint32_t>(query_of(r)) : 0u;
-      w.ctr_h[r] = r < real ? p.dropout.head_word(b, head_of(r)) : 0u;
+      w.ctr_i[r] = r < real ? static_cast<std::uint32_t>(t.query_of(r)) : 0u;
+      w.ctr_h[r] = r < real ? p.dropout.head_word(t.b, t.head_of(r)) : 0u;
     }
+}
+
+// Each row's visible keys [lo, hi) of the key tile [j0, j0 + n) and its distance to the tile for ALiBi;
+// the epilogue masks when some row does not see the whole tile.
+template <class A>
+HWY_INLINE Epilogue TileRowBounds(const Problem& p, const TaskRows& t, std::int64_t j0, std::int64_t n,
+                                  const Rows<A>& rw) {
+  Epilogue ep{&p.rule, false};
+  for (std::size_t r = 0; r < t.R; ++r) {
+    A lo = 0, hi = static_cast<A>(n);
+    if (r < t.real) {
+      const std::int64_t i = t.query_of(r);
+      lo = static_cast<A>(std::clamp<std::int64_t>(p.first_key(i) - j0, 0, n));
+      hi = static_cast<A>(std::clamp<std::int64_t>(p.end_key(i) - j0, 0, n));
+      rw.dist[r] = static_cast<A>(p.mask().diagonal(i) - j0);
+    }
+    ep.mask |= lo > A(0) || hi < static_cast<A>(n);
+    rw.lo[r] = lo;
+    rw.hi[r] = hi;
+    rw.mtile[r] = -std::numeric_limits<A>::infinity();
+  }
+  return ep;
+}
+
+// The online-softmax step, lane-wise over queries: m and alpha (attn::rescale_factor's), the scores
+// replaced by P = exp(s - m), l = l alpha + the row sums of P.
+template <class D, class A = hn::TFromD<D>>
+HWY_INLINE void SoftmaxStep(D d, std::size_t R, std::int64_t n, A* s, const Rows<A>& rw) {
+  for (std::size_t r = 0; r < R; ++r) {
+    const A m_new = std::max(rw.m[r], rw.mtile[r]);
+    rw.alpha[r] = rescale_factor(rw.m[r], m_new);
+    rw.m[r] = m_new;
+  }
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<A>::infinity());
+  for (std::size_t r = 0; r < R; r += hn::Lanes(d)) {
+    const auto m = hn::Load(d, rw.m + r);
+    // A row that has seen no key keeps m = -inf; its scores are all -inf and must give p = 0.
+    const auto m_sub = hn::IfThenZeroElse(hn::Eq(m, neg_inf), m);
+    auto sum = hn::Zero(d);
+    for (std::int64_t c = 0; c < n; ++c) {
+      A* sc = s + static_cast<std::size_t>(c) * R + r;
+      // exp(-inf) = 0. A NaN score (NaN in q or in a visible key) and a +inf score (whose row has
+      // m = +inf, so inf - inf) give NaN, which must poison the row, as std::exp does in attn::fold
+      // (when no later tile's alpha = exp(inf - inf) would catch it).
+      const auto pv = exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, sc), m_sub);
+      hn::Store(pv, d, sc);
+      sum = hn::Add(sum, pv);
+    }
+    hn::Store(hn::MulAdd(hn::Load(d, rw.l + r), hn::Load(d, rw.alpha + r), sum), d, rw.l + r);
+  }
+}
+
+// O = O alpha + P V, d split into near-equal chunks of at most kMaxCv vectors.
+template <class D, class A = hn::TFromD<D>>
+HWY_INLINE void AddPv(D d, const TaskRows& t, std::int64_t n, bool mask, Scratch<A>& w) {
+  const int dv = static_cast<int>(t.dp / t.N);
+  const int chunks = (dv + kMaxCv - 1) / kMaxCv;
+  for (std::size_t r0 = 0; r0 < t.R; r0 += kPvRows) {
+    std::size_t x0 = 0;
+    for (int ch = 0; ch < chunks; ++ch) {
+      const int cv = dv / chunks + (ch < dv % chunks ? 1 : 0);
+      PvDispatch<kMaxCv>(d, cv, mask, w.s, t.R, w.v, t.dp, static_cast<std::size_t>(n), w.o, w.rows.alpha, w.rows, r0,
+                         x0);
+      x0 += static_cast<std::size_t>(cv) * t.N;
+    }
+  }
+}
+
+// One task: a tile of queries of one kv head's group against every key tile any of them sees.
+template <class T, class D, class A = hn::TFromD<D>>
+void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task, Scratch<A>& w) {
+  const TaskRows t = TaskRowsOf(d, p, task);
+  // bf16 with AVX512-BF16: the scores take bf16 pairs (core/dpbf16.hpp); otherwise the accumulator type.
+  constexpr bool kMayDp = std::is_same_v<T, bf16_t> && static_cast<bool>(ATTN_DPBF16_TARGET);
+  const bool use_dp = kMayDp && bf16_dots();
+  const ScoreOperands<A> op{w.qt, w.k, t.R, t.dim, t.dim};
+  LoadQueries<kMayDp, T>(p, t, use_dp, w);
 
   // Keys any row of the tile sees: first_key and end_key are non-decreasing in i.
-  const std::int64_t k_begin = p.first_key(i0), k_end = p.end_key(i0 + rows_h - 1);
+  const std::int64_t k_begin = p.first_key(t.i0), k_end = p.end_key(t.i0 + t.rows_h - 1);
   const std::int64_t bc = plan.k_tile;
   for (std::int64_t j0 = k_begin; j0 < k_end; j0 += bc) {
     const std::int64_t n = std::min(bc, k_end - j0);
     if (use_dp)
-      PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, b, j0, n, task.kv_head, dim, p.pages);
+      PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, t.b, j0, n, t.kv_head, t.dim, p.pages);
     else
-      PackRows<T>(d, w.k, dim, p.k, b, j0, n, task.kv_head, dim, p.pages);
-    PackRows<T>(d, w.v, dp, p.v, b, j0, n, task.kv_head, dim_v, p.pages);
-    Epilogue ep = base;
-    for (std::size_t r = 0; r < R; ++r) {
-      A lo = 0, hi = static_cast<A>(n);
-      if (r < real) {
-        const std::int64_t i = query_of(r);
-        lo = static_cast<A>(std::clamp<std::int64_t>(p.first_key(i) - j0, 0, n));
-        hi = static_cast<A>(std::clamp<std::int64_t>(p.end_key(i) - j0, 0, n));
-        rw.dist[r] = static_cast<A>(p.mask().diagonal(i) - j0);
-      }
-      ep.mask |= lo > A(0) || hi < static_cast<A>(n);
-      rw.lo[r] = lo;
-      rw.hi[r] = hi;
-      rw.mtile[r] = -std::numeric_limits<A>::infinity();
-    }
-
+      PackRows<T>(d, w.k, t.dim, p.k, t.b, j0, n, t.kv_head, t.dim, p.pages);
+    PackRows<T>(d, w.v, t.dp, p.v, t.b, j0, n, t.kv_head, t.dim_v, p.pages);
+    Epilogue ep = TileRowBounds(p, t, j0, n, w.rows);
     const std::int64_t next = j0 + bc, next_n = std::min(bc, k_end - next);
     if (use_dp)
-      ScoreTile<kMayDp, T>(d, p, task, op, n, next, next_n, w.s, rw, ep);
+      ScoreTile<kMayDp, T>(d, p, task, op, n, next, next_n, w.s, w.rows, ep);
     else
-      ScoreTile<false, T>(d, p, task, op, n, next, next_n, w.s, rw, ep);
-
-    // The online-softmax step, lane-wise over queries. The rescale factor is attn::rescale_factor's.
-    for (std::size_t r = 0; r < R; ++r) {
-      const A m_new = std::max(rw.m[r], rw.mtile[r]);
-      rw.alpha[r] = rescale_factor(rw.m[r], m_new);
-      rw.m[r] = m_new;
-    }
-    const auto neg_inf = hn::Set(d, -std::numeric_limits<A>::infinity());
-    for (std::size_t r = 0; r < R; r += N) {
-      const auto m = hn::Load(d, rw.m + r);
-      // A row that has seen no key keeps m = -inf; its scores are all -inf and must give p = 0.
-      const auto m_sub = hn::IfThenZeroElse(hn::Eq(m, neg_inf), m);
-      auto sum = hn::Zero(d);
-      for (std::int64_t c = 0; c < n; ++c) {
-        A* sc = w.s + static_cast<std::size_t>(c) * R + r;
-        // exp(-inf) = 0. A NaN score (NaN in q or in a visible key) and a +inf score (whose row has
-        // m = +inf, so inf - inf) give NaN, which must poison the row, as std::exp does in attn::fold
-        // (when no later tile's alpha = exp(inf - inf) would catch it).
-        const auto pv = exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, sc), m_sub);
-        hn::Store(pv, d, sc);
-        sum = hn::Add(sum, pv);
-      }
-      hn::Store(hn::MulAdd(hn::Load(d, rw.l + r), hn::Load(d, rw.alpha + r), sum), d, rw.l + r);
-    }
+      ScoreTile<false, T>(d, p, task, op, n, next, next_n, w.s, w.rows, ep);
+    SoftmaxStep(d, t.R, n, w.s, w.rows);
     // Dropout: P^T *= Z / (1 - p), the one place the forward drops weights, after l summed the undropped
     // P and before P V; not at all without dropout.
-    if (p.dropout.enabled()) philox_simd::HWY_NAMESPACE::DropTile(d, p.dropout, w.ctr_i, w.ctr_h, j0, n, w.s, R, R);
-
-    // O = O alpha + P V, d split into near-equal chunks of at most kMaxCv vectors.
-    const int dv = static_cast<int>(dp / N);
-    const int chunks = (dv + kMaxCv - 1) / kMaxCv;
-    for (std::size_t r0 = 0; r0 < R; r0 += kPvRows) {
-      std::size_t x0 = 0;
-      for (int ch = 0; ch < chunks; ++ch) {
-        const int cv = dv / chunks + (ch < dv % chunks ? 1 : 0);
-        PvDispatch<kMaxCv>(d, cv, ep.mask, w.s, R, w.v, dp, static_cast<std::size_t>(n), w.o, rw.alpha, rw, r0, x0);
-        x0 += static_cast<std::size_t>(cv) * N;
-      }
-    }
+    if (p.dropout.enabled()) philox_simd::HWY_NAMESPACE::DropTile(d, p.dropout, w.ctr_i, w.ctr_h, j0, n, w.s, t.R, t.R);
+    AddPv(d, t, n, ep.mask, w);
   }
 
   // out is T, or (a ring block's partial output, src/distributed/ring_block.cpp) the accumulator type.
   const bool acc_out = !std::is_same_v<T, A> && p.out.dtype != p.dtype;
-  for (std::size_t r = 0; r < real; ++r) {
-    const RowState<A> s{rw.m + r, rw.l + r, w.o + r * dp, p.head_dim_v};
+  for (std::size_t r = 0; r < t.real; ++r) {
+    const RowState<A> s{w.rows.m + r, w.rows.l + r, w.o + r * t.dp, p.head_dim_v};
     if (acc_out)
-      store_row<A>(p, s, w.tmp, b, query_of(r), head_of(r));
+      store_row<A>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
     else
-      store_row<T>(p, s, w.tmp, b, query_of(r), head_of(r));
+      store_row<T>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
   }
 }
 
