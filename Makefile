@@ -17,7 +17,8 @@ JOBS  ?= $(shell nproc)
 # libFuzzer target (docs/robustness.md), and last the tests of the SIMD kernels on AArch64: cross-compiled
 # and run under qemu-aarch64 (`make test-aarch64`, below). scripts/run-stages runs the stages in that
 # order, stops at the first that fails and names it, and prints the seconds of each at the end (also in
-# $(BUILD)/stage-times).
+# $(BUILD)/stage-times). Each stage's output is also in $(BUILD)/stage-<n>.log; after a failure the last
+# lines printed are the failed tests' output, the stage's last lines, then the failed tests' names.
 # Knobs: FUZZ_SECONDS (the differential test's budget in the release build), FUZZ_RUN_SECONDS (per
 # libFuzzer target), SAN_JOBS (parallel compile jobs, <= 2 on CI), ATTN_CUDA (AUTO, ON or OFF: the CUDA
 # backend of the release build), AARCH64_FUZZ_SECONDS (the differential test's budget under qemu).
