@@ -19,17 +19,18 @@ JOBS  ?= $(shell nproc)
 # order, stops at the first that fails and names it, and prints the seconds of each at the end (also in
 # $(BUILD)/stage-times). Each stage's output is also in $(BUILD)/stage-<n>.log; after a failure the last
 # lines printed are the failed tests' output, the stage's last lines, then the failed tests' names.
-# Knobs: FUZZ_SECONDS (the differential test's budget in the release build), FUZZ_RUN_SECONDS (per
+# Knobs: FUZZ_RUNS (the differential test's configurations per target in the release build), FUZZ_RUN_SECONDS (per
 # libFuzzer target), SAN_JOBS (parallel compile jobs, <= 2 on CI), ATTN_CUDA (AUTO, ON or OFF: the CUDA
-# backend of the release build), AARCH64_FUZZ_SECONDS (the differential test's budget under qemu).
-FUZZ_SECONDS     ?= 60
+# backend of the release build), AARCH64_FUZZ_RUNS (the same under qemu). Counts, not seconds: a
+# loaded machine runs the same tests, only slower.
+FUZZ_RUNS        ?= 2000
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
 ATTN_CUDA        ?= AUTO
 FUZZERS          := reference tiled splitk splitk_partials varlen decode decode_quantized backward
 LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
 TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
-AARCH64_FUZZ_SECONDS ?= 21
+AARCH64_FUZZ_RUNS ?= 60
 # The AArch64 stage's test binaries: those of the SIMD kernels (tiled forward, varlen, decode and its
 # quantized caches, backward, dropout, sinks, head dims, numerical edges, the differential test) and of
 # the online softmax and the exponential (test_exp_simd) they share. Not the validation, IO-model,
@@ -89,7 +90,7 @@ check-format: $(call after,deps)
 	scripts/check-format
 
 test-release: $(call after,build)
-	cd $(BUILD) && ATTN_FUZZ_SECONDS=$(FUZZ_SECONDS) ctest --output-on-failure -j$(JOBS) --timeout 600
+	cd $(BUILD) && ATTN_FUZZ_RUNS=$(FUZZ_RUNS) ctest --output-on-failure -j$(JOBS) --timeout 600
 
 # The Python package (pip install . into .venv, then pytest; scripts/python-tests, docs/python.md).
 test-python: $(call after,deps)
@@ -103,7 +104,7 @@ asan-build: $(call after,deps) build-asan/CMakeCache.txt
 # The IO-model simulations at N = 1000 (minutes under ASan at -O0, no kernel code) run in test-release only.
 test-asan: $(call after,asan-build)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 $(LSAN_ENV) \
-	  ATTN_FUZZ_SECONDS=20 ctest --output-on-failure -j$(JOBS) --timeout 600 -E 'Counted\..*N1000'
+	  ATTN_FUZZ_RUNS=30 ctest --output-on-failure -j$(JOBS) --timeout 600 -E 'Counted\..*N1000'
 
 # TSan: the tests that run the threaded paths. libomp's libarcher makes OpenMP's synchronisation
 # visible to TSan; ignore_noninstrumented_modules=1 (LLVM's documented setting for Archer) skips the
@@ -114,7 +115,7 @@ test-tsan: $(call after,deps) build-tsan/CMakeCache.txt
 	cmake --build build-tsan -j$(SAN_JOBS) --target $(TSAN_TESTS)
 	set -e; for t in $(TSAN_TESTS); do \
 	  echo "== tsan: $$t"; \
-	  TSAN_OPTIONS="halt_on_error=1 abort_on_error=1 ignore_noninstrumented_modules=1" OMP_NUM_THREADS=4 ATTN_FUZZ_SECONDS=12 \
+	  TSAN_OPTIONS="halt_on_error=1 abort_on_error=1 ignore_noninstrumented_modules=1" OMP_NUM_THREADS=4 ATTN_FUZZ_RUNS=20 \
 	    OMP_TOOL_LIBRARIES=$$(ls /usr/lib/llvm-*/lib/libarcher.so | head -1) build-tsan/tests/$$t; \
 	done
 
@@ -144,7 +145,7 @@ test-aarch64: $(call after,deps deps-aarch64)
 	  -DATTN_CUDA=OFF -DATTN_MPI=OFF -DATTN_BUILD_TOOLS=OFF -DATTN_EXPLORER=OFF \
 	  "-DATTN_TEST_SUBSET=$(subst $(space),;,$(AARCH64_TESTS))"
 	cmake --build build-aarch64 -j$(JOBS) --target attn_test_subset
-	cd build-aarch64 && QEMU_CPU=max ATTN_FUZZ_SECONDS=$(AARCH64_FUZZ_SECONDS) $(AARCH64_CTEST) -j$(JOBS) \
+	cd build-aarch64 && QEMU_CPU=max ATTN_FUZZ_RUNS=$(AARCH64_FUZZ_RUNS) $(AARCH64_CTEST) -j$(JOBS) \
 	  -L '^($(subst $(space),|,$(AARCH64_TESTS)))$$' && $(AARCH64_RAN)
 	set -e; cd build-aarch64 && for bytes in 32 16; do \
 	  echo "== SVE vectors of $$bytes bytes"; \

@@ -69,8 +69,8 @@ struct VarlenCase {
   }
   void backward(const TileOptions& tiles = {}) {
     attention_varlen_backward(packed(q, H), packed(k, HK), packed(v, HK), packed(out, H), packed(dout, H), lse_view(),
-                              packed(dq, H), packed(dk, HK), packed(dv, HK), p.cu_q.data(), p.cu_k.data(), p.batch(),
-                              opts, tiles);
+                              packed(dq, H), packed(dk, HK), packed(dv, HK),
+                              VarlenBatch{p.cu_q.data(), p.cu_k.data(), p.batch()}, opts, tiles);
   }
 };
 

@@ -51,7 +51,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuForward,
 TEST_F(Gpu, VarlenMatchesPerSequenceOracle) {
   const std::int64_t H = 4, HK = 2, D = 128;
   const std::vector<std::int32_t> lq = {17, 0, 200, 64}, lk = {50, 9, 200, 1}, cq = offsets(lq), ck = offsets(lk);
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto q = test::random_tensor<bf16_t>(1, cq.back(), H, D, seed, 2.0),
        k = test::random_tensor<bf16_t>(1, ck.back(), HK, D, seed + 1, 2.0),
@@ -107,7 +107,7 @@ TEST_F(Gpu, VarlenPagedEqualsVarlenOnTheSameKeysPacked) {
   const std::vector<std::int32_t> lq = {17, 0, 130, 1, 40}, lk = {50, 9, 200, 77, 0}, cq = offsets(lq),
                                   ck = offsets(lk);
   const std::int64_t batch = static_cast<std::int64_t>(lq.size());
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto q = test::random_tensor<bf16_t>(1, cq.back(), H, D, seed, 2.0),
        k = test::random_tensor<bf16_t>(1, ck.back(), HK, D, seed + 1, 2.0),
@@ -212,7 +212,7 @@ TEST_F(Gpu, VarlenPagedRejectsBadTablesWithoutWriting) {
 TEST_F(Gpu, DecodeBatchIdxAndLeftpadEqualTheCompactedCache) {
   const std::int64_t B = 3, rows_in_cache = 5, cap = 96, H = 4, HK = 2, D = 64, SQ = 2, NEW = 2;
   const std::vector<std::int32_t> seqlens = {40, 90, 7}, leftpad = {3, 0, 7}, batch_idx = {4, 0, 2};
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto big_k = test::random_tensor<bf16_t>(rows_in_cache, cap, HK, D, seed, 2.0),
        big_v = test::random_tensor<bf16_t>(rows_in_cache, cap, HK, D, seed + 1);
@@ -277,7 +277,7 @@ TEST_F(Gpu, DecodeBatchIdxAndLeftpadEqualTheCompactedCache) {
 TEST_F(Gpu, DecodeKeysPerSplitIsBatchInvariant) {
   const std::int64_t B = 5, cap = 1100, H = 8, HK = 2, D = 64, SQ = 2;
   const std::vector<std::int32_t> seqlens = {1000, 0, 37, 300, 129};
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto k = test::random_tensor<bf16_t>(B, cap, HK, D, seed, 2.0),
        v = test::random_tensor<bf16_t>(B, cap, HK, D, seed + 1);

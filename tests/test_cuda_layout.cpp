@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "attn/attention.hpp"
-#include "core/kv_cache.hpp"
 #include "core/split.hpp"
 #include "cuda/heuristics.hpp"
 #include "cuda/layout.hpp"
@@ -297,19 +296,11 @@ TEST(CudaIndex, PackedRowsEnumerateTheGroup) {
   EXPECT_EQ(seen.size(), std::size_t(group * sq));
 }
 
-TEST(CudaIndex, VarlenAndPagedOffsets) {
+TEST(CudaIndex, VarlenOffsets) {
   const std::int32_t cu[] = {0, 5, 5, 12};
   EXPECT_EQ(varlen_row(cu, 0, 4), 4);
   EXPECT_EQ(varlen_row(cu, 2, 0), 5);
   EXPECT_EQ(varlen_row(cu, 2, 6), 11);
-  // contiguous: [batch, seqlen, kv_heads, d] with strides (s0, s1)
-  EXPECT_EQ(detail::cache_row_offset(2, 7, 1000, 10, nullptr, 0, 0), 2070);
-  // paged, page_size 4, block table rows of stride 3
-  const std::int32_t table[] = {5, 1, 9, 2, 0, 7};
-  for (std::int64_t pos = 0; pos < 12; ++pos) {
-    EXPECT_EQ(detail::cache_row_offset(0, pos, 400, 100, table, 3, 4), table[pos / 4] * 400 + (pos % 4) * 100);
-    EXPECT_EQ(detail::cache_row_offset(1, pos, 400, 100, table, 3, 4), table[3 + pos / 4] * 400 + (pos % 4) * 100);
-  }
 }
 
 }  // namespace

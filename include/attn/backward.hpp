@@ -25,6 +25,7 @@
 
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
+#include "attn/varlen.hpp"  // VarlenBatch
 
 namespace attn {
 
@@ -44,9 +45,18 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
 // without queries get dk = dv = 0. All sequences share the threads.
 void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                const TensorView& dout, const TensorView& lse, const TensorView& dq,
-                               const TensorView& dk, const TensorView& dv, const std::int32_t* cu_seqlens_q,
-                               const std::int32_t* cu_seqlens_k, std::int64_t batch, const AttentionOptions& opts = {},
-                               const TileOptions& tiles = {}, const TensorView* dsink = nullptr);
+                               const TensorView& dk, const TensorView& dv, const VarlenBatch& varlen,
+                               const AttentionOptions& opts = {}, const TileOptions& tiles = {},
+                               const TensorView* dsink = nullptr);
+inline void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                      const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                      const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
+                                      std::int64_t batch, const AttentionOptions& opts = {},
+                                      const TileOptions& tiles = {}, const TensorView* dsink = nullptr) {
+  attention_varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, VarlenBatch{cu_seqlens_q, cu_seqlens_k, batch}, opts,
+                            tiles, dsink);
+}
 
 // The textbook backward, the oracle: per (batch, head) it materialises P = exp(S - lse), dP = dO V^T and
 // dS = P * (dP - rowsum(dO * O)) (seqlen_q x seqlen_k each), then dV = P^T dO, dQ = dS K, dK = dS^T Q

@@ -40,15 +40,10 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
 // q [total_q, heads, d], k/v [total_k, kv_heads, d], out like q, lse [1, heads, total_q]. Sequence b
 // owns rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q and out and rows [cu_seqlens_k[b],
 // cu_seqlens_k[b+1]) of k and v; each array has batch + 1 non-decreasing entries, 0 first and the last
-// equal to total_q / total_k.
-struct VarlenBatch {
-  const std::int32_t* cu_seqlens_q = nullptr;  // device
-  const std::int32_t* cu_seqlens_k = nullptr;  // device
-  std::int64_t batch = 0;
-  // Optional host copies of the same arrays: validation reads them instead of copying (no sync).
-  const std::int32_t* host_cu_seqlens_q = nullptr;
-  const std::int32_t* host_cu_seqlens_k = nullptr;
-};
+// equal to total_q / total_k. The VarlenBatch is the CPU's (attn/varlen.hpp), with cu_seqlens_q and
+// cu_seqlens_k in device memory and the optional host copies that validation reads instead of copying
+// (no sync).
+using attn::VarlenBatch;
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const VarlenBatch& varlen, const AttentionOptions& opts = {}, const TensorView* lse = nullptr,
                       Stream stream = nullptr);

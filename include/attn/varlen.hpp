@@ -22,10 +22,28 @@
 
 namespace attn {
 
+// The batch of a varlen call, the same object for the CPU and the CUDA backend (attn/cuda.hpp): the two
+// offset arrays and the number of sequences. On the CPU the arrays are host memory; on CUDA they are
+// device memory, and the optional host copies let validation read them without a copy and a sync (the
+// CPU backend reads the arrays themselves and never the copies).
+struct VarlenBatch {
+  const std::int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
+  const std::int32_t* cu_seqlens_k = nullptr;  // [batch + 1]
+  std::int64_t batch = 0;
+  const std::int32_t* host_cu_seqlens_q = nullptr;  // CUDA only: optional host copies of the same arrays
+  const std::int32_t* host_cu_seqlens_k = nullptr;
+};
+
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                      const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k, std::int64_t batch,
-                      const AttentionOptions& opts = {}, const TileOptions& tiles = {},
+                      const VarlenBatch& varlen, const AttentionOptions& opts = {}, const TileOptions& tiles = {},
                       const TensorView* lse = nullptr);
+// The same call with the batch's arrays passed one by one (flash-attn's argument order).
+inline void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                             const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k, std::int64_t batch,
+                             const AttentionOptions& opts = {}, const TileOptions& tiles = {},
+                             const TensorView* lse = nullptr) {
+  attention_varlen(q, k, v, out, VarlenBatch{cu_seqlens_q, cu_seqlens_k, batch}, opts, tiles, lse);
+}
 
 // Paged keys and values (flash-attn's block_table argument of flash_attn_varlen_func; chunked prefill
 // over a paged KV cache, as in vLLM): the queries are packed as above, the keys and values of sequence
@@ -47,8 +65,13 @@ struct VarlenPages {
 };
 
 void attention_varlen_paged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                            const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k, std::int64_t batch,
-                            const VarlenPages& pages, const AttentionOptions& opts = {}, const TileOptions& tiles = {},
-                            const TensorView* lse = nullptr);
+                            const VarlenBatch& varlen, const VarlenPages& pages, const AttentionOptions& opts = {},
+                            const TileOptions& tiles = {}, const TensorView* lse = nullptr);
+inline void attention_varlen_paged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                   const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
+                                   std::int64_t batch, const VarlenPages& pages, const AttentionOptions& opts = {},
+                                   const TileOptions& tiles = {}, const TensorView* lse = nullptr) {
+  attention_varlen_paged(q, k, v, out, VarlenBatch{cu_seqlens_q, cu_seqlens_k, batch}, pages, opts, tiles, lse);
+}
 
 }  // namespace attn

@@ -55,18 +55,17 @@ void varlen_forward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray
   const attn::AttentionOptions o =
       CudaOptions{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
-  const VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
+  const attn::VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
   const int kv_rank = block_table ? 4 : 3;
   const TensorView qv = view_of(who, "q", q, 3), kv = view_of(who, "k", k, kv_rank), vv = view_of(who, "v", v, kv_rank),
                    ov = view_of(who, "out", out, 3), lv = view_of(who, "lse", lse, 3, true);
-  const attn::cuda::VarlenBatch batch{vb.cu_q, vb.cu_k, vb.batch};
   if (block_table) {
     const attn::VarlenPages pages = pages_of(who, *block_table, vb.batch);
     nb::gil_scoped_release unlocked;
-    return attn::cuda::attention_varlen_paged(qv, kv, vv, ov, batch, pages, o, &lv, stream_of(stream));
+    return attn::cuda::attention_varlen_paged(qv, kv, vv, ov, vb, pages, o, &lv, stream_of(stream));
   }
   nb::gil_scoped_release unlocked;
-  attn::cuda::attention_varlen(qv, kv, vv, ov, batch, o, &lv, stream_of(stream));
+  attn::cuda::attention_varlen(qv, kv, vv, ov, vb, o, &lv, stream_of(stream));
 }
 
 // flash_attn_with_kvcache on CUDA tensors: attn::cuda::attention_decode (what it rejects -- quantized

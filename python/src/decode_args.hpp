@@ -59,16 +59,13 @@ attn::VarlenPages pages_of(const char* who, const A& bt, std::int64_t batch) {
   return {static_cast<const std::int32_t*>(bt.data()), max_pages, bt.shape(0) > 1 ? bt.stride(0) : max_pages};
 }
 
-// The batch of a varlen call, from its cu_seqlens arrays (batch + 1 int32 offsets each).
-struct VarlenBatch {
-  std::int64_t batch;
-  const std::int32_t *cu_q, *cu_k;
-};
+// The batch of a varlen call (attn/varlen.hpp, both backends), from its cu_seqlens arrays (batch + 1
+// int32 offsets each).
 template <class A>
-VarlenBatch varlen_batch(const char* who, const A& cu_seqlens_q, const A& cu_seqlens_k) {
+attn::VarlenBatch varlen_batch(const char* who, const A& cu_seqlens_q, const A& cu_seqlens_k) {
   const std::int64_t batch = static_cast<std::int64_t>(cu_seqlens_q.shape(0)) - 1;
-  return {batch, int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1, "batch + 1"),
-          int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1")};
+  return {int32_data(who, "cu_seqlens_q", cu_seqlens_q, batch + 1, "batch + 1"),
+          int32_data(who, "cu_seqlens_k", cu_seqlens_k, batch + 1, "batch + 1"), batch};
 }
 
 // The views, the cache and the decode options of one call. It holds what dec points to (k_new, v_new,

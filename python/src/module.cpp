@@ -45,13 +45,13 @@ using Array = nb::ndarray<nb::device::cpu>;
 using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
 using Options = attn_py::BasicOptions<Array>;
 using attn::TensorView;
+using attn::VarlenBatch;
 using attn_py::dtype_of;
 using attn_py::int32_data;
 using attn_py::pages_of;
 using attn_py::quantized_view_of;
 using attn_py::reject;
 using attn_py::varlen_batch;
-using attn_py::VarlenBatch;
 using attn_py::view_of;
 
 PyObject* attn_error = nullptr;
@@ -167,10 +167,10 @@ void varlen_forward(const Array& q, const Array& k, const Array& v, const Array&
   if (block_table) {
     const attn::VarlenPages pages = pages_of(who, *block_table, vb.batch);
     nb::gil_scoped_release unlocked;
-    return attn::attention_varlen_paged(qv, kv, vv, ov, vb.cu_q, vb.cu_k, vb.batch, pages, o, {}, &lv);
+    return attn::attention_varlen_paged(qv, kv, vv, ov, vb, pages, o, {}, &lv);
   }
   nb::gil_scoped_release unlocked;
-  attn::attention_varlen(qv, kv, vv, ov, vb.cu_q, vb.cu_k, vb.batch, o, {}, &lv);
+  attn::attention_varlen(qv, kv, vv, ov, vb, o, {}, &lv);
 }
 
 void varlen_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout,
@@ -190,7 +190,7 @@ void varlen_backward(const Array& q, const Array& k, const Array& v, const Array
   const TensorView ds = dsink ? sink_grad_view(who, *dsink) : TensorView{};
   nb::gil_scoped_release unlocked;
   attn::attention_varlen_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7],
-                                  views[8], vb.cu_q, vb.cu_k, vb.batch, o, {}, dsink ? &ds : nullptr);
+                                  views[8], vb, o, {}, dsink ? &ds : nullptr);
 }
 
 // flash_attn_with_kvcache: attention_decode over a contiguous or paged cache, appending k_new/v_new in

@@ -242,8 +242,8 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
   const std::size_t dq = static_cast<std::size_t>(p.head_dim), dv = static_cast<std::size_t>(p.head_dim_v);
   const bool use_dp = w.pairs;
   if (use_dp) {  // K and V as bf16 pairs of their own dims (the products' operands: ScoreOperands below)
-    PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, qt.b, j0, n, qt.hk, dq, KeyPages{});
-    PackKPairs(reinterpret_cast<std::uint32_t*>(w.v), p.v, qt.b, j0, n, qt.hk, dv, KeyPages{});
+    PackKPairs(reinterpret_cast<std::uint32_t*>(w.k), p.k, qt.b, j0, n, qt.hk, dq, PageTable{});
+    PackKPairs(reinterpret_cast<std::uint32_t*>(w.v), p.v, qt.b, j0, n, qt.hk, dv, PageTable{});
   } else {
     PackRows<T>(d, w.k, dim, p.k, qt.b, j0, n, qt.hk, dq);  // columns past a row's own length stay zero
     PackRows<T>(d, w.v, dim, p.v, qt.b, j0, n, qt.hk, dv);

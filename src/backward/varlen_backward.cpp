@@ -29,23 +29,22 @@ void zero_rows(const TensorView& t) {
 
 void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                const TensorView& dout, const TensorView& lse, const TensorView& dq,
-                               const TensorView& dk, const TensorView& dv, const std::int32_t* cu_seqlens_q,
-                               const std::int32_t* cu_seqlens_k, std::int64_t batch, const AttentionOptions& opts,
-                               const TileOptions& tiles, const TensorView* dsink) {
+                               const TensorView& dk, const TensorView& dv, const VarlenBatch& varlen,
+                               const AttentionOptions& opts, const TileOptions& tiles, const TensorView* dsink) {
   const char* who = "attn::attention_varlen_backward";
+  const std::int64_t batch = varlen.batch;
   const detail::BackwardProblem all =
       detail::validate_packed_backward(who, q, k, v, out, dout, lse, dq, dk, dv, batch, opts, dsink);
   detail::validate_tiles(who, tiles);
-  detail::check_cu_seqlens(who, "cu_seqlens_q", cu_seqlens_q, batch, all.seqlen_q);
-  detail::check_cu_seqlens(who, "cu_seqlens_k", cu_seqlens_k, batch, all.seqlen_k);
+  detail::check_varlen_offsets(who, varlen, all.seqlen_q, all.seqlen_k);
 
   std::vector<TensorView> lse_views(static_cast<std::size_t>(batch));
   std::vector<detail::BackwardProblem> problems, without_queries;
   problems.reserve(static_cast<std::size_t>(batch));
   for (std::int64_t b = 0; b < batch; ++b) {
     detail::BackwardProblem p = all;
-    static_cast<detail::Problem&>(p) = detail::sequence_problem(all, cu_seqlens_q, cu_seqlens_k, b);
-    const std::int64_t q0 = cu_seqlens_q[b], k0 = cu_seqlens_k[b];
+    static_cast<detail::Problem&>(p) = detail::sequence_problem(all, varlen, b);
+    const std::int64_t q0 = varlen.cu_seqlens_q[b], k0 = varlen.cu_seqlens_k[b];
     p.dout = detail::offset_rows(all.dout, 1, q0, p.seqlen_q);
     p.dq = detail::offset_rows(all.dq, 1, q0, p.seqlen_q);
     p.dk = detail::offset_rows(all.dk, 1, k0, p.seqlen_k);

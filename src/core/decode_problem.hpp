@@ -8,47 +8,40 @@
 #include <string_view>
 
 #include "attn/decode.hpp"
-#include "core/kv_cache.hpp"
+#include "core/cache_index.hpp"
 #include "core/score_rule.hpp"
 #include "core/validate.hpp"
 
 namespace attn::detail {
 
 struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
-  std::int64_t batch, seqlen_q, heads, kv_heads, seqlen_new;
+  std::int64_t batch, seqlen_q, heads, kv_heads;
   std::int64_t head_dim;    // q's and cache.k's
   std::int64_t head_dim_v;  // cache.v's and out's (MLA: 512 of the 576)
   // cache.v is the first head_dim_v dims of cache.k's rows (MLA's latent cache): the same data and row
   // strides, so appending writes k_new alone.
   bool v_in_k;
   DType cache_dtype, q_dtype;
-  bool paged;
-  std::int64_t page_size;       // paged: slots per page; contiguous: unused
   std::int64_t num_splits;      // 0 = automatic, per sequence
   std::int64_t keys_per_split;  // > 0: slices of at most this many keys, in place of num_splits
   TensorView q, k, v, out;
   const TensorView* lse;
   const TensorView* k_new;  // nullptr when nothing is appended
   const TensorView* v_new;
-  const std::int32_t* seqlens;
-  const std::int32_t* block_table;
-  std::int64_t bt_stride;
-  const std::int32_t* batch_idx;  // contiguous caches: sequence b's cache row; nullptr = b
-  const std::int32_t* leftpad;    // contiguous caches: sequence b's first key position; nullptr = 0
-  const RotaryTables* rotary;     // nullptr = no rotary embedding
+  CacheIndex index;   // the sequences' keys and where they live (core/cache_index.hpp); host memory
+  RotarySpec rotary;  // disabled: no rotary embedding
   // Quantized caches (cache_dtype i8 / fp8): the scale views; owned = no two positions share a scale
   // element, so the append computes and writes the appended positions' scales (else it reads them).
   TensorView k_scale, v_scale;
   bool k_scale_owned, v_scale_owned;
-  bool rotary_q_per_row;  // causal or windowed: q row i at seqlens[b] + i, else all at seqlens[b]
   // [batch] or nullptr: sequence b's keys in this cache are followed by key_shift[b] keys held elsewhere
   // (a rank's slice of a sharded cache, src/distributed/), which moves its queries' diagonal by as many.
   const std::int64_t* key_shift = nullptr;
 
   std::int64_t group() const { return heads / kv_heads; }
-  std::int64_t first_position(std::int64_t b) const { return leftpad ? std::int64_t{leftpad[b]} : 0; }
-  // Keys sequence b attends over: positions first_position(b) .. seqlens[b] + seqlen_new - 1.
-  std::int64_t seqlen_k(std::int64_t b) const { return std::int64_t{seqlens[b]} + seqlen_new - first_position(b); }
+  bool paged() const { return index.pages.paged(); }
+  std::int64_t seqlen_new() const { return index.seqlen_new; }
+  std::int64_t seqlen_k(std::int64_t b) const { return index.seqlen_k(b); }
   Mask mask(std::int64_t b) const {
     ScoreRule r = rule.for_sequence(b);
     if (key_shift) r.diagonal_shift = key_shift[b];
@@ -56,19 +49,21 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   }
   // Element offset of cache position `pos` of sequence b, kv head 0, in a cache view with t's strides.
   std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t pos) const {
-    const std::int64_t row = batch_idx ? std::int64_t{batch_idx[b]} : b;
-    return cache_row_offset(row, pos, t.strides[0], t.strides[1], paged ? block_table : nullptr, bt_stride, page_size);
-  }
-  bool quantized() const { return is_quantized(cache_dtype); }
-  // The rotary table row of query row i of sequence b.
-  std::int64_t query_position(std::int64_t b, std::int64_t i) const {
-    return std::int64_t{seqlens[b]} + (rotary_q_per_row ? i : 0);
+    return index.position_offset(b, pos, t.strides[0], t.strides[1]);
   }
   // Element offset of the j-th key sequence b attends over.
   std::int64_t key_offset(const TensorView& t, std::int64_t b, std::int64_t j) const {
-    return row_offset(t, b, first_position(b) + j);
+    return index.key_offset(b, j, t.strides[0], t.strides[1]);
   }
+  bool quantized() const { return is_quantized(cache_dtype); }
 };
+
+// The index of a validated cache (host arrays for the CPU, the device's for CUDA's params): seqlen_new
+// keys appended, the block table's row stride resolved (check_block_table).
+inline CacheIndex cache_index(const KVCache& cache, std::int64_t seqlen_new, std::int64_t block_table_stride) {
+  return {cache.seqlens, seqlen_new, cache.batch_idx, cache.leftpad,
+          PageTable{cache.block_table, block_table_stride, cache.block_table ? cache.k.shape[1] : 1}};
+}
 
 // cache.v is a view of the first cache.v.shape[3] dims of cache.k's rows: the same data pointer and
 // strides (MLA's latent cache, where the values are a prefix of the keys).

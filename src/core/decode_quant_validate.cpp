@@ -75,7 +75,7 @@ CacheScales check_cache_scales(std::string_view who, const KVCache& cache) {
 }
 
 void check_quantized_append(std::string_view who, const DecodeProblem& p) {
-  if (!p.quantized() || p.seqlen_new == 0) return;
+  if (!p.quantized() || p.index.seqlen_new == 0) return;
   struct Side {
     const char* scale_arg;
     const char* new_arg;
@@ -90,8 +90,8 @@ void check_quantized_append(std::string_view who, const DecodeProblem& p) {
     if (side.owned) continue;  // computed from the values
     const std::int64_t groups = side.scale.shape[3];
     for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t t = 0; t < p.seqlen_new; ++t) {
-        const std::int64_t pos = std::int64_t{p.seqlens[b]} + t;
+      for (std::int64_t t = 0; t < p.index.seqlen_new; ++t) {
+        const std::int64_t pos = p.index.append_position(b, t);
         for (std::int64_t g = 0; g < p.kv_heads; ++g) {
           for (std::int64_t x = 0; x < groups; ++x) {
             const float s = read_scale(

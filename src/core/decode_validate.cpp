@@ -35,6 +35,7 @@
 #include "core/checked.hpp"
 #include "core/element.hpp"
 #include "core/page_rules.hpp"
+#include "core/rotary.hpp"
 #include "core/problem.hpp"
 #include "core/validate.hpp"
 #include "core/decode_problem.hpp"
@@ -268,11 +269,10 @@ CacheExtent check_sequences(std::string_view who, const KVCache& cache, const De
 void check_append_slots(std::string_view who, const KVCache& cache, const DecodeSizes& n, const CacheExtent& e) {
   std::vector<std::pair<std::int64_t, std::int64_t>> slots;  // (page * page_size + slot, b)
   slots.reserve(static_cast<std::size_t>(n.batch * n.seqlen_new));
+  const CacheIndex index = cache_index(cache, n.seqlen_new, e.bt_stride);
   for (std::int64_t b = 0; b < n.batch; ++b)
-    for (std::int64_t t = 0; t < n.seqlen_new; ++t) {
-      const std::int64_t pos = cache.seqlens[b] + t;
-      slots.emplace_back(cache.block_table[b * e.bt_stride + pos / e.page_size] * e.page_size + pos % e.page_size, b);
-    }
+    for (std::int64_t t = 0; t < n.seqlen_new; ++t)  // strides (page_size, 1): the slot's number in the cache
+      slots.emplace_back(index.position_offset(b, index.append_position(b, t), e.page_size, 1), b);
   std::sort(slots.begin(), slots.end());
   for (std::size_t i = 1; i < slots.size(); ++i)
     if (slots[i].first == slots[i - 1].first)
@@ -353,11 +353,8 @@ DecodeProblem make_problem(const TensorView& q, const KVCache& cache, const Tens
   p.head_dim = n.head_dim;
   p.head_dim_v = cache.v.shape[3];
   p.v_in_k = v_in_k;
-  p.seqlen_new = n.seqlen_new;
   p.cache_dtype = cache.k.dtype;
   p.q_dtype = q.dtype;
-  p.paged = cache.block_table != nullptr;
-  p.page_size = e.page_size;
   p.num_splits = dec.num_splits;
   p.keys_per_split = dec.keys_per_split;
   p.q = q;
@@ -367,17 +364,12 @@ DecodeProblem make_problem(const TensorView& q, const KVCache& cache, const Tens
   p.lse = lse;
   p.k_new = dec.k_new;
   p.v_new = dec.v_new;
-  p.seqlens = cache.seqlens;
-  p.block_table = cache.block_table;
-  p.bt_stride = e.bt_stride;
-  p.batch_idx = cache.batch_idx;
-  p.leftpad = cache.leftpad;
-  p.rotary = dec.rotary;
+  p.index = cache_index(cache, n.seqlen_new, e.bt_stride);
+  p.rotary = rotary_spec(dec.rotary, resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0);
   p.k_scale = scales.k;
   p.v_scale = scales.v;
   p.k_scale_owned = scales.k_owned;
   p.v_scale_owned = scales.v_owned;
-  p.rotary_q_per_row = resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0;
   return p;
 }
 

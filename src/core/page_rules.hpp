@@ -1,5 +1,5 @@
 // The rules of a block table (a paged KV cache: key position p of sequence b lives in page
-// block_table[b * stride + p / page_size] at slot p % page_size, core/kv_cache.hpp), shared by decode
+// block_table[b * stride + p / page_size] at slot p % page_size, PageTable in core/cache_index.hpp), shared by decode
 // and the paged varlen forward, CPU and CUDA alike.
 #pragma once
 

@@ -8,19 +8,11 @@
 
 #include "attn/options.hpp"
 #include "attn/tensor.hpp"
-#include "core/kv_cache.hpp"
+#include "core/cache_index.hpp"
 #include "core/score_rule.hpp"
 #include "core/validate.hpp"
 
 namespace attn::detail {
-
-// Where a problem's key and value rows live: the views' own rows, or, with a table (the paged varlen
-// forward), key s in page table[s / page_size] at slot s % page_size of a [num_pages, page_size,
-// kv_heads, d] view, by decode's lookup (cache_row_offset, core/kv_cache.hpp).
-struct KeyPages {
-  const std::int32_t* table = nullptr;  // this sequence's row of the block table; nullptr: not paged
-  std::int64_t page_size = 1;
-};
 
 struct Problem : ResolvedOptions {  // the score rule and the thread count
   std::int64_t batch, seqlen_q, seqlen_k, heads, kv_heads;
@@ -29,7 +21,9 @@ struct Problem : ResolvedOptions {  // the score rule and the thread count
   DType dtype;
   TensorView q, k, v, out;
   const TensorView* lse;  // nullptr when not requested
-  KeyPages pages;         // k and v rows (the kernels read them through key_row_ptr)
+  // Where k's and v's rows live: the views' own rows, or (the paged varlen forward) this sequence's row
+  // of a block table over a [num_pages, page_size, kv_heads, d] cache, read through key_row_ptr.
+  PageTable pages;
 
   std::int64_t group() const { return heads / kv_heads; }  // query heads per kv head
   std::int64_t kv_head_of(std::int64_t h) const { return h / group(); }
@@ -57,10 +51,9 @@ inline T* row_ptr(const TensorView& t, std::int64_t b, std::int64_t s, std::int6
 
 // Element pointer of key (or value) row s, kv head h of problem batch b, paged or not.
 template <class T>
-inline T* key_row_ptr(const TensorView& t, const KeyPages& pages, std::int64_t b, std::int64_t s, std::int64_t h) {
-  if (pages.table == nullptr) return row_ptr<T>(t, b, s, h);
-  return static_cast<T*>(t.data) + cache_row_offset(0, s, t.strides[0], t.strides[1], pages.table, 0, pages.page_size) +
-         h * t.strides[2];
+inline T* key_row_ptr(const TensorView& t, const PageTable& pages, std::int64_t b, std::int64_t s, std::int64_t h) {
+  if (!pages.paged()) return row_ptr<T>(t, b, s, h);
+  return static_cast<T*>(t.data) + pages.offset(0, s, t.strides[0], t.strides[1]) + h * t.strides[2];
 }
 
 }  // namespace attn::detail

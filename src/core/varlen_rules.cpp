@@ -24,6 +24,11 @@ void check_varlen_batch(std::string_view who, std::int64_t batch) {
   if (batch > (std::int64_t{1} << 31)) fail(who, "batch", "must be < 2^31, got " + std::to_string(batch));
 }
 
+void check_varlen_offsets(std::string_view who, const VarlenBatch& varlen, std::int64_t total_q, std::int64_t total_k) {
+  check_cu_seqlens(who, "cu_seqlens_q", varlen.cu_seqlens_q, varlen.batch, total_q);
+  check_cu_seqlens(who, "cu_seqlens_k", varlen.cu_seqlens_k, varlen.batch, total_k);
+}
+
 void check_cu_seqlens(std::string_view who, std::string_view arg, const std::int32_t* cu, std::int64_t batch,
                       std::int64_t total) {
   if (cu == nullptr) fail(who, arg, "pointer is null");
@@ -82,10 +87,10 @@ TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::
   return t;
 }
 
-Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
-                         std::int64_t b, const VarlenPages* pages) {
-  const std::int64_t q0 = cu_seqlens_q[b], nq = cu_seqlens_q[b + 1] - q0;
-  const std::int64_t k0 = cu_seqlens_k[b], nk = cu_seqlens_k[b + 1] - k0;
+Problem sequence_problem(const Problem& packed, const VarlenBatch& varlen, std::int64_t b, const VarlenPages* pages) {
+  const std::int32_t *cu_q = varlen.cu_seqlens_q, *cu_k = varlen.cu_seqlens_k;
+  const std::int64_t q0 = cu_q[b], nq = cu_q[b + 1] - q0;
+  const std::int64_t k0 = cu_k[b], nk = cu_k[b + 1] - k0;
   Problem p = packed;
   p.seqlen_q = nq;
   p.seqlen_k = nk;
@@ -93,7 +98,7 @@ Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q
   p.out = offset_rows(packed.out, 1, q0, nq);
   if (pages) {
     const std::int64_t stride = pages->block_table_stride == 0 ? pages->max_pages : pages->block_table_stride;
-    p.pages = {pages->block_table + b * stride, packed.k.shape[1]};
+    p.pages = PageTable{pages->block_table, stride, packed.k.shape[1]}.row(b);
   } else {
     p.k = offset_rows(packed.k, 1, k0, nk);
     p.v = offset_rows(packed.v, 1, k0, nk);
@@ -106,9 +111,9 @@ Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q
 
 // The paged varlen forward's rules (varlen_rules.hpp).
 Problem validate_packed_paged(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
-                              const TensorView& out, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
-                              std::int64_t batch, const VarlenPages& pages, const AttentionOptions& opts,
-                              const TensorView* lse, const std::int32_t* table_address) {
+                              const TensorView& out, const VarlenBatch& varlen, const VarlenPages& pages,
+                              const AttentionOptions& opts, const TensorView* lse, const std::int32_t* table_address) {
+  const std::int64_t batch = varlen.batch;
   const Span sk = check_view(who, "k", k, 4, false), sv = check_view(who, "v", v, 4, false);
   static constexpr const char* kDims[] = {"num_pages", "page_size", "heads", "head_dim"};
   for (int i = 0; i < 3; ++i) require_equal(who, "v", kDims[i], v.shape[i], "k", k.shape[i]);
@@ -122,15 +127,14 @@ Problem validate_packed_paged(std::string_view who, const TensorView& q, const T
   }
   Problem all = validate_packed(who, q, k3, v3, out, batch, opts, lse);
   all.k = k0, all.v = v0;
-  check_cu_seqlens(who, "cu_seqlens_q", cu_seqlens_q, batch, all.seqlen_q);
-  check_cu_seqlens(who, "cu_seqlens_k", cu_seqlens_k, batch, -1);
+  check_varlen_offsets(who, varlen, all.seqlen_q, -1);
 
   const std::int64_t page_size = k.shape[1], num_pages = k.shape[0];
   const BlockTableShape table = check_block_table(who, "pages.block_table", pages.block_table, pages.max_pages,
                                                   pages.block_table_stride, batch, page_size);
   std::int64_t max_keys = 0;
   for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t keys = std::int64_t{cu_seqlens_k[b + 1]} - cu_seqlens_k[b];
+    const std::int64_t keys = std::int64_t{varlen.cu_seqlens_k[b + 1]} - varlen.cu_seqlens_k[b];
     if (keys > table.capacity)
       fail(who, "cu_seqlens_k",
            "sequence " + std::to_string(b) + " has " + std::to_string(keys) + " keys, more than the cache holds (" +

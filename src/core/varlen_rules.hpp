@@ -22,6 +22,8 @@ void check_varlen_batch(std::string_view who, std::int64_t batch);
 // (any last value when total < 0: the paged keys, which are not packed).
 void check_cu_seqlens(std::string_view who, std::string_view arg, const std::int32_t* cu, std::int64_t batch,
                       std::int64_t total);
+// Both arrays of a varlen batch (host memory) against the packed lengths (total_k < 0: paged keys).
+void check_varlen_offsets(std::string_view who, const VarlenBatch& varlen, std::int64_t total_q, std::int64_t total_k);
 // lse, when given, is a rank-3 view [1, heads, total_q] (flash-attn's [heads, total_q] with a leading 1).
 void check_varlen_lse(std::string_view who, const TensorView* lse);
 
@@ -37,9 +39,9 @@ Problem validate_packed(std::string_view who, const TensorView& q, const TensorV
 // table_address, when given, is where the table lives for the overlap rule (the device's copy). Returns
 // the packed problem, whose k and v are page 0's views (with the cache's strides).
 Problem validate_packed_paged(std::string_view who, const TensorView& q, const TensorView& k, const TensorView& v,
-                              const TensorView& out, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
-                              std::int64_t batch, const VarlenPages& pages, const AttentionOptions& opts,
-                              const TensorView* lse, const std::int32_t* table_address = nullptr);
+                              const TensorView& out, const VarlenBatch& varlen, const VarlenPages& pages,
+                              const AttentionOptions& opts, const TensorView* lse,
+                              const std::int32_t* table_address = nullptr);
 // The same for a varlen backward: batch, the rank-3 views of q, k, v, out, dout, dq, dk and dv (as one
 // [1, total, heads, head_dim] problem, validated by `validate_backward`) and lse, which a backward needs.
 // `lse` must outlive the result (the problem points at it).
@@ -56,7 +58,7 @@ TensorView offset_rows(TensorView t, std::int64_t dim, std::int64_t first, std::
 // views into the packed tensors, lse unset, the score rule with sequence b's ALiBi slopes, and the
 // dropout rule of batch index b. With `pages` (the paged varlen forward), k and v stay the whole paged
 // cache and the problem reads sequence b's row of the block table.
-Problem sequence_problem(const Problem& packed, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
-                         std::int64_t b, const VarlenPages* pages = nullptr);
+Problem sequence_problem(const Problem& packed, const VarlenBatch& varlen, std::int64_t b,
+                         const VarlenPages* pages = nullptr);
 
 }  // namespace attn::detail

@@ -136,19 +136,17 @@ void validate_forward(const char* who, const detail::Problem& p, const TensorVie
 }
 
 // The forward over the sequences of a validated varlen call (cq: cu_seqlens_q on the host), reading the
-// keys through block_table when it is given.
+// keys through `pages` (device table) when it is paged.
 void launch_varlen(const char* who, const detail::Problem& p, const VarlenBatch& vb,
                    const std::vector<std::int32_t>& cq, const TensorView* lse, Stream stream,
-                   const std::int32_t* block_table = nullptr, std::int64_t bt_stride = 0, std::int64_t page_size = 0) {
+                   const detail::PageTable& pages = {}) {
   std::int64_t max_q = 0;
   for (std::int64_t b = 0; b < vb.batch; ++b) max_q = std::max<std::int64_t>(max_q, cq[b + 1] - cq[b]);
   cuda_detail::FwdParams f = forward_params(p, lse);
   f.batch = vb.batch;
   f.cu_q = vb.cu_seqlens_q;
   f.cu_k = vb.cu_seqlens_k;
-  f.block_table = block_table;
-  f.bt_stride = bt_stride;
-  f.page_size = page_size;
+  f.pages = pages;
   if (max_q == 0) return;
   check_cuda(who, cuda_detail::launchers().forward(f, p.dtype, max_q, stream), "kernel launch");
 }
@@ -235,13 +233,7 @@ cuda_detail::DecodeParams decode_params(const detail::DecodeProblem& p, const Te
   d.heads = p.heads;
   d.kv_heads = p.kv_heads;
   d.head_dim = p.head_dim;
-  d.seqlen_new = p.seqlen_new;
-  d.seqlens = cache.seqlens;
-  d.block_table = cache.block_table;
-  d.batch_idx = cache.batch_idx;
-  d.leftpad = cache.leftpad;
-  d.bt_stride = p.bt_stride;
-  d.page_size = cache.k.shape[1];
+  d.index = detail::cache_index(cache, p.index.seqlen_new, p.index.pages.stride);  // the device's arrays
   d.rule = p.rule;
   d.row_blocks = (p.group() * p.seqlen_q + 15) / 16;
   d.keys_per_split = dec.keys_per_split;
@@ -251,13 +243,7 @@ cuda_detail::DecodeParams decode_params(const detail::DecodeProblem& p, const Te
     copy_strides(d.kns, *dec.k_new);
     copy_strides(d.vns, *dec.v_new);
   }
-  if (dec.rotary) {
-    d.rot_cos = static_cast<const float*>(dec.rotary->cos);
-    d.rot_sin = static_cast<const float*>(dec.rotary->sin);
-    d.rotary_dim = dec.rotary->rotary_dim;
-    d.rot_interleaved = dec.rotary->interleaved;
-    d.rot_q_per_row = p.rotary_q_per_row;
-  }
+  d.rotary = p.rotary;  // the tables are device memory (check_decode_for_cuda)
   return d;
 }
 
@@ -267,7 +253,7 @@ std::int64_t decode_splits(const detail::DecodeProblem& p, const DecodeOptions& 
                            const std::vector<std::int32_t>& seqlens) {
   std::int64_t max_keys = 0, max_slices = 1;
   for (std::int64_t b = 0; b < p.batch; ++b) {
-    max_keys = std::max<std::int64_t>(max_keys, seqlens[b] + p.seqlen_new);
+    max_keys = std::max<std::int64_t>(max_keys, seqlens[b] + p.index.seqlen_new);
     if (dec.keys_per_split > 0)
       max_slices = std::max(max_slices, detail::slices_for_keys_per_split(p.mask(b).seen_count(), dec.keys_per_split));
   }
@@ -284,7 +270,7 @@ void launch_decode(const char* who, cuda_detail::DecodeParams& d, const detail::
     check_cuda(who, cudaMallocAsync(&scratch, bytes, stream), "allocating the split partials");
     d.partial = static_cast<float*>(scratch);
   }
-  if (d.rot_cos) {
+  if (d.rotary.enabled()) {
     const std::size_t bytes = static_cast<std::size_t>(p.batch * p.seqlen_q * p.heads * p.head_dim) * 2;
     const int err = cudaMallocAsync(&q_rot, bytes, stream);
     if (err != cudaSuccess && scratch) (void)cudaFreeAsync(scratch, stream);
@@ -328,8 +314,7 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   require_device(who, "cu_seqlens_k", vb.cu_seqlens_k);
   const auto cq = host_array(who, vb.cu_seqlens_q, vb.host_cu_seqlens_q, vb.batch + 1, stream);
   const auto ck = host_array(who, vb.cu_seqlens_k, vb.host_cu_seqlens_k, vb.batch + 1, stream);
-  detail::check_cu_seqlens(who, "cu_seqlens_q", cq.data(), vb.batch, p.seqlen_q);
-  detail::check_cu_seqlens(who, "cu_seqlens_k", ck.data(), vb.batch, p.seqlen_k);
+  detail::check_varlen_offsets(who, VarlenBatch{cq.data(), ck.data(), vb.batch}, p.seqlen_q, p.seqlen_k);
   launch_varlen(who, p, vb, cq, lse, stream);
 }
 
@@ -355,10 +340,10 @@ void attention_varlen_paged(const TensorView& q, const TensorView& k, const Tens
   const auto table = host_array(who, pages.block_table, host_block_table, table_len, stream);
   VarlenPages host_pages = pages;
   host_pages.block_table = table.data();
-  const detail::Problem p = detail::validate_packed_paged(who, q, k, v, out, cq.data(), ck.data(), vb.batch, host_pages,
-                                                          opts, lse, pages.block_table);
+  const detail::Problem p = detail::validate_packed_paged(
+      who, q, k, v, out, VarlenBatch{cq.data(), ck.data(), vb.batch}, host_pages, opts, lse, pages.block_table);
   validate_forward(who, p, p.q, p.k, p.v, p.out, opts, lse);
-  launch_varlen(who, p, vb, cq, lse, stream, pages.block_table, bt_stride, k.shape[1]);
+  launch_varlen(who, p, vb, cq, lse, stream, detail::PageTable{pages.block_table, bt_stride, k.shape[1]});
 }
 
 std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,

@@ -36,12 +36,6 @@ struct DecTraits {
   static constexpr int SMEM_BYTES = PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES;
 };
 
-// The keys sequence b attends over: cache positions leftpad[b] .. seqlens[b] + seqlen_new - 1
-// (DecodeProblem::seqlen_k on the CPU).
-__device__ __forceinline__ std::int64_t sequence_keys(const DecodeParams& p, std::int64_t b) {
-  return std::int64_t{p.seqlens[b]} + p.seqlen_new - (p.leftpad ? p.leftpad[b] : 0);
-}
-
 template <class E, class C>
 __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p) {
   constexpr int D = C::D, BK = C::BK, HB = C::HB, KW = C::KW, TILE = C::TILE, NT = KW / 8, DT = D / 8,
@@ -54,10 +48,8 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
   const std::int64_t w = blockIdx.x, b = blockIdx.z;
   const std::int64_t g0 = blockIdx.y / p.row_blocks * HB, r0 = (blockIdx.y % p.row_blocks) * kRows;
   const std::int64_t group = p.heads / p.kv_heads, rows = group * p.seqlen_q;
-  // Sequence b's keys: cache positions key0 .. seqlens[b] + seqlen_new - 1 of cache row `row` (leftpad and
-  // batch_idx, contiguous caches only), as DecodeProblem::key_offset reads them on the CPU.
-  const std::int64_t key0 = p.leftpad ? std::int64_t{p.leftpad[b]} : 0, row = p.batch_idx ? p.batch_idx[b] : b;
-  const std::int64_t sk = sequence_keys(p, b);
+  // Sequence b's keys, read where the CPU reads them: p.index (core/cache_index.hpp).
+  const std::int64_t sk = p.index.seqlen_k(b);
   const detail::Mask mask = p.rule.mask(p.seqlen_q, sk);
   // The slice, trimmed to the keys some query of this sequence can see (keys_per_split: a slice of those).
   const std::int64_t seen_lo = mask.first_key(0), n = mask.seen_count();
@@ -89,10 +81,10 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
       const std::uint16_t* head0 = static_cast<const std::uint16_t*>(base) + g0 * head_stride;
       auto dst_row = [](int r) { return (r % C::HB) * C::BK + r / C::HB; };
       std::uint16_t* dst = tiles + stage * TILE * D;
-      if (p.block_table == nullptr && C::HB == 1) {
-        load_strided_tile<D, C::THREADS, TILE>(dst, head0 + row * s[0] + (key0 + j0) * s[1], s[1], keys);
-      } else if (p.block_table == nullptr) {
-        const std::uint16_t* tile0 = head0 + row * s[0] + (key0 + j0) * s[1];
+      if (!p.index.pages.paged() && C::HB == 1) {
+        load_strided_tile<D, C::THREADS, TILE>(dst, head0 + p.index.key_offset(b, j0, s[0], s[1]), s[1], keys);
+      } else if (!p.index.pages.paged()) {
+        const std::uint16_t* tile0 = head0 + p.index.key_offset(b, j0, s[0], s[1]);
         load_tile<D, C::THREADS, TILE>(
             dst,
             [&](int r) {
@@ -104,9 +96,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_kernel(const DecodeParams p
             dst,
             [&](int r) {
               const std::int64_t j = j0 + clamp_row(r / C::HB, keys);
-              return RowSource{head0 +
-                                   detail::cache_row_offset(b, j, s[0], s[1], p.block_table, p.bt_stride, p.page_size) +
-                                   (r % C::HB) * head_stride,
+              return RowSource{head0 + p.index.key_offset(b, j, s[0], s[1]) + (r % C::HB) * head_stride,
                                r / C::HB < keys};
             },
             dst_row);
@@ -261,7 +251,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodePar
   std::int64_t slices = p.num_splits;
   if (p.keys_per_split > 0)  // this sequence's own slices (decode_kernel's rule)
     slices =
-        detail::slices_for_keys_per_split(p.rule.mask(p.seqlen_q, sequence_keys(p, b)).seen_count(), p.keys_per_split);
+        detail::slices_for_keys_per_split(p.rule.mask(p.seqlen_q, p.index.seqlen_k(b)).seen_count(), p.keys_per_split);
   const KeyRange mine = detail::split_slice(slices, kMergeWarps, warp);
   float m = kNegInf, l = 0.f, o[COLS];
 #pragma unroll
@@ -312,11 +302,12 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const DecodePar
 template <class E>
 __device__ __forceinline__ std::uint16_t rotated(const DecodeParams& p, const std::uint16_t* row, std::int64_t x,
                                                  std::int64_t pos) {
-  if (p.rot_cos == nullptr || x >= p.rotary_dim) return row[x];
-  const std::int64_t c = detail::rotary_column(x, p.rotary_dim, p.rot_interleaved), half = p.rotary_dim / 2;
-  const detail::RotaryPair pair = detail::rotary_pair(c, p.rotary_dim, p.rot_interleaved);
+  const detail::RotarySpec& r = p.rotary;
+  if (!r.enabled() || x >= r.rotary_dim) return row[x];
+  const std::int64_t c = r.column(x), at = pos * r.half() + c;
+  const detail::RotaryPair pair = r.pair(c);
   float a = to_float<E>(row[pair.first]), b = to_float<E>(row[pair.second]);
-  detail::rotate_pair(a, b, p.rot_cos[pos * half + c], p.rot_sin[pos * half + c]);
+  detail::rotate_pair(a, b, static_cast<const float*>(r.cos)[at], static_cast<const float*>(r.sin)[at]);
   return static_cast<std::uint16_t>(pack2<E>(x == pair.first ? a : b, 0.f) & 0xFFFFu);
 }
 
@@ -324,15 +315,12 @@ __device__ __forceinline__ std::uint16_t rotated(const DecodeParams& p, const st
 // by its position when rotary is on.
 template <class E>
 __global__ void append_kernel(const DecodeParams p) {
-  const std::int64_t j = blockIdx.x, b = blockIdx.y, pos = std::int64_t{p.seqlens[b]} + j;
-  const std::int64_t row = p.batch_idx ? p.batch_idx[b] : b;  // batch_idx: contiguous caches only
+  const std::int64_t j = blockIdx.x, b = blockIdx.y, pos = p.index.append_position(b, j);
   const std::int64_t n = p.kv_heads * p.head_dim;
+  const std::int64_t ko = p.index.position_offset(b, pos, p.ks[0], p.ks[1]);
+  const std::int64_t vo = p.index.position_offset(b, pos, p.vs[0], p.vs[1]);
   for (std::int64_t x = threadIdx.x; x < n; x += blockDim.x) {
     const std::int64_t g = x / p.head_dim, c = x % p.head_dim;
-    const std::int64_t ko =
-        detail::cache_row_offset(row, pos, p.ks[0], p.ks[1], p.block_table, p.bt_stride, p.page_size);
-    const std::int64_t vo =
-        detail::cache_row_offset(row, pos, p.vs[0], p.vs[1], p.block_table, p.bt_stride, p.page_size);
     const auto* k_new = static_cast<const std::uint16_t*>(p.k_new) + b * p.kns[0] + j * p.kns[1] + g * p.kns[2];
     const_cast<std::uint16_t*>(static_cast<const std::uint16_t*>(p.k))[ko + g * p.k_head_stride + c] =
         rotated<E>(p, k_new, c, pos);
@@ -342,11 +330,11 @@ __global__ void append_kernel(const DecodeParams p) {
 }
 
 // q rotated into p.q_rot (one block per query row and sequence): query row i at position seqlens[b] + i
-// when the mask is causal or windowed, else seqlens[b] (DecodeProblem::query_position).
+// when the mask is causal or windowed, else seqlens[b] (RotarySpec::query_position, as on the CPU).
 template <class E>
 __global__ void rotary_q_kernel(const DecodeParams p) {
   const std::int64_t i = blockIdx.x, b = blockIdx.y;
-  const std::int64_t pos = std::int64_t{p.seqlens[b]} + (p.rot_q_per_row ? i : 0), n = p.heads * p.head_dim;
+  const std::int64_t pos = p.rotary.query_position(p.index, b, i), n = p.heads * p.head_dim;
   auto* dst = static_cast<std::uint16_t*>(p.q_rot) + (b * p.seqlen_q + i) * n;
   for (std::int64_t x = threadIdx.x; x < n; x += blockDim.x) {
     const std::int64_t h = x / p.head_dim, c = x % p.head_dim;
@@ -358,13 +346,13 @@ template <class E, class C>
 int launch_decode_with(const DecodeParams& params, cudaStream_t stream) {
   constexpr int D = C::D;
   DecodeParams p = params;
-  if (p.seqlen_new > 0) {
-    ATTN_LAUNCH(append_kernel<E>, dim3(static_cast<unsigned>(p.seqlen_new), static_cast<unsigned>(p.batch)), 256, 0,
-                stream)
+  if (p.index.seqlen_new > 0) {
+    ATTN_LAUNCH(append_kernel<E>, dim3(static_cast<unsigned>(p.index.seqlen_new), static_cast<unsigned>(p.batch)), 256,
+                0, stream)
     (p);
     if (cudaError_t e = cudaGetLastError()) return e;
   }
-  if (p.rot_cos) {  // the decode kernel reads the rotated copy of q
+  if (p.rotary.enabled()) {  // the decode kernel reads the rotated copy of q
     ATTN_LAUNCH(rotary_q_kernel<E>, dim3(static_cast<unsigned>(p.seqlen_q), static_cast<unsigned>(p.batch)), 256, 0,
                 stream)
     (p);

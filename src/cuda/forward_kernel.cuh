@@ -17,7 +17,7 @@
 
 #include <cuda_runtime.h>
 
-#include "core/kv_cache.hpp"
+#include "core/cache_index.hpp"
 #include "cuda/params.hpp"
 #include "cuda/tile.cuh"
 
@@ -33,7 +33,7 @@ struct FwdTraits {
   static constexpr int SMEM_BYTES = (BR + 4 * BC) * D * 2;  // Q, then 2 stages of K and of V (16-bit)
 };
 
-// PAGED: k and v are a paged cache read through p.block_table (varlen only). A template parameter, not a
+// PAGED: k and v are a paged cache read through p.pages (varlen only). A template parameter, not a
 // run-time branch: the page lookup's registers made the d = 64 kernel spill (ptxas), paged or not.
 template <class E, class C, bool PAGED = false>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(const FwdParams p) {
@@ -81,8 +81,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
     } else {
       load_tile<D, THREADS, BC>(dst, [&](int r) {
         const std::int64_t j = t * BC + clamp_row(r, valid);
-        return RowSource{base + detail::cache_row_offset(b, j, s[0], s[1], p.block_table, p.bt_stride, p.page_size),
-                         r < valid};
+        return RowSource{base + p.pages.offset(b, j, s[0], s[1]), r < valid};
       });
     }
   };
@@ -180,7 +179,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
 template <class E, class C>
 int launch_forward_with(const FwdParams& p, std::int64_t max_seqlen_q, cudaStream_t stream) {
   constexpr int BR = C::BR, smem = C::SMEM_BYTES;
-  auto kernel = p.block_table ? forward_kernel<E, C, true> : forward_kernel<E, C, false>;
+  auto kernel = p.pages.paged() ? forward_kernel<E, C, true> : forward_kernel<E, C, false>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
   const dim3 grid(static_cast<unsigned>((max_seqlen_q + BR - 1) / BR), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(p.batch));

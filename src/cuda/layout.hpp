@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
-#include "core/kv_cache.hpp"
+#include "core/cache_index.hpp"
 #include "core/score_rule.hpp"
 #include "core/split.hpp"
 

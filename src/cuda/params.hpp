@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attn/tensor.hpp"
+#include "core/cache_index.hpp"
 #include "core/score_rule.hpp"
 
 struct CUstream_st;
@@ -20,10 +21,9 @@ struct FwdParams {
   const std::int32_t* cu_q = nullptr;  // varlen (device, [batch + 1]): rows [cu[b], cu[b+1]) of dim 1
   const std::int32_t* cu_k = nullptr;  // with block_table: only each sequence's key count (differences)
   // Paged keys and values (varlen only): k, v [num_pages, page_size, kv_heads, d] with ks/vs[0] the page
-  // stride and [1] the slot stride; key j of sequence b in page block_table[b * bt_stride + j / page_size].
-  const std::int32_t* block_table = nullptr;  // device; nullptr = k, v packed like q
-  std::int64_t bt_stride = 0, page_size = 0;
-  detail::ScoreRule rule;  // alibi_slopes in device memory
+  // stride and [1] the slot stride, key j of sequence b at pages.offset(b, j, ...) (core/cache_index.hpp).
+  detail::PageTable pages;  // table in device memory; not paged: k, v packed like q
+  detail::ScoreRule rule;   // alibi_slopes in device memory
 };
 
 struct DecodeParams {
@@ -33,15 +33,10 @@ struct DecodeParams {
   float* lse;
   std::int64_t qs[3], ks[2], vs[2], os[3], ls[3];  // k/v: dims 0 (batch or page) and 1 (position or slot)
   std::int64_t k_head_stride, v_head_stride;
-  std::int64_t batch, seqlen_q, heads, kv_heads, head_dim, seqlen_new;
-  const std::int32_t* seqlens;      // device
-  const std::int32_t* block_table;  // device; nullptr = contiguous
-  std::int64_t bt_stride, page_size;
-  // Contiguous caches (device; nullptr = off): sequence b's cache row, and its first key position.
-  const std::int32_t* batch_idx = nullptr;
-  const std::int32_t* leftpad = nullptr;
-  detail::ScoreRule rule;   // alibi_slopes in device memory
-  std::int64_t num_splits;  // >= 1: the grid's slices, and the partials' stride per row
+  std::int64_t batch, seqlen_q, heads, kv_heads, head_dim;
+  detail::CacheIndex index;  // the CPU's (DecodeProblem::index) on the device's copies of the arrays
+  detail::ScoreRule rule;    // alibi_slopes in device memory
+  std::int64_t num_splits;   // >= 1: the grid's slices, and the partials' stride per row
   // > 0 (batch-invariant decode): sequence b's visible keys are cut into slices_for_keys_per_split of them
   // (core/split.hpp, as the CPU does) and always merged by merge_kernel, so its bits do not depend on
   // the batch; blocks past its slices exit.
@@ -51,12 +46,10 @@ struct DecodeParams {
   // Append (k_new/v_new), run first.
   const void *k_new = nullptr, *v_new = nullptr;
   std::int64_t kns[3], vns[3];
-  // Rotary embedding (with k_new; core/rotary_rule.hpp): f32 tables [positions][rotary_dim / 2] on the
-  // device (rot_cos == nullptr: none). The append rotates k_new; q is rotated into q_rot (device scratch
-  // [batch, seqlen_q, heads, head_dim], contiguous), which the decode kernel then reads as q.
-  const float *rot_cos = nullptr, *rot_sin = nullptr;
-  std::int64_t rotary_dim = 0;
-  bool rot_interleaved = false, rot_q_per_row = false;
+  // Rotary embedding (with k_new; core/cache_index.hpp): f32 tables on the device. The append rotates
+  // k_new; q is rotated into q_rot (device scratch [batch, seqlen_q, heads, head_dim], contiguous), which
+  // the decode kernel then reads as q.
+  detail::RotarySpec rotary;
   void* q_rot = nullptr;
 };
 

@@ -141,7 +141,7 @@ template <class A>
 PackedQueries<A> pack_queries(const DecodeProblem& p) {
   const std::int64_t d = p.head_dim;
   const std::size_t q_size = static_cast<std::size_t>(p.batch * p.heads * p.seqlen_q * d);
-  const bool split_q = std::is_same_v<A, float> && dots_in_bf16(p.cache_dtype) && !p.rotary &&
+  const bool split_q = std::is_same_v<A, float> && dots_in_bf16(p.cache_dtype) && !p.rotary.enabled() &&
                        (p.q_dtype == DType::bf16 || p.q_dtype == DType::f16);
   PackedQueries<A> pq;
   pq.q.resize(q_size);
@@ -155,7 +155,7 @@ PackedQueries<A> pack_queries(const DecodeProblem& p) {
           const std::int64_t at = ((b * p.heads + h) * p.seqlen_q + i) * d;
           for (std::int64_t c = 0; c < d; ++c)
             pq.q[static_cast<std::size_t>(at + c)] = load<A>(src[c * p.q.strides[3]]);
-          if (p.rotary) rotate_row(pq.q.data() + at, *p.rotary, p.query_position(b, i));
+          if (p.rotary.enabled()) rotate_row(pq.q.data() + at, p.rotary, p.rotary.query_position(p.index, b, i));
           if constexpr (std::is_same_v<Q, bf16_t>)
             if (split_q)
               for (std::int64_t c = 0; c < d; ++c)

@@ -23,13 +23,13 @@ void append_rotated_keys(const DecodeProblem& p) {
   const TensorView& src = *p.k_new;
   std::vector<A> row(static_cast<std::size_t>(p.head_dim));
   for (std::int64_t b = 0; b < p.batch; ++b)
-    for (std::int64_t t = 0; t < p.seqlen_new; ++t) {
-      const std::int64_t pos = p.seqlens[b] + t, at = p.row_offset(p.k, b, pos);
+    for (std::int64_t t = 0; t < p.index.seqlen_new; ++t) {
+      const std::int64_t pos = p.index.append_position(b, t), at = p.row_offset(p.k, b, pos);
       for (std::int64_t g = 0; g < p.kv_heads; ++g) {
         const T* from = row_ptr<const T>(src, b, t, g);
         for (std::int64_t c = 0; c < p.head_dim; ++c)
           row[static_cast<std::size_t>(c)] = load<A>(from[c * src.strides[3]]);
-        rotate_row(row.data(), *p.rotary, pos);
+        rotate_row(row.data(), p.rotary, pos);
         T* to = static_cast<T*>(p.k.data) + at + g * p.k.strides[2];
         for (std::int64_t c = 0; c < p.head_dim; ++c) to[c] = store<T>(row[static_cast<std::size_t>(c)]);
       }
@@ -72,15 +72,16 @@ void append_quantized(const DecodeProblem& p) {
     const TensorView& scale = keys ? p.k_scale : p.v_scale;
     const bool owned = keys ? p.k_scale_owned : p.v_scale_owned;
     for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t t = 0; t < p.seqlen_new; ++t) {
-        const std::int64_t pos = p.seqlens[b] + t, at = p.row_offset(dst, b, pos), sat = p.row_offset(scale, b, pos);
+      for (std::int64_t t = 0; t < p.index.seqlen_new; ++t) {
+        const std::int64_t pos = p.index.append_position(b, t), at = p.row_offset(dst, b, pos),
+                           sat = p.row_offset(scale, b, pos);
         for (std::int64_t g = 0; g < p.kv_heads; ++g) {
           dispatch_dtype(src.dtype, [&]<class T>() {
             const T* from = row_ptr<const T>(src, b, t, g);
             for (std::int64_t c = 0; c < dim; ++c)
               row[static_cast<std::size_t>(c)] = load<float>(from[c * src.strides[3]]);
           });
-          if (keys && p.rotary) rotate_row(row.data(), *p.rotary, pos);
+          if (keys && p.rotary.enabled()) rotate_row(row.data(), p.rotary, pos);
           quantize_row(p, row.data(), dim, static_cast<std::uint8_t*>(dst.data) + at + g * dst.strides[2], scale, owned,
                        sat + g * scale.strides[2]);
         }
@@ -91,18 +92,18 @@ void append_quantized(const DecodeProblem& p) {
 }  // namespace
 
 void append_kv(const DecodeProblem& p) {
-  if (!p.k_new || p.seqlen_new == 0) return;
+  if (!p.k_new || p.index.seqlen_new == 0) return;
   if (p.quantized()) return append_quantized(p);
   const std::size_t es = dtype_size(p.cache_dtype);
-  if (p.rotary) dispatch_dtype(p.cache_dtype, [&]<class T>() { append_rotated_keys<T>(p); });
+  if (p.rotary.enabled()) dispatch_dtype(p.cache_dtype, [&]<class T>() { append_rotated_keys<T>(p); });
   // With cache.v inside cache.k's rows (MLA) there is no v_new: the values are the keys just written.
   for (auto [src, dst] : {std::pair{p.k_new, &p.k}, {p.v_new, &p.v}}) {
-    if (src == nullptr || (p.rotary && dst == &p.k)) continue;  // the keys: written rotated above
+    if (src == nullptr || (p.rotary.enabled() && dst == &p.k)) continue;  // the keys: written rotated above
     auto* base = static_cast<unsigned char*>(dst->data);
     const auto* from = static_cast<const unsigned char*>(src->data);
     for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t t = 0; t < p.seqlen_new; ++t) {
-        const std::int64_t row = p.row_offset(*dst, b, p.seqlens[b] + t);
+      for (std::int64_t t = 0; t < p.index.seqlen_new; ++t) {
+        const std::int64_t row = p.row_offset(*dst, b, p.index.append_position(b, t));
         for (std::int64_t g = 0; g < p.kv_heads; ++g) {
           unsigned char* to = base + (row + g * dst->strides[2]) * static_cast<std::int64_t>(es);
           const std::int64_t s0 = b * src->strides[0] + t * src->strides[1] + g * src->strides[2];

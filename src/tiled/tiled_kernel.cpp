@@ -145,7 +145,7 @@ HWY_INLINE void PrefetchRowAt(const T* row, const TensorView& t, std::size_t dim
   for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(bytes_at + off, 0, 2);
 }
 template <class T>
-HWY_INLINE void PrefetchRow(const TensorView& t, const KeyPages& pages, std::int64_t b, std::int64_t s, std::int64_t h,
+HWY_INLINE void PrefetchRow(const TensorView& t, const PageTable& pages, std::int64_t b, std::int64_t s, std::int64_t h,
                             std::size_t dim) {
   PrefetchRowAt(key_row_ptr<const T>(t, pages, b, s, h), t, dim);
 }

@@ -27,7 +27,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // widened with SIMD (F16C on x86); other strides go element-wise.
 template <class T, class D, class A = hn::TFromD<D>>
 HWY_INLINE void PackRows(D d, A* HWY_RESTRICT dst, std::size_t ld, const TensorView& t, std::int64_t b, std::int64_t s0,
-                         std::int64_t n, std::int64_t h, std::size_t dim, const KeyPages& pages = KeyPages{}) {
+                         std::int64_t n, std::int64_t h, std::size_t dim, const PageTable& pages = PageTable{}) {
   const std::size_t N = hn::Lanes(d);
   for (std::int64_t r = 0; r < n; ++r) {
     const T* src = key_row_ptr<const T>(t, pages, b, s0 + r, h);

@@ -222,7 +222,7 @@ inline std::uint32_t Bf16Pair(const bf16_t* src, std::size_t x, std::size_t dim,
   return lo | hi << 16;
 }
 inline void PackKPairs(std::uint32_t* HWY_RESTRICT dst, const TensorView& t, std::int64_t b, std::int64_t s0,
-                       std::int64_t n, std::int64_t h, std::size_t dim, const KeyPages& pages) {
+                       std::int64_t n, std::int64_t h, std::size_t dim, const PageTable& pages) {
   const std::size_t dim2 = (dim + 1) / 2;
   for (std::int64_t r = 0; r < n; ++r) {
     const bf16_t* src = key_row_ptr<const bf16_t>(t, pages, b, s0 + r, h);

@@ -21,16 +21,16 @@ constexpr const char* kWhoPaged = "attn::attention_varlen_paged";
 
 // One problem per sequence that has queries (views into the packed tensors; with `pages`, reading the
 // paged cache), scheduled together on the tiled kernel.
-void run_sequences(const detail::Problem& all, const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
-                   std::int64_t batch, const TileOptions& tiles, const TensorView* lse, const VarlenPages* pages) {
-  std::vector<TensorView> lse_views(static_cast<std::size_t>(batch));
+void run_sequences(const detail::Problem& all, const VarlenBatch& varlen, const TileOptions& tiles,
+                   const TensorView* lse, const VarlenPages* pages) {
+  std::vector<TensorView> lse_views(static_cast<std::size_t>(varlen.batch));
   std::vector<detail::Problem> problems;
-  problems.reserve(static_cast<std::size_t>(batch));
-  for (std::int64_t b = 0; b < batch; ++b) {
-    detail::Problem p = detail::sequence_problem(all, cu_seqlens_q, cu_seqlens_k, b, pages);
+  problems.reserve(static_cast<std::size_t>(varlen.batch));
+  for (std::int64_t b = 0; b < varlen.batch; ++b) {
+    detail::Problem p = detail::sequence_problem(all, varlen, b, pages);
     if (p.seqlen_q == 0) continue;
     if (lse) {
-      lse_views[static_cast<std::size_t>(b)] = detail::offset_rows(*lse, 2, cu_seqlens_q[b], p.seqlen_q);
+      lse_views[static_cast<std::size_t>(b)] = detail::offset_rows(*lse, 2, varlen.cu_seqlens_q[b], p.seqlen_q);
       p.lse = &lse_views[static_cast<std::size_t>(b)];
     }
     problems.push_back(p);
@@ -41,24 +41,20 @@ void run_sequences(const detail::Problem& all, const std::int32_t* cu_seqlens_q,
 }  // namespace
 
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                      const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k, std::int64_t batch,
-                      const AttentionOptions& opts, const TileOptions& tiles, const TensorView* lse) {
+                      const VarlenBatch& varlen, const AttentionOptions& opts, const TileOptions& tiles,
+                      const TensorView* lse) {
   detail::validate_tiles(kWho, tiles);
-  const detail::Problem all = detail::validate_packed(kWho, q, k, v, out, batch, opts, lse);
-  detail::check_cu_seqlens(kWho, "cu_seqlens_q", cu_seqlens_q, batch, all.seqlen_q);
-  detail::check_cu_seqlens(kWho, "cu_seqlens_k", cu_seqlens_k, batch, all.seqlen_k);
-
-  run_sequences(all, cu_seqlens_q, cu_seqlens_k, batch, tiles, lse, nullptr);
+  const detail::Problem all = detail::validate_packed(kWho, q, k, v, out, varlen.batch, opts, lse);
+  detail::check_varlen_offsets(kWho, varlen, all.seqlen_q, all.seqlen_k);
+  run_sequences(all, varlen, tiles, lse, nullptr);
 }
 
 void attention_varlen_paged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                            const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k, std::int64_t batch,
-                            const VarlenPages& pages, const AttentionOptions& opts, const TileOptions& tiles,
-                            const TensorView* lse) {
+                            const VarlenBatch& varlen, const VarlenPages& pages, const AttentionOptions& opts,
+                            const TileOptions& tiles, const TensorView* lse) {
   detail::validate_tiles(kWhoPaged, tiles);
-  const detail::Problem all =
-      detail::validate_packed_paged(kWhoPaged, q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, pages, opts, lse);
-  run_sequences(all, cu_seqlens_q, cu_seqlens_k, batch, tiles, lse, &pages);
+  const detail::Problem all = detail::validate_packed_paged(kWhoPaged, q, k, v, out, varlen, pages, opts, lse);
+  run_sequences(all, varlen, tiles, lse, &pages);
 }
 
 }  // namespace attn

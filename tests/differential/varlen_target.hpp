@@ -83,7 +83,7 @@ std::string check_varlen(Config c) {
   auto run = [&](int threads, PackedBuffer& out, PackedBuffer& lse) {
     AttentionOptions o = c.opts;
     o.num_threads = threads;
-    attention_varlen(q.view, k.view, v.view, out.view, cu_q.data(), cu_k.data(), B, o, c.tiles,
+    attention_varlen(q.view, k.view, v.view, out.view, VarlenBatch{cu_q.data(), cu_k.data(), B}, o, c.tiles,
                      c.want_lse ? &lse.view : nullptr);
   };
   PackedBuffer out = make_packed(t, TQ, H, D, lout), lse = make_packed(lt, 1, H, TQ, llse);
