@@ -39,8 +39,6 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   const std::int64_t* key_shift = nullptr;
 
   std::int64_t group() const { return heads / kv_heads; }
-  bool paged() const { return index.pages.paged(); }
-  std::int64_t seqlen_new() const { return index.seqlen_new; }
   std::int64_t seqlen_k(std::int64_t b) const { return index.seqlen_k(b); }
   Mask mask(std::int64_t b) const {
     ScoreRule r = rule.for_sequence(b);

@@ -322,13 +322,16 @@ void check_overlaps(std::string_view who, const KVCache& cache, const TensorView
   if (paged) check_append_slots(who, cache, n, e);
 }
 
+// Whether query row i rotates at seqlens[b] + i (RotarySpec::q_per_row): when the mask is causal or
+// windowed, so that each row sees the keys before its own position; else all rows at seqlens[b].
+bool queries_rotate_per_row(const ScoreRule& rule) { return rule.window_left >= 0 || rule.window_right >= 0; }
+
 // The shared options (validate.cpp) and decode's own: rotary, no dropout, split counts.
 ResolvedOptions check_options(std::string_view who, const KVCache& cache, const AttentionOptions& opts,
                               const DecodeOptions& dec, const DecodeSizes& n, bool v_in_k) {
   const ResolvedOptions resolved = resolve_options(who, opts, n.head_dim);
   check_option_arrays(who, opts, n.batch, n.heads);
-  const bool q_per_row = resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0;
-  check_rotary(who, dec, cache, n.batch, n.head_dim, n.seqlen_q, n.seqlen_new, q_per_row);
+  check_rotary(who, dec, cache, n.batch, n.head_dim, n.seqlen_q, n.seqlen_new, queries_rotate_per_row(resolved.rule));
   if (dec.rotary && v_in_k)
     fail(who, "rotary",
          "must be null when cache.v views cache.k's rows (MLA): it rotates the first rotary_dim dims, which are "
@@ -365,7 +368,7 @@ DecodeProblem make_problem(const TensorView& q, const KVCache& cache, const Tens
   p.k_new = dec.k_new;
   p.v_new = dec.v_new;
   p.index = cache_index(cache, n.seqlen_new, e.bt_stride);
-  p.rotary = rotary_spec(dec.rotary, resolved.rule.window_left >= 0 || resolved.rule.window_right >= 0);
+  p.rotary = rotary_spec(dec.rotary, queries_rotate_per_row(resolved.rule));
   p.k_scale = scales.k;
   p.v_scale = scales.v;
   p.k_scale_owned = scales.k_owned;

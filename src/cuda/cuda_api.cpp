@@ -326,14 +326,15 @@ void attention_varlen_paged(const TensorView& q, const TensorView& k, const Tens
   if (!vb.cu_seqlens_q) fail(who, "cu_seqlens_q", "pointer is null");
   if (!vb.cu_seqlens_k) fail(who, "cu_seqlens_k", "pointer is null");
   if (!pages.block_table) fail(who, "pages.block_table", "pointer is null");
-  // The table's extent (and its stride rule) before a copy of it is sized from them.
-  detail::check_block_table(who, "pages.block_table", pages.block_table, pages.max_pages, pages.block_table_stride,
-                            vb.batch, k.rank == 4 ? std::max<std::int64_t>(k.shape[1], 1) : 1);
+  // The table's extent (and its stride rule, 0 resolved to max_pages) before a copy of it is sized from them.
+  const std::int64_t bt_stride =
+      detail::check_block_table(who, "pages.block_table", pages.block_table, pages.max_pages, pages.block_table_stride,
+                                vb.batch, k.rank == 4 ? std::max<std::int64_t>(k.shape[1], 1) : 1)
+          .stride;
   for (auto [name, ptr] : {std::pair<const char*, const void*>{"cu_seqlens_q", vb.cu_seqlens_q},
                            {"cu_seqlens_k", vb.cu_seqlens_k},
                            {"pages.block_table", pages.block_table}})
     require_device(who, name, ptr);
-  const std::int64_t bt_stride = pages.block_table_stride == 0 ? pages.max_pages : pages.block_table_stride;
   const std::int64_t table_len = (vb.batch - 1) * bt_stride + pages.max_pages;
   const auto cq = host_array(who, vb.cu_seqlens_q, vb.host_cu_seqlens_q, vb.batch + 1, stream);
   const auto ck = host_array(who, vb.cu_seqlens_k, vb.host_cu_seqlens_k, vb.batch + 1, stream);
