@@ -28,6 +28,29 @@
 
 namespace attn::test {
 
+// Sets ATTN_AMX (or unsets it, for nullopt) for one test, and puts back what was there.
+class ScopedAmxEnv {
+ public:
+  explicit ScopedAmxEnv(const std::optional<std::string>& value) {
+    if (const char* v = std::getenv("ATTN_AMX")) saved_ = v;
+    if (value)
+      setenv("ATTN_AMX", value->c_str(), 1);
+    else
+      unsetenv("ATTN_AMX");
+  }
+  ~ScopedAmxEnv() {
+    if (saved_)
+      setenv("ATTN_AMX", saved_->c_str(), 1);
+    else
+      unsetenv("ATTN_AMX");
+  }
+  ScopedAmxEnv(const ScopedAmxEnv&) = delete;
+  ScopedAmxEnv& operator=(const ScopedAmxEnv&) = delete;
+
+ private:
+  std::optional<std::string> saved_;
+};
+
 // Sanitizer builds (tests/CMakeLists.txt defines ATTN_TEST_SANITIZED there) run -O0 instrumented code,
 // 20-60x slower than the release build. They look for bad memory accesses and races, which a shorter
 // cache finds as well (still several splits, pages and partial tiles), so the heaviest sweeps take

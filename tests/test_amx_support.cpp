@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/amx.hpp"
+#include "support.hpp"
 
 #if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
 #include <immintrin.h>
@@ -26,29 +27,7 @@ namespace {
 
 using detail::AmxMode;
 using detail::AmxSupport;
-
-// Sets ATTN_AMX (or unsets it, for nullopt) for one test, and puts back what was there.
-class ScopedAmxEnv {
- public:
-  explicit ScopedAmxEnv(const std::optional<std::string>& value) {
-    if (const char* v = std::getenv("ATTN_AMX")) saved_ = v;
-    if (value)
-      setenv("ATTN_AMX", value->c_str(), 1);
-    else
-      unsetenv("ATTN_AMX");
-  }
-  ~ScopedAmxEnv() {
-    if (saved_)
-      setenv("ATTN_AMX", saved_->c_str(), 1);
-    else
-      unsetenv("ATTN_AMX");
-  }
-  ScopedAmxEnv(const ScopedAmxEnv&) = delete;
-  ScopedAmxEnv& operator=(const ScopedAmxEnv&) = delete;
-
- private:
-  std::optional<std::string> saved_;
-};
+using test::ScopedAmxEnv;
 
 // The first "flags" line of /proc/cpuinfo, as a set; nullopt where the file is absent (not Linux).
 std::optional<std::set<std::string>> cpuinfo_flags() {
@@ -108,14 +87,16 @@ TEST(AmxMode, ParsesTheEnvironment) {
     const ScopedAmxEnv env(std::nullopt);
     EXPECT_EQ(detail::amx_mode_from_env(), AmxMode::automatic);
   }
-  for (const auto& [text, mode] : {std::pair{"", AmxMode::automatic}, std::pair{"auto", AmxMode::automatic},
-                                   std::pair{"on", AmxMode::on}, std::pair{"off", AmxMode::off}}) {
+  for (const auto& [text, mode] :
+       {std::pair{"", AmxMode::automatic}, std::pair{"auto", AmxMode::automatic}, std::pair{"on", AmxMode::on},
+        std::pair{"off", AmxMode::off}, std::pair{"emulate", AmxMode::emulate}}) {
     const ScopedAmxEnv env{std::string(text)};
     EXPECT_EQ(detail::amx_mode_from_env(), mode) << "ATTN_AMX=" << text;
   }
   EXPECT_STREQ(detail::amx_mode_name(AmxMode::automatic), "auto");
   EXPECT_STREQ(detail::amx_mode_name(AmxMode::on), "on");
   EXPECT_STREQ(detail::amx_mode_name(AmxMode::off), "off");
+  EXPECT_STREQ(detail::amx_mode_name(AmxMode::emulate), "emulate");
 }
 
 TEST(AmxMode, BadValueIsNamed) {
@@ -127,7 +108,7 @@ TEST(AmxMode, BadValueIsNamed) {
     } catch (const std::invalid_argument& e) {
       const std::string m = e.what();
       EXPECT_NE(m.find("ATTN_AMX"), std::string::npos) << m;
-      EXPECT_NE(m.find("on, off or auto"), std::string::npos) << m;
+      EXPECT_NE(m.find("on, off, auto or emulate"), std::string::npos) << m;
       EXPECT_NE(m.find(std::string("'") + bad + "'"), std::string::npos) << m;
     }
     EXPECT_THROW(detail::amx_enabled(), std::invalid_argument);

@@ -65,6 +65,7 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(Bf16Dots, TheSwitchReachesTheTiledForwardAndTheBackward) {
   SKIP_WITHOUT_DOT_PATH(detail::tiled_target());
   SKIP_WITHOUT_DOT_PATH(detail::backward_target());
+  const test::ScopedAmxEnv vector_kernels{std::string("off")};  // the switch is the vector kernel's
   const SubnormalProblem p;
   const std::size_t n = p.q.data.size();
   std::vector<float> lse[2];

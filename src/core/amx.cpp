@@ -91,7 +91,8 @@ AmxMode amx_mode_from_env() {
   if (s.empty() || s == "auto") return AmxMode::automatic;
   if (s == "on") return AmxMode::on;
   if (s == "off") return AmxMode::off;
-  throw std::invalid_argument("ATTN_AMX: must be on, off or auto, not '" + s + "'");
+  if (s == "emulate") return AmxMode::emulate;
+  throw std::invalid_argument("ATTN_AMX: must be on, off, auto or emulate, not '" + s + "'");
 }
 
 const char* amx_mode_name(AmxMode mode) {
@@ -100,18 +101,23 @@ const char* amx_mode_name(AmxMode mode) {
       return "on";
     case AmxMode::off:
       return "off";
+    case AmxMode::emulate:
+      return "emulate";
     case AmxMode::automatic:
       break;
   }
   return "auto";
 }
 
-bool amx_enabled() {
+amx::TileBackend amx_backend() {
   const AmxMode mode = amx_mode_from_env();
-  if (mode == AmxMode::off) return false;
+  if (mode == AmxMode::off) return amx::TileBackend::none;
+  if (mode == AmxMode::emulate) return amx::TileBackend::emulated;
   const AmxSupport& s = amx_support();
   if (!s.usable() && mode == AmxMode::on) throw std::invalid_argument("ATTN_AMX=on: " + s.reason());
-  return s.usable();
+  return s.usable() ? amx::TileBackend::hardware : amx::TileBackend::none;
 }
+
+bool amx_enabled() { return amx_backend() == amx::TileBackend::hardware; }
 
 }  // namespace attn::detail

@@ -11,6 +11,8 @@
 
 #include <string>
 
+#include "core/amx_tiles.hpp"
+
 namespace attn::detail {
 
 struct AmxSupport {
@@ -35,18 +37,24 @@ struct AmxSupport {
 // need not ask again.
 const AmxSupport& amx_support();
 
-// ATTN_AMX: auto (the default, also when unset or empty) uses AMX where usable; off never; on insists.
-enum class AmxMode { automatic, on, off };
+// ATTN_AMX: auto (the default, also when unset or empty) uses AMX where usable; off never; on insists;
+// emulate runs the AMX kernels on the tile emulator (core/amx_emulator.hpp) on any CPU: for tests, and
+// for seeing on a machine without AMX what the AMX path computes (slowly).
+enum class AmxMode { automatic, on, off, emulate };
 
 // ATTN_AMX as it is now (read at every call, so tests can change it); any other value throws
 // std::invalid_argument naming ATTN_AMX and the values it takes.
 AmxMode amx_mode_from_env();
-const char* amx_mode_name(AmxMode mode);  // "auto", "on", "off"
+const char* amx_mode_name(AmxMode mode);  // "auto", "on", "off", "emulate"
 
-// Whether the AMX kernels run: AMX usable and ATTN_AMX not off. With ATTN_AMX=on on a machine where AMX
-// is not usable it throws std::invalid_argument("ATTN_AMX=on: <reason>"): whoever forces AMX hears that
-// it cannot run rather than timing the fallback unawares. It may throw, so kernels ask it once per call,
-// before their parallel regions.
+// The tile unit the AMX kernels run on now: the CPU's (AMX usable, ATTN_AMX auto or on), the emulator
+// (ATTN_AMX=emulate), or none (the vector kernels run).
+amx::TileBackend amx_backend();
+
+// Whether the AMX kernels run on the CPU's tiles: AMX usable and ATTN_AMX auto or on. With ATTN_AMX=on on a machine
+// where AMX is not usable it throws std::invalid_argument("ATTN_AMX=on: <reason>"): whoever forces AMX hears that it
+// cannot run rather than timing the fallback unawares. It may throw, so kernels ask it once per call, before their
+// parallel regions.
 bool amx_enabled();
 
 }  // namespace attn::detail

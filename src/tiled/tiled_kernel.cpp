@@ -45,12 +45,14 @@
 #include <omp.h>
 
 #include "attn/online_softmax.hpp"
+#include "core/amx.hpp"
 #include "core/dpbf16.hpp"
 #include "core/dropout.hpp"
 #include "core/philox-inl.h"
 #include "core/element.hpp"
 #include "core/exp_simd-inl.h"
 #include "core/tile_ops.hpp"
+#include "tiled/amx_forward.hpp"
 #include "tiled/tiled_kernel.hpp"
 #include "tiled/tiled_pack-inl.h"
 #include "tiled/tiled_score-inl.h"
@@ -385,20 +387,6 @@ void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task,
   }
 }
 
-// Task t of problem p, enumerated so that tiles with more visible keys come first (a longest-first
-// order that dynamic scheduling turns into a balanced split for causal masks): the query tile index
-// runs backwards when later queries see more keys (causal, bottom-right windows), forwards otherwise.
-inline TileTask TaskOf(const Problem& p, const TiledPlan& plan, std::uint32_t pi, std::int64_t t) {
-  const std::int64_t q_tiles = (p.seqlen_q + plan.q_tile - 1) / plan.q_tile;
-  // Head-major: consecutive tasks (on any thread) reuse the same K and V from the shared L3.
-  std::int64_t qt = t % q_tiles;
-  if (p.rule.window_right >= 0) qt = q_tiles - 1 - qt;
-  const std::int64_t bh = t / q_tiles;
-  TileTask task{pi, bh / p.kv_heads, bh % p.kv_heads, qt * plan.q_tile, 0};
-  task.rows = std::min(plan.q_tile, p.seqlen_q - task.i0);
-  return task;
-}
-
 template <class T>
 void RunAll(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
             const std::vector<std::int64_t>& first_task, int threads) {
@@ -423,7 +411,7 @@ void RunAll(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
     for (std::int64_t t = 0; t < tasks; ++t) {
       const auto it = std::upper_bound(first_task.begin(), first_task.end(), t);
       const auto pi = static_cast<std::uint32_t>(it - first_task.begin() - 1);
-      RunTask<T>(d, ps[pi], plans[pi], TaskOf(ps[pi], plans[pi], pi, t - first_task[pi]), w);
+      RunTask<T>(d, ps[pi], plans[pi], task_of(ps[pi], plans[pi], pi, t - first_task[pi]), w);
     }
     ::operator delete (base, std::align_val_t{64});
   }
@@ -470,8 +458,27 @@ std::int64_t tiled_target() {
   return HWY_DYNAMIC_DISPATCH(Target)();
 }
 
+// bf16 problems go to the tiles when amx_backend() names a tile unit (the CPU's or the emulator) and the
+// AMX kernel takes all of them (amx_forward.hpp).
+bool runs_on_tiles(const std::vector<Problem>& problems) {
+  if (problems[0].dtype != DType::bf16) return false;
+  for (const Problem& p : problems)
+    if (!amx_forward_takes(p)) return false;
+  return amx_backend() != amx::TileBackend::none;
+}
+
 void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, int threads) {
   if (problems.empty()) return;
+  if (runs_on_tiles(problems)) {
+    std::vector<TiledPlan> plans;
+    std::vector<std::int64_t> first_task{0};
+    for (const Problem& p : problems) {
+      plans.push_back(amx_plan(p, tiles));
+      const std::int64_t q_tile = plans.back().q_tile;
+      first_task.push_back(first_task.back() + p.batch * p.kv_heads * ((p.seqlen_q + q_tile - 1) / q_tile));
+    }
+    return run_tiled_amx(problems, plans, first_task, threads, amx_backend());
+  }
   std::vector<TiledPlan> plans;
   std::vector<std::int64_t> first_task{0};
   plans.reserve(problems.size());

@@ -3,6 +3,7 @@
 // and long sequences share the threads.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -23,6 +24,20 @@ struct TileTask {
 struct TiledPlan {
   std::int64_t q_tile, k_tile;
 };
+
+// Task t of problem p, enumerated so that tiles with more visible keys come first (a longest-first
+// order that dynamic scheduling turns into a balanced split for causal masks): the query tile index
+// runs backwards when later queries see more keys (causal, bottom-right windows), forwards otherwise.
+// Head-major: consecutive tasks (on any thread) reuse the same K and V from the shared L3.
+inline TileTask task_of(const Problem& p, const TiledPlan& plan, std::uint32_t pi, std::int64_t t) {
+  const std::int64_t q_tiles = (p.seqlen_q + plan.q_tile - 1) / plan.q_tile;
+  std::int64_t qt = t % q_tiles;
+  if (p.rule.window_right >= 0) qt = q_tiles - 1 - qt;
+  const std::int64_t bh = t / q_tiles;
+  TileTask task{pi, bh / p.kv_heads, bh % p.kv_heads, qt * plan.q_tile, 0};
+  task.rows = std::min(plan.q_tile, p.seqlen_q - task.i0);
+  return task;
+}
 
 // Runs every problem (all must have the same dtype, head_dim and head_dim_v; each writes its own out and lse) with
 // `threads` threads. Problems have been validated; nothing here throws. out is of the problem's dtype, or

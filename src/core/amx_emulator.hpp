@@ -1,0 +1,60 @@
+// The AMX tile unit in C++ (the interface of core/amx_tiles.hpp), for machines without AMX: the AMX
+// kernels' tests, the differential test and the fuzz target run the same kernel template on it
+// (ATTN_AMX=emulate), and on a machine with AMX tests compare it with the instructions.
+//
+// Semantics, from the Intel SDM's pseudo-code (TILELOADD, TILESTORED, TILEZERO, TDPBF16PS):
+//   - LDTILECFG: palette 1, at most 16 rows and 64 bytes per row per tile; anything else faults on the
+//     CPU, and throws std::logic_error here (a kernel bug, not bad user input).
+//   - A load fills the configured rows x colsb bytes from base + row * stride and zeroes the rest of the
+//     register; a store writes the configured rows x colsb bytes.
+//   - TDPBF16PS, per row m of C and column n: two f32 partial sums, the even and the odd products of the
+//     bf16 pairs, each accumulated over k with fused multiply-adds (the products of two bf16 are exact
+//     in f32, so each step rounds once, to nearest even); then C[m][n] += even + odd. Denormal inputs
+//     (bf16 and the C values) read as zero and denormal results are flushed to zero (DAZ and FTZ,
+//     whatever MXCSR says). The A tile's colsb sets k; C's colsb sets n; B has k rows.
+#pragma once
+
+#include <cstdint>
+
+#include "core/amx_tiles.hpp"
+
+namespace attn::detail::amx {
+
+class EmulatedTiles {
+ public:
+  void configure(const TileConfig& c);
+  void release();
+
+  template <int T>
+  void zero() {
+    zero(T);
+  }
+  template <int T>
+  void load(const void* base, std::int64_t stride) {
+    load(T, base, stride);
+  }
+  template <int T>
+  void store(void* base, std::int64_t stride) {
+    store(T, base, stride);
+  }
+  void dot_2x2() {
+    dpbf16ps(0, 4, 6);
+    dpbf16ps(1, 4, 7);
+    dpbf16ps(2, 5, 6);
+    dpbf16ps(3, 5, 7);
+  }
+
+  void zero(int t);
+  void load(int t, const void* base, std::int64_t stride);
+  void store(int t, void* base, std::int64_t stride) const;
+  void dpbf16ps(int c, int a, int b);
+
+ private:
+  void require_configured(const char* op, int t) const;
+
+  TileConfig config_{};
+  bool configured_ = false;
+  alignas(64) std::uint8_t tiles_[8][kTileRows * kTileBytes] = {};
+};
+
+}  // namespace attn::detail::amx

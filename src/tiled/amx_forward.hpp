@@ -1,0 +1,28 @@
+// The tiled forward on AMX tiles (amx_kernel.cpp): which problems it takes, its tile plan, and the run.
+// run_tiled (tiled_kernel.cpp) sends bf16 problems here when amx_backend() names a tile unit.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "core/amx_tiles.hpp"
+#include "core/problem.hpp"
+#include "tiled/tiled_kernel.hpp"
+
+namespace attn::detail {
+
+// bf16 inputs without dropout: every other option (masks, windows, soft-cap, ALiBi, sinks, GQA, head_dim_v,
+// the lse, varlen and paged keys) runs on the tiles. Dropout runs on the vector kernel.
+bool amx_forward_takes(const Problem& p);
+
+// Query rows per head and keys per tile: the caller's TileOptions where set, else about 64 stacked rows
+// (the group's heads share a tile) and 128 keys.
+TiledPlan amx_plan(const Problem& p, const TileOptions& tiles);
+
+// Runs every problem (validated, all taken by amx_forward_takes, one head_dim and head_dim_v) on the
+// tile unit `backend` (hardware or emulated); first_task as run_tiled builds it.
+void run_tiled_amx(const std::vector<Problem>& problems, const std::vector<TiledPlan>& plans,
+                   const std::vector<std::int64_t>& first_task, int threads, amx::TileBackend backend);
+
+}  // namespace attn::detail

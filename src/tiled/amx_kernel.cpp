@@ -1,0 +1,445 @@
+// The tiled forward on AMX tiles (bf16 inputs): the two block products on TDPBF16PS, the online softmax
+// between them on the vector units. One kernel template over the tile unit (core/amx_tiles.hpp): the
+// CPU's tiles, or the emulator on any CPU. docs/prefill.md has the floor and the design.
+//
+// Per task (batch b, kv head, query tile of every query head sharing it, stacked to R rows, R padded to
+// 32 with zero rows):
+//   pack Q      [R][dq] bf16, dq = d rounded up to 32 (zero columns): the A operand of S = Q K^T
+//   for each key tile [j0, j0 + n) any row sees (n <= bc, the tile padded to np = n rounded up to 32):
+//     pack K    [dq/2][bc] bf16 pairs (K^T in the VNNI layout: pair row x holds (k[c][2x], k[c][2x+1])
+//               for every key c), the B operand of S
+//     pack V    [bc/2][dvp] bf16 pairs (pair row y holds (v[2y][x], v[2y+1][x]) for every column x;
+//               dvp = d_v rounded up to 32), the B operand of O += P V; keys past n are zero rows
+//     S  [R][bc] f32 = Q K^T in 2 x 2 blocks of 16 x 16 tiles, blocks no row sees skipped
+//     per row, lanes along keys: the score rule (scale, soft-cap, ALiBi) on the keys the row sees and
+//               their maximum; m_new, alpha = rescale_factor(m, m_new); P = exp(s - m_new), l = l alpha
+//               + the sum of P, and P rounded to bf16 for P V (the keys the row does not see 0)
+//     O  [R][dvp] f32 = O alpha (rows whose maximum grew) + P V, 2 x 2 blocks of tiles loaded from and
+//               stored back to O, key blocks no row of the block sees skipped
+//   finalize each row (store_row: the sink, attn::finalize, the lse) and store it.
+// P is rounded to bf16 before P V, as flash-attn and PyTorch's CPU flash attention do on these CPUs;
+// l sums the f32 weights, so the lse keeps f32 accuracy.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "tiled/amx_kernel.cpp"
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
+#endif
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include <omp.h>
+
+#include "attn/online_softmax.hpp"
+#include "core/amx_emulator.hpp"
+#include "core/amx_tiles.hpp"
+#include "core/element.hpp"
+#include "core/exp_simd-inl.h"
+#include "core/tile_ops.hpp"
+#include "tiled/amx_forward.hpp"
+#include "tiled/tiled_kernel.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail::amx_simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr std::size_t kBlock = 32;  // rows and keys (or columns) of a 2 x 2 block of 16 x 16 tiles
+
+inline std::size_t RoundUp(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
+
+// One task's geometry (after GQA stacking) and one thread's scratch, carved from one aligned block.
+struct AmxTask {
+  std::size_t real, R;    // stacked query rows, and R = real rounded up to kBlock
+  std::size_t dq, dvp;    // head dims rounded up to kBlock
+  std::size_t bcp;        // the key tile's scratch width (the tile rounded up to kBlock)
+  std::int64_t g, rows_h, i0, b, kv_head;
+  std::int64_t head_of(std::size_t r) const { return kv_head * g + static_cast<std::int64_t>(r) / rows_h; }
+  std::int64_t query_of(std::size_t r) const { return i0 + static_cast<std::int64_t>(r) % rows_h; }
+};
+
+struct AmxScratch {
+  std::uint16_t* q;  // [R][dq] bf16 bits
+  std::uint32_t* k;  // [dq/2][bcp] bf16 pairs
+  std::uint32_t* v;  // [bcp/2][dvp] bf16 pairs
+  float* s;          // [R][bcp]
+  std::uint16_t* p;  // [R][bcp] bf16 bits
+  float* o;          // [R][dvp]
+  float *m, *l, *alpha, *tmp;
+  std::int32_t *lo, *hi;  // the keys [lo, hi) of the current tile row r sees
+  static std::size_t bytes(std::size_t R, std::size_t dq, std::size_t dvp, std::size_t bcp) {
+    return 2 * R * dq + 2 * dq * bcp + 2 * bcp * dvp + 4 * R * bcp + 2 * R * bcp + 4 * R * dvp + 4 * (3 * R + dvp) +
+           4 * 2 * R;
+  }
+  AmxScratch(void* base, std::size_t R, std::size_t dq, std::size_t dvp, std::size_t bcp) {
+    auto* x = static_cast<std::uint8_t*>(base);  // every block a multiple of 64 bytes (R, dq, dvp, bcp of 32)
+    q = reinterpret_cast<std::uint16_t*>(x), x += 2 * R * dq;
+    k = reinterpret_cast<std::uint32_t*>(x), x += 2 * dq * bcp;
+    v = reinterpret_cast<std::uint32_t*>(x), x += 2 * bcp * dvp;
+    s = reinterpret_cast<float*>(x), x += 4 * R * bcp;
+    p = reinterpret_cast<std::uint16_t*>(x), x += 2 * R * bcp;
+    o = reinterpret_cast<float*>(x), x += 4 * R * dvp;
+    m = reinterpret_cast<float*>(x), l = m + R, alpha = l + R, tmp = alpha + R;
+    lo = reinterpret_cast<std::int32_t*>(tmp + dvp), hi = lo + R;
+  }
+};
+
+// f32 lanes rounded to bf16, to nearest even (NaN stays NaN), as the 32-bit patterns of the bf16 values
+// (the low 16 bits zero): both what P V multiplies and what l sums.
+template <class D>
+HWY_INLINE hn::Vec<D> RoundToBf16(D /*d*/, hn::Vec<D> x) {
+  const hn::RebindToUnsigned<D> du;
+  const auto bits = hn::BitCast(du, x);
+  const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded = hn::And(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), odd)), hn::Set(du, 0xFFFF0000u));
+  const auto quiet_nan = hn::Or(bits, hn::Set(du, 0x00400000u));
+  return hn::BitCast(D(), hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), hn::And(quiet_nan, hn::Set(du, 0xFFFF0000u)),
+                                       rounded));
+}
+
+// Stores the high halves of x's lanes (bf16 patterns from RoundToBf16) as N 16-bit values.
+template <class D>
+HWY_INLINE void StoreBf16(D /*d*/, hn::Vec<D> x, std::uint16_t* dst) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<std::uint16_t, D> d16;  // the values are < 2^16: the saturating demotion keeps them
+  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, x)))), d16, dst);
+}
+
+// The task's queries as bf16 rows [R][dq], zero past d and past the real rows; the row states reset.
+HWY_INLINE void PackQueries(const Problem& p, const AmxTask& t, const AmxScratch& w) {
+  std::memset(w.q, 0, 2 * t.R * t.dq);
+  const std::size_t dim = static_cast<std::size_t>(p.head_dim);
+  for (std::size_t r = 0; r < t.real; ++r) {
+    const bf16_t* src = row_ptr<const bf16_t>(p.q, t.b, t.query_of(r), t.head_of(r));
+    std::uint16_t* dst = w.q + r * t.dq;
+    if (p.q.strides[3] == 1)
+      std::memcpy(dst, src, 2 * dim);
+    else
+      for (std::size_t x = 0; x < dim; ++x) dst[x] = src[x * p.q.strides[3]].bits;
+  }
+  std::fill(w.m, w.m + t.R, -std::numeric_limits<float>::infinity());
+  std::fill(w.l, w.l + t.R, 0.0f);
+  std::fill(w.o, w.o + t.R * t.dvp, 0.0f);
+  std::memset(w.p, 0, 2 * t.R * t.bcp);  // the padding rows' weights stay zero for every tile
+}
+
+// K^T of keys [j0, j0 + n) in the VNNI layout [dq/2][bcp]: pair row x, column c = (k[c][2x], k[c][2x+1]);
+// zero past d and past n.
+HWY_INLINE void PackKeys(const Problem& p, const AmxTask& t, std::int64_t j0, std::size_t n, const AmxScratch& w) {
+  std::memset(w.k, 0, 2 * t.dq * t.bcp);
+  const std::size_t dim = static_cast<std::size_t>(p.head_dim);
+  const std::int64_t cs = p.k.strides[3];
+  for (std::size_t c = 0; c < n; ++c) {
+    const bf16_t* src = key_row_ptr<const bf16_t>(p.k, p.pages, t.b, j0 + static_cast<std::int64_t>(c), t.kv_head);
+    auto* dst = reinterpret_cast<std::uint16_t*>(w.k + c);  // (x, c)'s pair at dst[2 * x * bcp], [+1]
+    for (std::size_t x = 0; x < dim; ++x) dst[(x / 2) * 2 * t.bcp + (x & 1)] = src[x * cs].bits;
+  }
+}
+
+// V of keys [j0, j0 + n) in the VNNI layout [bcp/2][dvp]: pair row y, column x = (v[2y][x], v[2y+1][x]);
+// zero past d_v and past n. Returns whether some value is Inf or NaN.
+HWY_INLINE bool PackValues(const Problem& p, const AmxTask& t, std::int64_t j0, std::size_t n, const AmxScratch& w) {
+  std::memset(w.v, 0, 2 * t.bcp * t.dvp);
+  const std::size_t dim_v = static_cast<std::size_t>(p.head_dim_v);
+  const std::int64_t cs = p.v.strides[3];
+  std::uint16_t exponents_all_ones = 0;
+  for (std::size_t c = 0; c < n; ++c) {
+    const bf16_t* src = key_row_ptr<const bf16_t>(p.v, p.pages, t.b, j0 + static_cast<std::int64_t>(c), t.kv_head);
+    auto* dst = reinterpret_cast<std::uint16_t*>(w.v + (c / 2) * t.dvp) + (c & 1);
+    for (std::size_t x = 0; x < dim_v; ++x) {
+      const std::uint16_t bits = src[x * cs].bits;
+      dst[2 * x] = bits;
+      exponents_all_ones |= static_cast<std::uint16_t>((bits & 0x7F80u) == 0x7F80u);
+    }
+  }
+  return exponents_all_ones != 0;
+}
+
+// Each row's visible keys of the tile [j0, j0 + n) (padding rows: none); whether some row does not see
+// the whole tile.
+HWY_INLINE bool RowBounds(const Problem& p, const AmxTask& t, std::int64_t j0, std::int64_t n, const AmxScratch& w) {
+  bool masked = false;
+  const Mask mask = p.mask();
+  for (std::size_t r = 0; r < t.R; ++r) {
+    std::int64_t lo = 0, hi = 0;
+    if (r < t.real) {
+      const std::int64_t i = t.query_of(r);
+      lo = std::clamp<std::int64_t>(mask.first_key(i) - j0, 0, n);
+      hi = std::clamp<std::int64_t>(mask.end_key(i) - j0, 0, n);
+    }
+    w.lo[r] = static_cast<std::int32_t>(lo);
+    w.hi[r] = static_cast<std::int32_t>(std::max(lo, hi));
+    masked |= r < t.real && (lo > 0 || hi < n);
+  }
+  return masked;
+}
+
+// Whether some row of [r0, r0 + kBlock) sees a key of [c0, c0 + kBlock).
+HWY_INLINE bool BlockSeen(const AmxScratch& w, std::size_t r0, std::size_t c0) {
+  for (std::size_t r = r0; r < r0 + kBlock; ++r)
+    if (w.lo[r] < w.hi[r] && static_cast<std::size_t>(w.lo[r]) < c0 + kBlock && static_cast<std::size_t>(w.hi[r]) > c0)
+      return true;
+  return false;
+}
+
+// S = Q K^T for the tile's np keys, 32 x 32 blocks (tiles C0..C3) that some row sees.
+template <class Unit>
+HWY_INLINE void Scores(Unit& u, const AmxTask& t, std::size_t np, const AmxScratch& w) {
+  const std::int64_t q_stride = 2 * static_cast<std::int64_t>(t.dq), k_stride = 4 * static_cast<std::int64_t>(t.bcp);
+  const std::int64_t s_stride = 4 * static_cast<std::int64_t>(t.bcp);
+  for (std::size_t r0 = 0; r0 < t.R; r0 += kBlock)
+    for (std::size_t c0 = 0; c0 < np; c0 += kBlock) {
+      if (!BlockSeen(w, r0, c0)) continue;
+      u.template zero<0>();
+      u.template zero<1>();
+      u.template zero<2>();
+      u.template zero<3>();
+      for (std::size_t x = 0; x < t.dq; x += kBlock) {
+        u.template load<4>(w.q + r0 * t.dq + x, q_stride);
+        u.template load<5>(w.q + (r0 + 16) * t.dq + x, q_stride);
+        u.template load<6>(w.k + (x / 2) * t.bcp + c0, k_stride);
+        u.template load<7>(w.k + (x / 2) * t.bcp + c0 + 16, k_stride);
+        u.dot_2x2();
+      }
+      float* s = w.s + r0 * t.bcp + c0;
+      u.template store<0>(s, s_stride);
+      u.template store<1>(s + 16, s_stride);
+      u.template store<2>(s + 16 * t.bcp, s_stride);
+      u.template store<3>(s + 16 * t.bcp + 16, s_stride);
+    }
+}
+
+// Row r's softmax step on the tile, lanes along keys: the score rule on the scores it sees, [lo, hi),
+// their maximum into m (alpha = rescale_factor(m, m_new)), P = exp(s - m) rounded to bf16 for the
+// vectors that hold visible keys, 0 for the rest of [0, np), and l = l alpha + the sum of P before the
+// rounding (as flash-attn's kernels: l, hence the lse, keeps f32 accuracy).
+// Whole vectors only: the scratch rows are np >= hi rounded up to the lane count wide, and lanes of keys
+// outside [lo, hi) are replaced by -inf before they count (their S values are stale or never written).
+template <class D>
+HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t r, std::int64_t j0, std::size_t np,
+                           const AmxScratch& w) {
+  const std::size_t N = hn::Lanes(d);
+  const std::size_t lo = static_cast<std::size_t>(w.lo[r]), hi = static_cast<std::size_t>(w.hi[r]);
+  std::uint16_t* prow = w.p + r * t.bcp;
+  if (lo >= hi) {  // no key of this tile: the state is unchanged
+    std::memset(prow, 0, 2 * np);
+    w.alpha[r] = 1.0f;
+    return;
+  }
+  const std::size_t begin = lo / N * N, end = RoundUp(hi, N);
+  float* s = w.s + r * t.bcp;
+  const ScoreRule& rule = p.rule;
+  const auto scale = hn::Set(d, static_cast<float>(rule.scale));
+  const bool softcap = rule.softcap > 0, alibi = rule.alibi_slopes != nullptr;
+  const auto cap = hn::Set(d, static_cast<float>(rule.softcap));
+  const auto slope = hn::Set(d, alibi ? rule.alibi_slope(t.b, t.head_of(r)) : 0.0f);
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto lo_v = hn::Set(d, static_cast<float>(lo)), hi_v = hn::Set(d, static_cast<float>(hi));
+  // Key c's ALiBi distance diagonal(i) - (j0 + c), exact in f32 (small integers).
+  const float diag = static_cast<float>(p.mask().diagonal(t.query_of(r)) - j0);
+  auto mx = neg_inf;
+  for (std::size_t c = begin; c < end; c += N) {
+    const auto key = hn::Add(hn::Set(d, static_cast<float>(c)), hn::Iota(d, 0.0f));
+    auto sc = hn::Mul(hn::Load(d, s + c), scale);
+    if (softcap) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
+    if (alibi) sc = hn::NegMulAdd(slope, hn::Abs(hn::Sub(hn::Set(d, diag), key)), sc);
+    sc = hn::IfThenElse(hn::And(hn::Ge(key, lo_v), hn::Lt(key, hi_v)), sc, neg_inf);
+    hn::Store(sc, d, s + c);
+    mx = hn::Max(mx, sc);
+  }
+  const float m_old = w.m[r], m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mx)));
+  w.alpha[r] = rescale_factor(m_old, m_new);
+  w.m[r] = m_new;
+  // m_new is finite or +inf here (some key is visible): +inf - +inf gives NaN, which poisons the row as
+  // attn::fold does; a NaN score likewise.
+  // A row whose visible scores are all -inf keeps m = -inf: exp(-inf - 0) = 0, not exp(-inf + inf).
+  const auto m = hn::Set(d, m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new);
+  auto sum = hn::Zero(d);
+  for (std::size_t c = begin; c < end; c += N) {
+    const auto pv = exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, s + c), m);
+    sum = hn::Add(sum, pv);
+    StoreBf16(d, RoundToBf16(d, pv), prow + c);
+  }
+  std::memset(prow, 0, 2 * begin);
+  std::memset(prow + end, 0, 2 * (np - end));
+  w.l[r] = w.l[r] * w.alpha[r] + hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+// O rows whose maximum grew: O *= alpha.
+template <class D>
+HWY_INLINE void RescaleOutputs(D d, const AmxTask& t, const AmxScratch& w) {
+  const std::size_t N = hn::Lanes(d);
+  for (std::size_t r = 0; r < t.real; ++r) {
+    if (w.alpha[r] == 1.0f) continue;
+    const auto a = hn::Set(d, w.alpha[r]);
+    float* o = w.o + r * t.dvp;
+    for (std::size_t x = 0; x < t.dvp; x += N) hn::Store(hn::Mul(hn::Load(d, o + x), a), d, o + x);
+  }
+}
+
+// O += P V on the tiles: for each 32 x 32 block of O (tiles C0..C3 loaded from O and stored back), the
+// key blocks some row of the block sees.
+template <class Unit>
+HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, std::size_t np, const AmxScratch& w) {
+  const std::int64_t p_stride = 2 * static_cast<std::int64_t>(t.bcp), v_stride = 4 * static_cast<std::int64_t>(t.dvp);
+  const std::int64_t o_stride = 4 * static_cast<std::int64_t>(t.dvp);
+  for (std::size_t r0 = 0; r0 < t.R; r0 += kBlock)
+    for (std::size_t x0 = 0; x0 < t.dvp; x0 += kBlock) {
+      float* o = w.o + r0 * t.dvp + x0;
+      u.template load<0>(o, o_stride);
+      u.template load<1>(o + 16, o_stride);
+      u.template load<2>(o + 16 * t.dvp, o_stride);
+      u.template load<3>(o + 16 * t.dvp + 16, o_stride);
+      for (std::size_t c0 = 0; c0 < np; c0 += kBlock) {
+        if (!BlockSeen(w, r0, c0)) continue;
+        u.template load<4>(w.p + r0 * t.bcp + c0, p_stride);
+        u.template load<5>(w.p + (r0 + 16) * t.bcp + c0, p_stride);
+        u.template load<6>(w.v + (c0 / 2) * t.dvp + x0, v_stride);
+        u.template load<7>(w.v + (c0 / 2) * t.dvp + x0 + 16, v_stride);
+        u.dot_2x2();
+      }
+      u.template store<0>(o, o_stride);
+      u.template store<1>(o + 16, o_stride);
+      u.template store<2>(o + 16 * t.dvp, o_stride);
+      u.template store<3>(o + 16 * t.dvp + 16, o_stride);
+    }
+}
+
+// O += P V one row at a time over only the keys the row sees: for a tile that cuts through some row's
+// window while some value is Inf or NaN, where a tile product's p = 0 x Inf would give NaN to a row that
+// must not see that value. Rare (a non-finite value), so plain loops; the same rounded P.
+HWY_INLINE void AddPvRows(const AmxTask& t, const AmxScratch& w) {
+  for (std::size_t r = 0; r < t.real; ++r) {
+    float* o = w.o + r * t.dvp;
+    for (std::int32_t c = w.lo[r]; c < w.hi[r]; ++c) {
+      const float pc = load<float>(bf16_t{w.p[r * t.bcp + static_cast<std::size_t>(c)]});
+      const auto* vrow = reinterpret_cast<const std::uint16_t*>(w.v + static_cast<std::size_t>(c / 2) * t.dvp) + (c & 1);
+      for (std::size_t x = 0; x < t.dvp; ++x) o[x] += pc * load<float>(bf16_t{vrow[2 * x]});
+    }
+  }
+}
+
+// One task: a tile of queries of one kv head's group against every key tile any of them sees.
+template <class Unit, class D>
+void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTask& task, const AmxScratch& w,
+             std::size_t bcp) {
+  AmxTask t;
+  t.g = p.group();
+  t.rows_h = task.rows;
+  t.i0 = task.i0;
+  t.b = task.b;
+  t.kv_head = task.kv_head;
+  t.real = static_cast<std::size_t>(t.g * t.rows_h);
+  t.R = RoundUp(t.real, kBlock);
+  t.dq = RoundUp(static_cast<std::size_t>(p.head_dim), kBlock);
+  t.dvp = RoundUp(static_cast<std::size_t>(p.head_dim_v), kBlock);
+  t.bcp = bcp;
+  PackQueries(p, t, w);
+  const std::int64_t k_begin = p.first_key(t.i0), k_end = p.end_key(t.i0 + t.rows_h - 1);
+  for (std::int64_t j0 = k_begin; j0 < k_end; j0 += plan.k_tile) {
+    const std::int64_t n = std::min(plan.k_tile, k_end - j0);
+    const std::size_t np = RoundUp(static_cast<std::size_t>(n), kBlock);
+    PackKeys(p, t, j0, static_cast<std::size_t>(n), w);
+    const bool v_nonfinite = PackValues(p, t, j0, static_cast<std::size_t>(n), w);
+    const bool masked = RowBounds(p, t, j0, n, w);
+    Scores(u, t, np, w);
+    for (std::size_t r = 0; r < t.real; ++r) RowSoftmax(d, p, t, r, j0, np, w);
+    RescaleOutputs(d, t, w);
+    if (masked && v_nonfinite)
+      AddPvRows(t, w);
+    else
+      AddPvTiles(u, t, np, w);
+  }
+  // out is bf16, or (a ring block's partial output) f32.
+  const bool acc_out = p.out.dtype != p.dtype;
+  for (std::size_t r = 0; r < t.real; ++r) {
+    const RowState<float> s{w.m + r, w.l + r, w.o + r * t.dvp, p.head_dim_v};
+    if (acc_out)
+      store_row<float>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
+    else
+      store_row<bf16_t>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
+  }
+}
+
+template <class Unit>
+void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
+              const std::vector<std::int64_t>& first_task, int threads) {
+  const hn::ScalableTag<float> d;
+  std::size_t R = 0, bcp = 0;
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    R = std::max(R, RoundUp(static_cast<std::size_t>(ps[i].group() * plans[i].q_tile), kBlock));
+    bcp = std::max(bcp, RoundUp(static_cast<std::size_t>(plans[i].k_tile), kBlock));
+  }
+  const std::size_t dq = RoundUp(static_cast<std::size_t>(ps[0].head_dim), kBlock);
+  const std::size_t dvp = RoundUp(static_cast<std::size_t>(ps[0].head_dim_v), kBlock);
+  const std::int64_t tasks = first_task.back();
+  const std::size_t bytes = AmxScratch::bytes(R, dq, dvp, bcp);
+#pragma omp parallel num_threads(threads)
+  {
+    void* base = ::operator new (bytes, std::align_val_t{64});
+    std::memset(base, 0, bytes);
+    const AmxScratch w(base, R, dq, dvp, bcp);
+    Unit u;
+    u.configure(amx::full_tiles());
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const auto it = std::upper_bound(first_task.begin(), first_task.end(), t);
+      const auto pi = static_cast<std::uint32_t>(it - first_task.begin() - 1);
+      RunTask(d, u, ps[pi], plans[pi], task_of(ps[pi], plans[pi], pi, t - first_task[pi]), w, bcp);
+    }
+    u.release();
+    ::operator delete (base, std::align_val_t{64});
+  }
+}
+
+void RunEmulated(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
+                 const std::vector<std::int64_t>& first_task, int threads) {
+  RunAllOn<amx::EmulatedTiles>(ps, plans, first_task, threads);
+}
+
+void RunHardware(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
+                 const std::vector<std::int64_t>& first_task, int threads) {
+#if defined(ATTN_AMX_HARDWARE)
+  RunAllOn<amx::HardwareTiles>(ps, plans, first_task, threads);
+#else
+  RunAllOn<amx::EmulatedTiles>(ps, plans, first_task, threads);  // unreachable: amx_backend() is never hardware here
+#endif
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail::amx_simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::detail {
+namespace amx_simd {
+HWY_EXPORT(RunEmulated);
+HWY_EXPORT(RunHardware);
+}  // namespace amx_simd
+
+bool amx_forward_takes(const Problem& p) { return p.dtype == DType::bf16 && !p.dropout.enabled(); }
+
+TiledPlan amx_plan(const Problem& p, const TileOptions& tiles) {
+  // About 64 stacked query rows and 128 keys a tile: docs/prefill.md has the measurements.
+  return {tiles.q_tile.value_or(std::max<std::int64_t>(1, 64 / p.group())), tiles.k_tile.value_or(128)};
+}
+
+void run_tiled_amx(const std::vector<Problem>& problems, const std::vector<TiledPlan>& plans,
+                   const std::vector<std::int64_t>& first_task, int threads, amx::TileBackend backend) {
+  using namespace amx_simd;
+  if (backend == amx::TileBackend::hardware)
+    HWY_DYNAMIC_DISPATCH(RunHardware)(problems, plans, first_task, threads);
+  else
+    HWY_DYNAMIC_DISPATCH(RunEmulated)(problems, plans, first_task, threads);
+}
+
+}  // namespace attn::detail
+#endif  // HWY_ONCE

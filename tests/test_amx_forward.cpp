@@ -1,0 +1,286 @@
+// The tiled forward on AMX tiles (tiled/amx_kernel.cpp), through the public attention_tiled and
+// attention_varlen with ATTN_AMX set: on every machine on the tile emulator (ATTN_AMX=emulate), and where
+// the CPU's tiles are usable on them too, where its output must equal the emulated run's bit for bit.
+// Accuracy is flash-attn's rule for a path that rounds P to bf16: the error against the f64 oracle at
+// most twice that of PyTorch's bf16 math reference (math_reference_bf16), the lse within twice the f32
+// textbook's. Cases force each part of the kernel: head dims that are not multiples of 32 (zero
+// padding of Q, K and V), d_v != d, tiles that leave tails and odd forced tile sizes, GQA stacking,
+// causal and sliding windows (skipped blocks, rows that see nothing), soft-cap, ALiBi, sinks, the lse.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attn/varlen.hpp"
+#include "core/amx.hpp"
+#include "core/problem.hpp"
+#include "support.hpp"
+
+namespace attn {
+namespace {
+
+using detail::amx::TileBackend;
+using test::max_abs_diff;
+using test::random_tensor;
+using test::ScopedAmxEnv;
+using test::Tensor;
+
+struct Case {
+  std::int64_t b, sq, sk, h, hk, d, dv;
+  bool causal = false;
+  std::int64_t left = -1, right = -1;
+  double softcap = 0;
+  bool alibi = false, sinks = false;
+  std::int64_t q_tile = 0, k_tile = 0;  // 0 = the AMX plan's
+  int threads = 2;
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) {
+  return os << "b" << c.b << " sq" << c.sq << " sk" << c.sk << " h" << c.h << "/" << c.hk << " d" << c.d << "/" << c.dv
+            << (c.causal ? " causal" : "") << " win(" << c.left << "," << c.right << ") cap" << c.softcap
+            << (c.alibi ? " alibi" : "") << (c.sinks ? " sinks" : "") << " tiles " << c.q_tile << "x" << c.k_tile
+            << " thr" << c.threads;
+}
+
+float round_bf16(float x) { return detail::load<float>(detail::store<bf16_t>(x)); }
+
+// PyTorch's math attention in bf16 (softmax(q k^T scale) v with bf16 tensors): each matmul accumulates in
+// f32 and rounds its output to bf16, the score rule's result is rounded to bf16, the softmax runs in f32
+// and rounds P to bf16. Sinks join the softmax's denominator.
+std::vector<bf16_t> math_reference_bf16(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k, const Tensor<bf16_t>& v,
+                                        const AttentionOptions& o) {
+  std::vector<bf16_t> out(static_cast<std::size_t>(q.b * q.s * q.h * v.d));
+  const detail::Problem p = detail::validate("math_reference_bf16", q.view(), k.view(), v.view(),
+                                             nullptr, o, nullptr);
+  const detail::Mask mask = p.mask();
+  std::vector<float> s(static_cast<std::size_t>(k.s)), acc(static_cast<std::size_t>(v.d));
+  for (std::int64_t b = 0; b < q.b; ++b)
+    for (std::int64_t h = 0; h < q.h; ++h)
+      for (std::int64_t i = 0; i < q.s; ++i) {
+        const std::int64_t kh = p.kv_head_of(h), lo = mask.first_key(i), hi = mask.end_key(i);
+        const float slope = p.rule.alibi_slope(b, h), sink = p.rule.sink(h);
+        float m = sink;
+        for (std::int64_t j = lo; j < hi; ++j) {
+          float dot = 0;
+          for (std::int64_t x = 0; x < q.d; ++x)
+            dot += detail::load<float>(q.data[((b * q.s + i) * q.h + h) * q.d + x]) *
+                   detail::load<float>(k.data[((b * k.s + j) * k.h + kh) * k.d + x]);
+          s[j] = round_bf16(mask.score(round_bf16(dot), i, j, slope));
+          m = std::max(m, s[j]);
+        }
+        float l = std::exp(sink - m);
+        for (std::int64_t j = lo; j < hi; ++j) l += std::exp(s[j] - m);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (std::int64_t j = lo; j < hi; ++j) {
+          const float pj = round_bf16(std::exp(s[j] - m) / l);
+          for (std::int64_t x = 0; x < v.d; ++x)
+            acc[x] += pj * detail::load<float>(v.data[((b * v.s + j) * v.h + kh) * v.d + x]);
+        }
+        for (std::int64_t x = 0; x < v.d; ++x)
+          out[((b * q.s + i) * q.h + h) * v.d + x] = detail::store<bf16_t>(hi > lo ? acc[x] : 0.0f);
+      }
+  return out;
+}
+
+struct Inputs {
+  Tensor<bf16_t> q, k, v;
+  std::vector<float> slopes, sinks;
+  AttentionOptions o;
+  TileOptions tiles;
+  std::size_t lse_size;
+};
+
+Inputs inputs_of(const Case& c) {
+  Inputs in{random_tensor<bf16_t>(c.b, c.sq, c.h, c.d, 21, 2.0), random_tensor<bf16_t>(c.b, c.sk, c.hk, c.d, 22, 2.0),
+            random_tensor<bf16_t>(c.b, c.sk, c.hk, c.dv, 23), {}, {}, {}, {}, 0};
+  in.o = test::options_of({c.b, c.sq, c.sk, c.h, c.hk, c.d, c.causal, c.left, c.right, c.softcap, c.alibi}, 0.5f,
+                          in.slopes);
+  if (c.sinks) {
+    in.sinks = test::sinks_for(c.h);
+    in.o.sinks = in.sinks;
+  }
+  in.o.num_threads = c.threads;
+  if (c.q_tile) in.tiles.q_tile = c.q_tile;
+  if (c.k_tile) in.tiles.k_tile = c.k_tile;
+  in.lse_size = static_cast<std::size_t>(c.b * c.h * c.sq);
+  return in;
+}
+
+struct AmxRun {
+  std::vector<bf16_t> out;
+  std::vector<float> lse;
+};
+
+AmxRun run_tiled_with(const Inputs& in, const char* amx_mode) {
+  const ScopedAmxEnv env{std::string(amx_mode)};
+  AmxRun r{std::vector<bf16_t>(static_cast<std::size_t>(in.q.b * in.q.s * in.q.h * in.v.d)),
+        std::vector<float>(in.lse_size, 42.0f)};
+  TensorView lse = TensorView::contiguous(r.lse.data(), in.q.b, in.q.h, in.q.s);
+  attention_tiled(in.q.view(), in.k.view(), in.v.view(),
+                  TensorView::contiguous(r.out.data(), in.q.b, in.q.s, in.q.h, in.v.d), in.o, in.tiles, &lse);
+  return r;
+}
+
+// The modes the AMX kernel runs in on this machine: the emulator always, the tiles where usable.
+std::vector<const char*> amx_modes() {
+  std::vector<const char*> m{"emulate"};
+  if (detail::amx_support().usable()) m.push_back("on");
+  return m;
+}
+
+class AmxForward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AmxForward, WithinTwiceTheBf16MathReferenceError) {
+  const Case& c = GetParam();
+  SCOPED_TRACE(::testing::Message() << c);
+  const Inputs in = inputs_of(c);
+  auto q64 = test::to_f64(in.q), k64 = test::to_f64(in.k), v64 = test::to_f64(in.v);
+  std::vector<double> oracle(static_cast<std::size_t>(c.b * c.sq * c.h * c.dv)), oracle_lse(in.lse_size);
+  TensorView ol = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
+  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.dv),
+                      in.o, &ol);
+  const double base = max_abs_diff(math_reference_bf16(in.q, in.k, in.v, in.o), oracle);
+  // The lse's baseline: the f32 textbook's (the lse is not rounded to bf16 by any of them).
+  std::vector<bf16_t> textbook(oracle.size());
+  std::vector<float> textbook_lse(in.lse_size);
+  TensorView tl = TensorView::contiguous(textbook_lse.data(), c.b, c.h, c.sq);
+  attention_reference(in.q.view(), in.k.view(), in.v.view(),
+                      TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.dv), in.o, &tl);
+  double lse_base = 0;
+  for (std::size_t i = 0; i < in.lse_size; ++i)
+    if (!std::isinf(oracle_lse[i])) lse_base = std::max(lse_base, std::abs(textbook_lse[i] - oracle_lse[i]));
+
+  std::vector<AmxRun> runs;
+  for (const char* mode : amx_modes()) {
+    SCOPED_TRACE(::testing::Message() << "ATTN_AMX=" << mode);
+    runs.push_back(run_tiled_with(in, mode));
+    const AmxRun& r = runs.back();
+    EXPECT_LE(max_abs_diff(r.out, oracle), 2 * base + 1e-3) << "bf16 math reference error " << base;
+    double lse_err = 0;
+    for (std::size_t i = 0; i < in.lse_size; ++i) {
+      if (std::isinf(oracle_lse[i])) {  // a row that sees no key: -inf, and out = 0
+        EXPECT_EQ(r.lse[i], -INFINITY) << "row " << i;
+        continue;
+      }
+      lse_err = std::max(lse_err, std::abs(r.lse[i] - oracle_lse[i]));
+    }
+    EXPECT_LE(lse_err, 2 * lse_base + 1e-5) << "lse; f32 textbook error " << lse_base;
+  }
+  if (runs.size() == 2) {  // the tiles and the emulator: the same bits
+    EXPECT_EQ(max_abs_diff(runs[0].out, runs[1].out), 0.0);
+    EXPECT_EQ(max_abs_diff(runs[0].lse, runs[1].lse), 0.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    HeadDimsAndTiles, AmxForward,
+    ::testing::Values(Case{1, 67, 131, 2, 1, 64, 64}, Case{1, 67, 131, 2, 2, 128, 128}, Case{1, 40, 75, 2, 1, 256, 256},
+                      Case{1, 33, 45, 2, 2, 3, 3}, Case{1, 33, 45, 2, 2, 40, 40}, Case{1, 33, 45, 2, 1, 100, 72},
+                      Case{1, 30, 50, 2, 1, 192, 128},                                          // DeepSeek's prefill dims
+                      Case{2, 150, 150, 2, 2, 64, 64, false, -1, -1, 0, false, false, 0, 0, 1},  // 1 thread
+                      Case{1, 90, 90, 2, 2, 32, 32, true, -1, -1, 0, false, false, 7, 9},        // tiny tiles, tails
+                      Case{1, 90, 90, 8, 2, 32, 32, false, -1, -1, 0, false, false, 5, 33},      // GQA, odd tiles
+                      Case{1, 1, 300, 4, 4, 64, 64, true}));                                     // one query row
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, AmxForward,
+    ::testing::Values(Case{1, 150, 301, 4, 1, 64, 64, true},                         // MQA, causal
+                      Case{1, 300, 5, 2, 1, 16, 16, true},                           // first rows see nothing
+                      Case{1, 200, 200, 2, 2, 64, 64, false, 20, 0},                 // sliding window
+                      Case{1, 100, 160, 2, 2, 64, 64, false, 7, 30},                 // window both sides
+                      Case{1, 120, 120, 2, 1, 64, 64, true, -1, -1, 30.0},           // soft-cap
+                      Case{2, 120, 140, 4, 2, 64, 64, true, -1, -1, 0, true},        // ALiBi
+                      Case{1, 120, 140, 3, 1, 64, 64, false, -1, -1, 0, false, true},  // sinks
+                      Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}));
+
+// A value row with Inf that some rows of a tile must not see (it lies past their causal diagonal): those
+// rows stay finite, as the textbook's do; the rows that see it get Inf or NaN like the textbook's.
+TEST(AmxForwardEdges, NonFiniteValuesReachOnlyTheRowsThatSeeThem) {
+  const std::int64_t S = 64, D = 64;
+  auto q = random_tensor<bf16_t>(1, S, 1, D, 31), k = random_tensor<bf16_t>(1, S, 1, D, 32),
+       v = random_tensor<bf16_t>(1, S, 1, D, 33);
+  const std::int64_t poisoned = 40;
+  for (std::int64_t x = 0; x < D; ++x) v.at(0, poisoned, 0, x) = detail::store<bf16_t>(INFINITY);
+  AttentionOptions o;
+  o.causal = true;
+  for (const char* mode : amx_modes()) {
+    SCOPED_TRACE(mode);
+    const ScopedAmxEnv env{std::string(mode)};
+    std::vector<bf16_t> out(static_cast<std::size_t>(S * D));
+    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), 1, S, 1, D), o);
+    for (std::int64_t i = 0; i < S; ++i) {
+      bool finite = true;
+      for (std::int64_t x = 0; x < D; ++x) finite &= std::isfinite(detail::load<float>(out[i * D + x]));
+      EXPECT_EQ(finite, i < poisoned) << "row " << i;
+    }
+  }
+}
+
+// Varlen runs each sequence as its own problem on the same tiles: the packed batch equals one
+// attention_tiled call per sequence, bit for bit.
+TEST(AmxForwardEdges, VarlenEqualsOneCallPerSequence) {
+  const std::int64_t H = 2, D = 64;
+  const std::vector<std::int32_t> lens_q{5, 70, 33}, lens_k{9, 70, 100};
+  std::vector<std::int32_t> cu_q{0}, cu_k{0};
+  for (std::size_t i = 0; i < lens_q.size(); ++i) cu_q.push_back(cu_q.back() + lens_q[i]);
+  for (std::size_t i = 0; i < lens_k.size(); ++i) cu_k.push_back(cu_k.back() + lens_k[i]);
+  auto q = random_tensor<bf16_t>(1, cu_q.back(), H, D, 41), k = random_tensor<bf16_t>(1, cu_k.back(), H, D, 42),
+       v = random_tensor<bf16_t>(1, cu_k.back(), H, D, 43);
+  AttentionOptions o;
+  o.causal = true;
+  for (const char* mode : amx_modes()) {
+    SCOPED_TRACE(mode);
+    const ScopedAmxEnv env{std::string(mode)};
+    std::vector<bf16_t> packed(q.data.size());
+    const TensorView q3 = TensorView::contiguous(q.data.data(), cu_q.back(), H, D);
+    const TensorView k3 = TensorView::contiguous(k.data.data(), cu_k.back(), H, D);
+    const TensorView v3 = TensorView::contiguous(v.data.data(), cu_k.back(), H, D);
+    attention_varlen(q3, k3, v3, TensorView::contiguous(packed.data(), cu_q.back(), H, D),
+                     VarlenBatch{cu_q.data(), cu_k.data(), 3}, o);
+    for (std::size_t s = 0; s < lens_q.size(); ++s) {
+      std::vector<bf16_t> one(static_cast<std::size_t>(lens_q[s] * H * D));
+      attention_tiled(TensorView::contiguous(q.data.data() + cu_q[s] * H * D, 1, lens_q[s], H, D),
+                      TensorView::contiguous(k.data.data() + cu_k[s] * H * D, 1, lens_k[s], H, D),
+                      TensorView::contiguous(v.data.data() + cu_k[s] * H * D, 1, lens_k[s], H, D),
+                      TensorView::contiguous(one.data(), 1, lens_q[s], H, D), o);
+      for (std::size_t e = 0; e < one.size(); ++e)
+        ASSERT_EQ(one[e].bits, packed[cu_q[s] * H * D + e].bits) << "sequence " << s << " element " << e;
+    }
+  }
+}
+
+// TDPBF16PS reads subnormal bf16 as zero (DAZ): a subnormal value row gives 0, where the vector kernels
+// keep it (test_numerical_edges.cpp, Denormals); 1e-39 against outputs of order 1 is far inside the
+// accuracy rule. Subnormal q and k likewise give scores 0 (the mean of v).
+TEST(AmxForwardEdges, SubnormalValuesReadAsZero) {
+  auto q = random_tensor<bf16_t>(1, 4, 1, 32, 51), k = random_tensor<bf16_t>(1, 6, 1, 32, 52),
+       v = random_tensor<bf16_t>(1, 6, 1, 32, 53);
+  for (auto& x : v.data) x = detail::store<bf16_t>(1e-39);
+  ASSERT_NE(detail::load<float>(v.data[0]), 0.0f);
+  for (const char* mode : amx_modes()) {
+    SCOPED_TRACE(mode);
+    const ScopedAmxEnv env{std::string(mode)};
+    std::vector<bf16_t> out(4 * 32, bf16_t{0x7fc0});
+    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), 1, 4, 1, 32));
+    for (const bf16_t x : out) EXPECT_EQ(detail::load<float>(x), 0.0f);
+  }
+}
+
+TEST(AmxForwardEdges, BackendFollowsTheSwitch) {
+  {
+    const ScopedAmxEnv env{std::string("emulate")};
+    EXPECT_EQ(detail::amx_backend(), TileBackend::emulated);
+    EXPECT_FALSE(detail::amx_enabled());
+  }
+  {
+    const ScopedAmxEnv env{std::string("off")};
+    EXPECT_EQ(detail::amx_backend(), TileBackend::none);
+  }
+  const ScopedAmxEnv env{std::string("auto")};
+  EXPECT_EQ(detail::amx_backend(), detail::amx_support().usable() ? TileBackend::hardware : TileBackend::none);
+}
+
+}  // namespace
+}  // namespace attn
