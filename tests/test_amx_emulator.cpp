@@ -70,7 +70,8 @@ TEST(AmxEmulator, SmallIntegerProductsAreExact) {
   for (int m = 0; m < 16; ++m)
     for (int n = 0; n < 16; ++n) {
       float want = 0;
-      for (int k = 0; k < 32; ++k) want += bf16_value(a[0][m * 32 + k]) * bf16_value(b[0][(k / 2) * 32 + 2 * n + k % 2]);
+      for (int k = 0; k < 32; ++k)
+        want += bf16_value(a[0][m * 32 + k]) * bf16_value(b[0][(k / 2) * 32 + 2 * n + k % 2]);
       ASSERT_EQ(c[0][m * 16 + n], want) << m << "," << n;
     }
 }

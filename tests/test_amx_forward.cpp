@@ -52,8 +52,7 @@ float round_bf16(float x) { return detail::load<float>(detail::store<bf16_t>(x))
 std::vector<bf16_t> math_reference_bf16(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k, const Tensor<bf16_t>& v,
                                         const AttentionOptions& o) {
   std::vector<bf16_t> out(static_cast<std::size_t>(q.b * q.s * q.h * v.d));
-  const detail::Problem p = detail::validate("math_reference_bf16", q.view(), k.view(), v.view(),
-                                             nullptr, o, nullptr);
+  const detail::Problem p = detail::validate("math_reference_bf16", q.view(), k.view(), v.view(), nullptr, o, nullptr);
   const detail::Mask mask = p.mask();
   std::vector<float> s(static_cast<std::size_t>(k.s)), acc(static_cast<std::size_t>(v.d));
   for (std::int64_t b = 0; b < q.b; ++b)
@@ -93,8 +92,14 @@ struct Inputs {
 };
 
 Inputs inputs_of(const Case& c) {
-  Inputs in{random_tensor<bf16_t>(c.b, c.sq, c.h, c.d, 21, 2.0), random_tensor<bf16_t>(c.b, c.sk, c.hk, c.d, 22, 2.0),
-            random_tensor<bf16_t>(c.b, c.sk, c.hk, c.dv, 23), {}, {}, {}, {}, 0};
+  Inputs in{random_tensor<bf16_t>(c.b, c.sq, c.h, c.d, 21, 2.0),
+            random_tensor<bf16_t>(c.b, c.sk, c.hk, c.d, 22, 2.0),
+            random_tensor<bf16_t>(c.b, c.sk, c.hk, c.dv, 23),
+            {},
+            {},
+            {},
+            {},
+            0};
   in.o = test::options_of({c.b, c.sq, c.sk, c.h, c.hk, c.d, c.causal, c.left, c.right, c.softcap, c.alibi}, 0.5f,
                           in.slopes);
   if (c.sinks) {
@@ -116,7 +121,7 @@ struct AmxRun {
 AmxRun run_tiled_with(const Inputs& in, const char* amx_mode) {
   const ScopedAmxEnv env{std::string(amx_mode)};
   AmxRun r{std::vector<bf16_t>(static_cast<std::size_t>(in.q.b * in.q.s * in.q.h * in.v.d)),
-        std::vector<float>(in.lse_size, 42.0f)};
+           std::vector<float>(in.lse_size, 42.0f)};
   TensorView lse = TensorView::contiguous(r.lse.data(), in.q.b, in.q.h, in.q.s);
   attention_tiled(in.q.view(), in.k.view(), in.v.view(),
                   TensorView::contiguous(r.out.data(), in.q.b, in.q.s, in.q.h, in.v.d), in.o, in.tiles, &lse);
@@ -178,22 +183,21 @@ INSTANTIATE_TEST_SUITE_P(
     HeadDimsAndTiles, AmxForward,
     ::testing::Values(Case{1, 67, 131, 2, 1, 64, 64}, Case{1, 67, 131, 2, 2, 128, 128}, Case{1, 40, 75, 2, 1, 256, 256},
                       Case{1, 33, 45, 2, 2, 3, 3}, Case{1, 33, 45, 2, 2, 40, 40}, Case{1, 33, 45, 2, 1, 100, 72},
-                      Case{1, 30, 50, 2, 1, 192, 128},                                          // DeepSeek's prefill dims
+                      Case{1, 30, 50, 2, 1, 192, 128},  // DeepSeek's prefill dims
                       Case{2, 150, 150, 2, 2, 64, 64, false, -1, -1, 0, false, false, 0, 0, 1},  // 1 thread
                       Case{1, 90, 90, 2, 2, 32, 32, true, -1, -1, 0, false, false, 7, 9},        // tiny tiles, tails
                       Case{1, 90, 90, 8, 2, 32, 32, false, -1, -1, 0, false, false, 5, 33},      // GQA, odd tiles
                       Case{1, 1, 300, 4, 4, 64, 64, true}));                                     // one query row
 
-INSTANTIATE_TEST_SUITE_P(
-    Options, AmxForward,
-    ::testing::Values(Case{1, 150, 301, 4, 1, 64, 64, true},                         // MQA, causal
-                      Case{1, 300, 5, 2, 1, 16, 16, true},                           // first rows see nothing
-                      Case{1, 200, 200, 2, 2, 64, 64, false, 20, 0},                 // sliding window
-                      Case{1, 100, 160, 2, 2, 64, 64, false, 7, 30},                 // window both sides
-                      Case{1, 120, 120, 2, 1, 64, 64, true, -1, -1, 30.0},           // soft-cap
-                      Case{2, 120, 140, 4, 2, 64, 64, true, -1, -1, 0, true},        // ALiBi
-                      Case{1, 120, 140, 3, 1, 64, 64, false, -1, -1, 0, false, true},  // sinks
-                      Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}));
+INSTANTIATE_TEST_SUITE_P(Options, AmxForward,
+                         ::testing::Values(Case{1, 150, 301, 4, 1, 64, 64, true},          // MQA, causal
+                                           Case{1, 300, 5, 2, 1, 16, 16, true},            // first rows see nothing
+                                           Case{1, 200, 200, 2, 2, 64, 64, false, 20, 0},  // sliding window
+                                           Case{1, 100, 160, 2, 2, 64, 64, false, 7, 30},  // window both sides
+                                           Case{1, 120, 120, 2, 1, 64, 64, true, -1, -1, 30.0},             // soft-cap
+                                           Case{2, 120, 140, 4, 2, 64, 64, true, -1, -1, 0, true},          // ALiBi
+                                           Case{1, 120, 140, 3, 1, 64, 64, false, -1, -1, 0, false, true},  // sinks
+                                           Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}));
 
 // A value row with Inf that some rows of a tile must not see (it lies past their causal diagonal): those
 // rows stay finite, as the textbook's do; the rows that see it get Inf or NaN like the textbook's.

@@ -16,8 +16,8 @@ namespace attn::detail {
 // the lse, varlen and paged keys) runs on the tiles. Dropout runs on the vector kernel.
 bool amx_forward_takes(const Problem& p);
 
-// Query rows per head and keys per tile: the caller's TileOptions where set, else about 64 stacked rows
-// (the group's heads share a tile) and 128 keys.
+// Query rows per head and keys per tile: the caller's TileOptions where set, else about 128 stacked rows
+// (the group's heads share a tile) and 512 keys; k_tile rounded up to a multiple of 32.
 TiledPlan amx_plan(const Problem& p, const TileOptions& tiles);
 
 // Runs every problem (validated, all taken by amx_forward_takes, one head_dim and head_dim_v) on the

@@ -33,7 +33,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
+#include <vector>
 
 #include <omp.h>
 
@@ -57,32 +59,30 @@ inline std::size_t RoundUp(std::size_t x, std::size_t m) { return (x + m - 1) / 
 
 // One task's geometry (after GQA stacking) and one thread's scratch, carved from one aligned block.
 struct AmxTask {
-  std::size_t real, R;    // stacked query rows, and R = real rounded up to kBlock
-  std::size_t dq, dvp;    // head dims rounded up to kBlock
-  std::size_t bcp;        // the key tile's scratch width (the tile rounded up to kBlock)
+  std::size_t real, R;  // stacked query rows, and R = real rounded up to kBlock
+  std::size_t dq, dvp;  // head dims rounded up to kBlock
+  std::size_t bcp;      // the key tile's scratch width (the tile rounded up to kBlock)
   std::int64_t g, rows_h, i0, b, kv_head;
+  const std::uint32_t* k;  // this kv head's packed keys and values (PackedHeads)
+  const std::uint32_t* v;
+  bool v_nonfinite;
   std::int64_t head_of(std::size_t r) const { return kv_head * g + static_cast<std::int64_t>(r) / rows_h; }
   std::int64_t query_of(std::size_t r) const { return i0 + static_cast<std::int64_t>(r) % rows_h; }
 };
 
 struct AmxScratch {
   std::uint16_t* q;  // [R][dq] bf16 bits
-  std::uint32_t* k;  // [dq/2][bcp] bf16 pairs
-  std::uint32_t* v;  // [bcp/2][dvp] bf16 pairs
   float* s;          // [R][bcp]
   std::uint16_t* p;  // [R][bcp] bf16 bits
   float* o;          // [R][dvp]
   float *m, *l, *alpha, *tmp;
   std::int32_t *lo, *hi;  // the keys [lo, hi) of the current tile row r sees
   static std::size_t bytes(std::size_t R, std::size_t dq, std::size_t dvp, std::size_t bcp) {
-    return 2 * R * dq + 2 * dq * bcp + 2 * bcp * dvp + 4 * R * bcp + 2 * R * bcp + 4 * R * dvp + 4 * (3 * R + dvp) +
-           4 * 2 * R;
+    return 2 * R * dq + 4 * R * bcp + 2 * R * bcp + 4 * R * dvp + 4 * (3 * R + dvp) + 4 * 2 * R;
   }
   AmxScratch(void* base, std::size_t R, std::size_t dq, std::size_t dvp, std::size_t bcp) {
     auto* x = static_cast<std::uint8_t*>(base);  // every block a multiple of 64 bytes (R, dq, dvp, bcp of 32)
     q = reinterpret_cast<std::uint16_t*>(x), x += 2 * R * dq;
-    k = reinterpret_cast<std::uint32_t*>(x), x += 2 * dq * bcp;
-    v = reinterpret_cast<std::uint32_t*>(x), x += 2 * bcp * dvp;
     s = reinterpret_cast<float*>(x), x += 4 * R * bcp;
     p = reinterpret_cast<std::uint16_t*>(x), x += 2 * R * bcp;
     o = reinterpret_cast<float*>(x), x += 4 * R * dvp;
@@ -100,8 +100,8 @@ HWY_INLINE hn::Vec<D> RoundToBf16(D /*d*/, hn::Vec<D> x) {
   const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
   const auto rounded = hn::And(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), odd)), hn::Set(du, 0xFFFF0000u));
   const auto quiet_nan = hn::Or(bits, hn::Set(du, 0x00400000u));
-  return hn::BitCast(D(), hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), hn::And(quiet_nan, hn::Set(du, 0xFFFF0000u)),
-                                       rounded));
+  return hn::BitCast(
+      D(), hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), hn::And(quiet_nan, hn::Set(du, 0xFFFF0000u)), rounded));
 }
 
 // Stores the high halves of x's lanes (bf16 patterns from RoundToBf16) as N 16-bit values.
@@ -131,36 +131,67 @@ HWY_INLINE void PackQueries(const Problem& p, const AmxTask& t, const AmxScratch
   std::memset(w.p, 0, 2 * t.R * t.bcp);  // the padding rows' weights stay zero for every tile
 }
 
-// K^T of keys [j0, j0 + n) in the VNNI layout [dq/2][bcp]: pair row x, column c = (k[c][2x], k[c][2x+1]);
-// zero past d and past n.
-HWY_INLINE void PackKeys(const Problem& p, const AmxTask& t, std::int64_t j0, std::size_t n, const AmxScratch& w) {
-  std::memset(w.k, 0, 2 * t.dq * t.bcp);
-  const std::size_t dim = static_cast<std::size_t>(p.head_dim);
-  const std::int64_t cs = p.k.strides[3];
-  for (std::size_t c = 0; c < n; ++c) {
-    const bf16_t* src = key_row_ptr<const bf16_t>(p.k, p.pages, t.b, j0 + static_cast<std::int64_t>(c), t.kv_head);
-    auto* dst = reinterpret_cast<std::uint16_t*>(w.k + c);  // (x, c)'s pair at dst[2 * x * bcp], [+1]
-    for (std::size_t x = 0; x < dim; ++x) dst[(x / 2) * 2 * t.bcp + (x & 1)] = src[x * cs].bits;
-  }
-}
+// Every kv head's K and V, packed once per call into the tiles' B layouts (VNNI: bf16 pairs along the
+// dot product), zero past d, d_v and the last key; keys in blocks of 32 (kBlock):
+//   K  per block [dq/2][32] pairs: pair row x, column c = (k[c][2x], k[c][2x+1]); a B tile is 16 pair
+//      rows x 16 keys, rows 128 bytes apart
+//   V  [keys/2][dvp] pairs: pair row y, column x = (v[2y][x], v[2y+1][x]); a B tile is 16 pair rows
+//      (32 keys) x 16 columns, rows 4 dvp bytes apart
+// Packing per task instead would redo it for every query tile (it cost more than the tiles' work).
+struct PackedHeads {
+  std::size_t dq, dvp;
+  std::vector<std::size_t> first;         // per problem: the index of its (b, kv_head) = (0, 0) head
+  std::vector<std::size_t> keys;          // per problem: seqlen_k rounded up to kBlock
+  std::vector<std::size_t> k_at, v_at;    // per head: offsets into k and v (32-bit pairs)
+  std::vector<std::uint8_t> v_nonfinite;  // per head: some value is Inf or NaN
+  std::uint32_t *k = nullptr, *v = nullptr;
+};
 
-// V of keys [j0, j0 + n) in the VNNI layout [bcp/2][dvp]: pair row y, column x = (v[2y][x], v[2y+1][x]);
-// zero past d_v and past n. Returns whether some value is Inf or NaN.
-HWY_INLINE bool PackValues(const Problem& p, const AmxTask& t, std::int64_t j0, std::size_t n, const AmxScratch& w) {
-  std::memset(w.v, 0, 2 * t.bcp * t.dvp);
-  const std::size_t dim_v = static_cast<std::size_t>(p.head_dim_v);
-  const std::int64_t cs = p.v.strides[3];
+// Head `hi` of problem `p` (batch b, kv head h) into its place in `heads`.
+inline void PackHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t keys, std::size_t hi,
+                     PackedHeads& heads) {
+  const std::size_t dim = static_cast<std::size_t>(p.head_dim), dim_v = static_cast<std::size_t>(p.head_dim_v);
+  const std::size_t dq = heads.dq, dvp = heads.dvp;
+  std::uint32_t* kh = heads.k + heads.k_at[hi];
+  std::uint32_t* vh = heads.v + heads.v_at[hi];
+  std::memset(kh, 0, 4 * keys * dq / 2);
+  std::memset(vh, 0, 4 * keys / 2 * dvp);
   std::uint16_t exponents_all_ones = 0;
-  for (std::size_t c = 0; c < n; ++c) {
-    const bf16_t* src = key_row_ptr<const bf16_t>(p.v, p.pages, t.b, j0 + static_cast<std::int64_t>(c), t.kv_head);
-    auto* dst = reinterpret_cast<std::uint16_t*>(w.v + (c / 2) * t.dvp) + (c & 1);
+  for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
+    const bf16_t* ks = key_row_ptr<const bf16_t>(p.k, p.pages, b, j, h);
+    const bf16_t* vs = key_row_ptr<const bf16_t>(p.v, p.pages, b, j, h);
+    const std::size_t c = static_cast<std::size_t>(j);
+    auto* kd = reinterpret_cast<std::uint16_t*>(kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock);
+    for (std::size_t x = 0; x < dim; ++x) kd[(x / 2) * 2 * kBlock + (x & 1)] = ks[x * p.k.strides[3]].bits;
+    auto* vd = reinterpret_cast<std::uint16_t*>(vh + (c / 2) * dvp) + (c & 1);
     for (std::size_t x = 0; x < dim_v; ++x) {
-      const std::uint16_t bits = src[x * cs].bits;
-      dst[2 * x] = bits;
+      const std::uint16_t bits = vs[x * p.v.strides[3]].bits;
+      vd[2 * x] = bits;
       exponents_all_ones |= static_cast<std::uint16_t>((bits & 0x7F80u) == 0x7F80u);
     }
   }
-  return exponents_all_ones != 0;
+  heads.v_nonfinite[hi] = exponents_all_ones != 0;
+}
+
+// The packed heads' layout for `ps` (their storage is allocated by the caller: k_total and v_total pairs).
+inline PackedHeads PlanHeads(const std::vector<Problem>& ps, std::size_t& k_total, std::size_t& v_total) {
+  PackedHeads heads;
+  heads.dq = RoundUp(static_cast<std::size_t>(ps[0].head_dim), kBlock);
+  heads.dvp = RoundUp(static_cast<std::size_t>(ps[0].head_dim_v), kBlock);
+  k_total = v_total = 0;
+  for (const Problem& p : ps) {
+    heads.first.push_back(heads.k_at.size());
+    const std::size_t keys = RoundUp(static_cast<std::size_t>(p.seqlen_k), kBlock);
+    heads.keys.push_back(keys);
+    for (std::int64_t h = 0; h < p.batch * p.kv_heads; ++h) {
+      heads.k_at.push_back(k_total);
+      heads.v_at.push_back(v_total);
+      k_total += keys * heads.dq / 2;
+      v_total += keys / 2 * heads.dvp;
+    }
+  }
+  heads.v_nonfinite.assign(heads.k_at.size(), 0);
+  return heads;
 }
 
 // Each row's visible keys of the tile [j0, j0 + n) (padding rows: none); whether some row does not see
@@ -191,9 +222,10 @@ HWY_INLINE bool BlockSeen(const AmxScratch& w, std::size_t r0, std::size_t c0) {
 }
 
 // S = Q K^T for the tile's np keys, 32 x 32 blocks (tiles C0..C3) that some row sees.
+// kt: the packed keys' block of the tile's first key.
 template <class Unit>
-HWY_INLINE void Scores(Unit& u, const AmxTask& t, std::size_t np, const AmxScratch& w) {
-  const std::int64_t q_stride = 2 * static_cast<std::int64_t>(t.dq), k_stride = 4 * static_cast<std::int64_t>(t.bcp);
+HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::size_t np, const AmxScratch& w) {
+  const std::int64_t q_stride = 2 * static_cast<std::int64_t>(t.dq), k_stride = 4 * static_cast<std::int64_t>(kBlock);
   const std::int64_t s_stride = 4 * static_cast<std::int64_t>(t.bcp);
   for (std::size_t r0 = 0; r0 < t.R; r0 += kBlock)
     for (std::size_t c0 = 0; c0 < np; c0 += kBlock) {
@@ -205,8 +237,9 @@ HWY_INLINE void Scores(Unit& u, const AmxTask& t, std::size_t np, const AmxScrat
       for (std::size_t x = 0; x < t.dq; x += kBlock) {
         u.template load<4>(w.q + r0 * t.dq + x, q_stride);
         u.template load<5>(w.q + (r0 + 16) * t.dq + x, q_stride);
-        u.template load<6>(w.k + (x / 2) * t.bcp + c0, k_stride);
-        u.template load<7>(w.k + (x / 2) * t.bcp + c0 + 16, k_stride);
+        const std::uint32_t* kb = kt + (c0 / kBlock) * (t.dq / 2) * kBlock + (x / 2) * kBlock;
+        u.template load<6>(kb, k_stride);
+        u.template load<7>(kb + 16, k_stride);
         u.dot_2x2();
       }
       float* s = w.s + r0 * t.bcp + c0;
@@ -245,15 +278,24 @@ HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t 
   const auto lo_v = hn::Set(d, static_cast<float>(lo)), hi_v = hn::Set(d, static_cast<float>(hi));
   // Key c's ALiBi distance diagonal(i) - (j0 + c), exact in f32 (small integers).
   const float diag = static_cast<float>(p.mask().diagonal(t.query_of(r)) - j0);
+  // The common row (every key of the tile visible, no transform beyond a positive scale): the maximum of
+  // the raw scores, scaled once (a positive scale keeps the order, and rounds the maximum as it would
+  // each score), and the scale applied again as the exponential reads them. Bitwise the general path's.
+  const bool plain = !softcap && !alibi && rule.scale > 0 && lo == 0 && hi == np;
   auto mx = neg_inf;
-  for (std::size_t c = begin; c < end; c += N) {
-    const auto key = hn::Add(hn::Set(d, static_cast<float>(c)), hn::Iota(d, 0.0f));
-    auto sc = hn::Mul(hn::Load(d, s + c), scale);
-    if (softcap) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
-    if (alibi) sc = hn::NegMulAdd(slope, hn::Abs(hn::Sub(hn::Set(d, diag), key)), sc);
-    sc = hn::IfThenElse(hn::And(hn::Ge(key, lo_v), hn::Lt(key, hi_v)), sc, neg_inf);
-    hn::Store(sc, d, s + c);
-    mx = hn::Max(mx, sc);
+  if (plain) {
+    for (std::size_t c = 0; c < np; c += N) mx = hn::Max(mx, hn::Load(d, s + c));
+    mx = hn::Mul(mx, scale);
+  } else {
+    for (std::size_t c = begin; c < end; c += N) {
+      const auto key = hn::Add(hn::Set(d, static_cast<float>(c)), hn::Iota(d, 0.0f));
+      auto sc = hn::Mul(hn::Load(d, s + c), scale);
+      if (softcap) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
+      if (alibi) sc = hn::NegMulAdd(slope, hn::Abs(hn::Sub(hn::Set(d, diag), key)), sc);
+      sc = hn::IfThenElse(hn::And(hn::Ge(key, lo_v), hn::Lt(key, hi_v)), sc, neg_inf);
+      hn::Store(sc, d, s + c);
+      mx = hn::Max(mx, sc);
+    }
   }
   const float m_old = w.m[r], m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mx)));
   w.alpha[r] = rescale_factor(m_old, m_new);
@@ -264,7 +306,8 @@ HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t 
   const auto m = hn::Set(d, m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new);
   auto sum = hn::Zero(d);
   for (std::size_t c = begin; c < end; c += N) {
-    const auto pv = exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, s + c), m);
+    const auto sc = plain ? hn::Mul(hn::Load(d, s + c), scale) : hn::Load(d, s + c);
+    const auto pv = exp_simd::HWY_NAMESPACE::ExpDiff(d, sc, m);
     sum = hn::Add(sum, pv);
     StoreBf16(d, RoundToBf16(d, pv), prow + c);
   }
@@ -287,8 +330,9 @@ HWY_INLINE void RescaleOutputs(D d, const AmxTask& t, const AmxScratch& w) {
 
 // O += P V on the tiles: for each 32 x 32 block of O (tiles C0..C3 loaded from O and stored back), the
 // key blocks some row of the block sees.
+// vt: the packed values' pair row of the tile's first key.
 template <class Unit>
-HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, std::size_t np, const AmxScratch& w) {
+HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, std::size_t np, const AmxScratch& w) {
   const std::int64_t p_stride = 2 * static_cast<std::int64_t>(t.bcp), v_stride = 4 * static_cast<std::int64_t>(t.dvp);
   const std::int64_t o_stride = 4 * static_cast<std::int64_t>(t.dvp);
   for (std::size_t r0 = 0; r0 < t.R; r0 += kBlock)
@@ -302,8 +346,8 @@ HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, std::size_t np, const AmxS
         if (!BlockSeen(w, r0, c0)) continue;
         u.template load<4>(w.p + r0 * t.bcp + c0, p_stride);
         u.template load<5>(w.p + (r0 + 16) * t.bcp + c0, p_stride);
-        u.template load<6>(w.v + (c0 / 2) * t.dvp + x0, v_stride);
-        u.template load<7>(w.v + (c0 / 2) * t.dvp + x0 + 16, v_stride);
+        u.template load<6>(vt + (c0 / 2) * t.dvp + x0, v_stride);
+        u.template load<7>(vt + (c0 / 2) * t.dvp + x0 + 16, v_stride);
         u.dot_2x2();
       }
       u.template store<0>(o, o_stride);
@@ -316,21 +360,23 @@ HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, std::size_t np, const AmxS
 // O += P V one row at a time over only the keys the row sees: for a tile that cuts through some row's
 // window while some value is Inf or NaN, where a tile product's p = 0 x Inf would give NaN to a row that
 // must not see that value. Rare (a non-finite value), so plain loops; the same rounded P.
-HWY_INLINE void AddPvRows(const AmxTask& t, const AmxScratch& w) {
+HWY_INLINE void AddPvRows(const AmxTask& t, const std::uint32_t* vt, const AmxScratch& w) {
   for (std::size_t r = 0; r < t.real; ++r) {
     float* o = w.o + r * t.dvp;
     for (std::int32_t c = w.lo[r]; c < w.hi[r]; ++c) {
       const float pc = load<float>(bf16_t{w.p[r * t.bcp + static_cast<std::size_t>(c)]});
-      const auto* vrow = reinterpret_cast<const std::uint16_t*>(w.v + static_cast<std::size_t>(c / 2) * t.dvp) + (c & 1);
+      const auto* vrow = reinterpret_cast<const std::uint16_t*>(vt + static_cast<std::size_t>(c / 2) * t.dvp) + (c & 1);
       for (std::size_t x = 0; x < t.dvp; ++x) o[x] += pc * load<float>(bf16_t{vrow[2 * x]});
     }
   }
 }
 
-// One task: a tile of queries of one kv head's group against every key tile any of them sees.
+// One task: a tile of queries of one kv head's group against every key tile any of them sees. Key
+// tiles start at multiples of kBlock (the packed keys' blocks); keys before the first a row sees are
+// masked like any other.
 template <class Unit, class D>
-void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTask& task, const AmxScratch& w,
-             std::size_t bcp) {
+void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTask& task, const PackedHeads& heads,
+             std::size_t head, const AmxScratch& w, std::size_t bcp) {
   AmxTask t;
   t.g = p.group();
   t.rows_h = task.rows;
@@ -339,24 +385,28 @@ void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTa
   t.kv_head = task.kv_head;
   t.real = static_cast<std::size_t>(t.g * t.rows_h);
   t.R = RoundUp(t.real, kBlock);
-  t.dq = RoundUp(static_cast<std::size_t>(p.head_dim), kBlock);
-  t.dvp = RoundUp(static_cast<std::size_t>(p.head_dim_v), kBlock);
+  t.dq = heads.dq;
+  t.dvp = heads.dvp;
   t.bcp = bcp;
+  t.k = heads.k + heads.k_at[head];
+  t.v = heads.v + heads.v_at[head];
+  t.v_nonfinite = heads.v_nonfinite[head] != 0;
   PackQueries(p, t, w);
-  const std::int64_t k_begin = p.first_key(t.i0), k_end = p.end_key(t.i0 + t.rows_h - 1);
+  const auto block = static_cast<std::int64_t>(kBlock);
+  const std::int64_t k_begin = p.first_key(t.i0) / block * block, k_end = p.end_key(t.i0 + t.rows_h - 1);
   for (std::int64_t j0 = k_begin; j0 < k_end; j0 += plan.k_tile) {
     const std::int64_t n = std::min(plan.k_tile, k_end - j0);
     const std::size_t np = RoundUp(static_cast<std::size_t>(n), kBlock);
-    PackKeys(p, t, j0, static_cast<std::size_t>(n), w);
-    const bool v_nonfinite = PackValues(p, t, j0, static_cast<std::size_t>(n), w);
+    const std::uint32_t* kt = t.k + static_cast<std::size_t>(j0 / block) * (t.dq / 2) * kBlock;
+    const std::uint32_t* vt = t.v + static_cast<std::size_t>(j0 / 2) * t.dvp;
     const bool masked = RowBounds(p, t, j0, n, w);
-    Scores(u, t, np, w);
+    Scores(u, t, kt, np, w);
     for (std::size_t r = 0; r < t.real; ++r) RowSoftmax(d, p, t, r, j0, np, w);
     RescaleOutputs(d, t, w);
-    if (masked && v_nonfinite)
-      AddPvRows(t, w);
+    if (masked && t.v_nonfinite)
+      AddPvRows(t, vt, w);
     else
-      AddPvTiles(u, t, np, w);
+      AddPvTiles(u, t, vt, np, w);
   }
   // out is bf16, or (a ring block's partial output) f32.
   const bool acc_out = p.out.dtype != p.dtype;
@@ -369,6 +419,7 @@ void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTa
   }
 }
 
+// Packs every kv head (one parallel loop), then runs the tasks (another) with one scratch per thread.
 template <class Unit>
 void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
               const std::vector<std::int64_t>& first_task, int threads) {
@@ -378,22 +429,38 @@ void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plan
     R = std::max(R, RoundUp(static_cast<std::size_t>(ps[i].group() * plans[i].q_tile), kBlock));
     bcp = std::max(bcp, RoundUp(static_cast<std::size_t>(plans[i].k_tile), kBlock));
   }
-  const std::size_t dq = RoundUp(static_cast<std::size_t>(ps[0].head_dim), kBlock);
-  const std::size_t dvp = RoundUp(static_cast<std::size_t>(ps[0].head_dim_v), kBlock);
+  std::size_t k_total = 0, v_total = 0;
+  PackedHeads heads = PlanHeads(ps, k_total, v_total);
+  // Not value-initialised: PackHead writes every element, in parallel.
+  const std::unique_ptr<std::uint32_t[]> packed(new std::uint32_t[k_total + v_total]);
+  heads.k = packed.get();
+  heads.v = packed.get() + k_total;
+  const auto n_heads = static_cast<std::int64_t>(heads.k_at.size());
   const std::int64_t tasks = first_task.back();
-  const std::size_t bytes = AmxScratch::bytes(R, dq, dvp, bcp);
+  const std::size_t bytes = AmxScratch::bytes(R, heads.dq, heads.dvp, bcp);
 #pragma omp parallel num_threads(threads)
   {
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t hi = 0; hi < n_heads; ++hi) {
+      const std::size_t pi = static_cast<std::size_t>(
+          std::upper_bound(heads.first.begin(), heads.first.end(), static_cast<std::size_t>(hi)) - heads.first.begin() -
+          1);
+      const std::int64_t local = hi - static_cast<std::int64_t>(heads.first[pi]);
+      PackHead(ps[pi], local / ps[pi].kv_heads, local % ps[pi].kv_heads, heads.keys[pi], static_cast<std::size_t>(hi),
+               heads);
+    }  // the loop's barrier: every head is packed before a task reads one
     void* base = ::operator new (bytes, std::align_val_t{64});
     std::memset(base, 0, bytes);
-    const AmxScratch w(base, R, dq, dvp, bcp);
+    const AmxScratch w(base, R, heads.dq, heads.dvp, bcp);
     Unit u;
     u.configure(amx::full_tiles());
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const auto it = std::upper_bound(first_task.begin(), first_task.end(), t);
       const auto pi = static_cast<std::uint32_t>(it - first_task.begin() - 1);
-      RunTask(d, u, ps[pi], plans[pi], task_of(ps[pi], plans[pi], pi, t - first_task[pi]), w, bcp);
+      const TileTask task = task_of(ps[pi], plans[pi], pi, t - first_task[pi]);
+      const std::size_t head = heads.first[pi] + static_cast<std::size_t>(task.b * ps[pi].kv_heads + task.kv_head);
+      RunTask(d, u, ps[pi], plans[pi], task, heads, head, w, bcp);
     }
     u.release();
     ::operator delete (base, std::align_val_t{64});
@@ -428,8 +495,11 @@ HWY_EXPORT(RunHardware);
 bool amx_forward_takes(const Problem& p) { return p.dtype == DType::bf16 && !p.dropout.enabled(); }
 
 TiledPlan amx_plan(const Problem& p, const TileOptions& tiles) {
-  // About 64 stacked query rows and 128 keys a tile: docs/prefill.md has the measurements.
-  return {tiles.q_tile.value_or(std::max<std::int64_t>(1, 64 / p.group())), tiles.k_tile.value_or(128)};
+  // About 128 stacked query rows and 512 keys a tile (the tiles' per-tile costs, O's loads and stores
+  // and the row bounds, amortised): docs/prefill.md has the sweep.
+  // Key tiles are whole blocks of the packed keys: a forced k_tile is rounded up to a multiple of 32.
+  const std::int64_t k_tile = (tiles.k_tile.value_or(512) + 31) / 32 * 32;
+  return {tiles.q_tile.value_or(std::max<std::int64_t>(1, 128 / p.group())), k_tile};
 }
 
 void run_tiled_amx(const std::vector<Problem>& problems, const std::vector<TiledPlan>& plans,

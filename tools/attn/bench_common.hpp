@@ -13,6 +13,7 @@
 
 #include <hwy/targets.h>
 
+#include "core/amx.hpp"
 #include "core/dpbf16.hpp"
 
 namespace attn::cli {
@@ -53,15 +54,20 @@ inline std::string machine_name() {
   return model + " (" + std::to_string(cpus) + " logical CPUs)";
 }
 
-// The kernel paths this CPU gets: the Highway target that runtime dispatch picks, and whether bf16
-// inputs take the VDPBF16PS dot products (AVX512-BF16, where they pay or --bf16-dots says so:
-// core/dpbf16.hpp; otherwise they are widened to f32).
+// The kernel paths this CPU gets: the Highway target that runtime dispatch picks, whether the bf16
+// forward runs on AMX tiles (core/amx.hpp: ATTN_AMX, --amx), and whether the bf16 vector kernels take
+// the VDPBF16PS dot products (AVX512-BF16, where they pay or --bf16-dots says so: core/dpbf16.hpp;
+// otherwise they are widened to f32).
 inline std::string kernel_paths() {
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();  // best first
   std::string s = std::string("SIMD ") + (targets.empty() ? "none" : hwy::TargetName(targets.front()));
   const bool dp =
       detail::bf16_dots() && !targets.empty() && (targets.front() == HWY_AVX3 || targets.front() == HWY_AVX3_DL);
   const bool has = detail::cpu_has_avx512bf16();
+  const detail::amx::TileBackend tiles = detail::amx_backend();
+  s += tiles == detail::amx::TileBackend::hardware   ? ", bf16 forward on AMX tiles"
+       : tiles == detail::amx::TileBackend::emulated ? ", bf16 forward on the AMX emulator (slow)"
+                                                     : "";
   return s + (dp    ? ", bf16 dot products (AVX512-BF16)"
               : has ? ", bf16 widened to f32 (AVX512-BF16 not used)"
                     : ", bf16 widened to f32");

@@ -1,6 +1,8 @@
 // `attn bench prefill|decode|backward`: the performance tables. Each subcommand lives in its own file.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
+
 #include "bench_isa.hpp"
 #include "commands.hpp"
 #include "core/dpbf16.hpp"
@@ -25,6 +27,13 @@ void add_bench_command(CLI::App& app) {
           "auto: where it pays (as ATTN_BF16_DOTS; docs/prefill.md)")
       ->check(CLI::IsMember({"on", "off", "auto"}))
       ->type_name("on|off|auto");
+  bench
+      ->add_option_function<std::string>(
+          "--amx", [](const std::string& v) { setenv("ATTN_AMX", v.c_str(), 1); },
+          "bf16 forward on AMX tiles (on: insist, a named error where AMX cannot run), on the vector kernels "
+          "(off), where usable (auto), or on the tile emulator (emulate); as ATTN_AMX (docs/prefill.md)")
+      ->check(CLI::IsMember({"on", "off", "auto", "emulate"}))
+      ->type_name("on|off|auto|emulate");
   add_bench_prefill(*bench);
   add_bench_decode(*bench);
   add_bench_mla(*bench);

@@ -61,9 +61,12 @@ void run_info(const InfoArgs& a) {
   if (!a.json)
     std::printf(
         "attn info: %s\nkernels: %s\nSIMD targets compiled:%s; this CPU runs:%s\n"
-        "AMX: %s (CPU: %s); ATTN_AMX=%s, so %s (no attn kernel runs on the tiles yet)\n",
+        "AMX: %s (CPU: %s); ATTN_AMX=%s, so the bf16 forward runs on %s\n",
         machine_name().c_str(), kernel_paths().c_str(), compiled.c_str(), supported.c_str(), amx.reason().c_str(),
-        amx_features(amx).c_str(), detail::amx_mode_name(mode), amx_on ? "enabled" : "disabled");
+        amx_features(amx).c_str(), detail::amx_mode_name(mode),
+        amx_on                                                        ? "the AMX tiles"
+        : detail::amx_backend() == detail::amx::TileBackend::emulated ? "the AMX emulator (slow)"
+                                                                      : "the vector kernels");
   if (a.peaks) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const auto threads =
