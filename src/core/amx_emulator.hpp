@@ -22,6 +22,7 @@ namespace attn::detail::amx {
 
 class EmulatedTiles {
  public:
+  static constexpr bool kNativeBf16 = false;  // the kernel rounds P to bf16 in software
   void configure(const TileConfig& c);
   void release();
 

@@ -44,6 +44,7 @@ enum class TileBackend { none, hardware, emulated };
 // The instructions. Loads and stores clobber memory: they read and write the kernel's scratch through
 // addresses the compiler cannot see into, so nothing may be kept in registers across them.
 struct HardwareTiles {
+  static constexpr bool kNativeBf16 = true;  // the CPU has AVX512-BF16's conversions (every AMX CPU does)
   void configure(const TileConfig& c) { __asm__ volatile("ldtilecfg %0" : : "m"(c)); }
   void release() { __asm__ volatile("tilerelease" ::: "memory"); }
 

@@ -45,20 +45,28 @@ HWY_INLINE V Exp2Fraction(D d, V f) {
   return hn::MulAdd(q, f, hn::Set(d, 1.0f));
 }
 
+// 2^t on f32 lanes, the base-2 core of ExpDiff: for kernels that fold log2(e) (and their scale) into the
+// one multiply-add that forms t (the AMX forward). Same range rules: t < -125 gives 0, t >= 128 +inf,
+// NaN gives NaN.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V Exp2(D d, V t) {
+  static_assert(sizeof(hn::TFromD<D>) == 4, "Exp2 is the f32 lanes' exponential");
+  const hn::RebindToUnsigned<D> du;
+  const V shifter = hn::Set(d, 12582912.0f);  // 1.5 * 2^23: t + it keeps round(t) in its low bits
+  // Only t <= 128 needs bounding (2^n must not wrap past inf): below -125 the select discards p.
+  const V r = hn::Add(hn::Min(t, hn::Set(d, 128.0f)), shifter);
+  const V n = hn::Sub(r, shifter);
+  // r's low 9 bits hold n mod 512 (the shifter's own low bits are 0x400000); shifted into the
+  // exponent field and biased they are 2^n, for the kept n in [-125, 128] (128 gives +inf).
+  const V two_n = hn::BitCast(d, hn::Add(hn::ShiftLeft<23>(hn::BitCast(du, r)), hn::Set(du, 127u << 23)));
+  const V p = hn::Mul(Exp2Fraction(d, hn::Sub(t, n)), two_n);
+  return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -125.0f)), p);
+}
+
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V ExpDiff(D d, V s, V m) {
   if constexpr (sizeof(hn::TFromD<D>) == 4) {
-    const hn::RebindToUnsigned<D> du;
-    const V t = hn::Mul(hn::Sub(s, m), hn::Set(d, 1.44269504088896341f));
-    const V shifter = hn::Set(d, 12582912.0f);  // 1.5 * 2^23: t + it keeps round(t) in its low bits
-    // Only t <= 128 needs bounding (2^n must not wrap past inf): below -125 the select discards p.
-    const V r = hn::Add(hn::Min(t, hn::Set(d, 128.0f)), shifter);
-    const V n = hn::Sub(r, shifter);
-    // r's low 9 bits hold n mod 512 (the shifter's own low bits are 0x400000); shifted into the
-    // exponent field and biased they are 2^n, for the kept n in [-125, 128] (128 gives +inf).
-    const V two_n = hn::BitCast(d, hn::Add(hn::ShiftLeft<23>(hn::BitCast(du, r)), hn::Set(du, 127u << 23)));
-    const V p = hn::Mul(Exp2Fraction(d, hn::Sub(t, n)), two_n);
-    return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -125.0f)), p);
+    return Exp2(d, hn::Mul(hn::Sub(s, m), hn::Set(d, 1.44269504088896341f)));
   } else {
     const V x = hn::Sub(s, m);
     // NaN lanes go to Exp as 0 (converting NaN to an integer inside Exp is undefined behaviour on the

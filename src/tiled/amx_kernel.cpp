@@ -113,6 +113,24 @@ HWY_INLINE void StoreBf16(D /*d*/, hn::Vec<D> x, std::uint16_t* dst) {
   hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, x)))), d16, dst);
 }
 
+// RoundToBf16 and StoreBf16 in one instruction where the CPU's tiles run: VCVTNEPS2BF16 (AVX512-BF16,
+// which every AMX CPU has) rounds to nearest even as RoundToBf16 does, except that it reads a subnormal
+// p as zero, which TDPBF16PS then does with RoundToBf16's subnormal too: P V is the same bit for bit.
+// Inline assembly, so that the kernel needs no avx512bf16 attribute (its emulated instance runs on CPUs
+// without it).
+template <bool kNative, class D>
+HWY_INLINE void StoreRoundedBf16(D d, hn::Vec<D> x, std::uint16_t* dst) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (kNative) {
+    __m256i packed;
+    __asm__("vcvtneps2bf16 %1, %0" : "=v"(packed) : "v"(x.raw));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), packed);
+    return;
+  }
+#endif
+  StoreBf16(d, RoundToBf16(d, x), dst);
+}
+
 // The task's queries as bf16 rows [R][dq], zero past d and past the real rows; the row states reset.
 HWY_INLINE void PackQueries(const Problem& p, const AmxTask& t, const AmxScratch& w) {
   std::memset(w.q, 0, 2 * t.R * t.dq);
@@ -147,30 +165,106 @@ struct PackedHeads {
   std::uint32_t *k = nullptr, *v = nullptr;
 };
 
-// Head `hi` of problem `p` (batch b, kv head h) into its place in `heads`.
-inline void PackHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t keys, std::size_t hi,
-                     PackedHeads& heads) {
-  const std::size_t dim = static_cast<std::size_t>(p.head_dim), dim_v = static_cast<std::size_t>(p.head_dim_v);
-  const std::size_t dq = heads.dq, dvp = heads.dvp;
-  std::uint32_t* kh = heads.k + heads.k_at[hi];
-  std::uint32_t* vh = heads.v + heads.v_at[hi];
-  std::memset(kh, 0, 4 * keys * dq / 2);
-  std::memset(vh, 0, 4 * keys / 2 * dvp);
-  std::uint16_t exponents_all_ones = 0;
-  for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
-    const bf16_t* ks = key_row_ptr<const bf16_t>(p.k, p.pages, b, j, h);
-    const bf16_t* vs = key_row_ptr<const bf16_t>(p.v, p.pages, b, j, h);
-    const std::size_t c = static_cast<std::size_t>(j);
-    auto* kd = reinterpret_cast<std::uint16_t*>(kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock);
-    for (std::size_t x = 0; x < dim; ++x) kd[(x / 2) * 2 * kBlock + (x & 1)] = ks[x * p.k.strides[3]].bits;
-    auto* vd = reinterpret_cast<std::uint16_t*>(vh + (c / 2) * dvp) + (c & 1);
-    for (std::size_t x = 0; x < dim_v; ++x) {
-      const std::uint16_t bits = vs[x * p.v.strides[3]].bits;
-      vd[2 * x] = bits;
-      exponents_all_ones |= static_cast<std::uint16_t>((bits & 0x7F80u) == 0x7F80u);
+// Key j's pair x as one 32-bit word: (k[j][2x], k[j][2x+1]), zero past d.
+inline std::uint32_t PairOf(const bf16_t* row, std::int64_t stride, std::size_t x, std::size_t dim) {
+  const std::uint32_t lo = row[2 * x * static_cast<std::size_t>(stride)].bits;
+  const std::uint32_t hi = 2 * x + 1 < dim ? row[(2 * x + 1) * static_cast<std::size_t>(stride)].bits : 0u;
+  return lo | hi << 16;
+}
+
+// The keys of one head, transposed into 32-key blocks of pairs. Rows a fixed stride apart (not paged,
+// contiguous dims, even d) go N keys at a time: one gather per pair x collects it from N rows.
+HWY_INLINE void PackKeysOfHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t dq, std::uint32_t* kh) {
+  const hn::ScalableTag<std::uint32_t> du;
+  const hn::RebindToSigned<decltype(du)> di;
+  const std::size_t N = hn::Lanes(du), dim = static_cast<std::size_t>(p.head_dim);
+  const std::int64_t row_words = p.k.strides[1] / 2;
+  const bool gather = !p.pages.paged() && p.k.strides[3] == 1 && dim % 2 == 0 && p.k.strides[1] % 2 == 0 &&
+                      row_words * static_cast<std::int64_t>(N) < (std::int64_t{1} << 31);
+  std::int64_t j = 0;
+  if (gather) {
+    const auto rows = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<std::int32_t>(row_words)));
+    for (; j + static_cast<std::int64_t>(N) <= p.seqlen_k; j += static_cast<std::int64_t>(N)) {
+      const auto* base = reinterpret_cast<const std::uint32_t*>(key_row_ptr<const bf16_t>(p.k, p.pages, b, j, h));
+      const std::size_t c = static_cast<std::size_t>(j);
+      std::uint32_t* kd = kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock;
+      for (std::size_t x = 0; x < dim / 2; ++x) hn::StoreU(hn::GatherIndex(du, base + x, rows), du, kd + x * kBlock);
     }
   }
-  heads.v_nonfinite[hi] = exponents_all_ones != 0;
+  for (; j < p.seqlen_k; ++j) {
+    const bf16_t* ks = key_row_ptr<const bf16_t>(p.k, p.pages, b, j, h);
+    const std::size_t c = static_cast<std::size_t>(j);
+    std::uint32_t* kd = kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock;
+    for (std::size_t x = 0; x < (dim + 1) / 2; ++x) kd[x * kBlock] = PairOf(ks, p.k.strides[3], x, dim);
+  }
+}
+
+// The values of one head, two keys interleaved per pair row (zero past the last key); returns whether
+// some value is Inf or NaN. Contiguous rows go N columns at a time.
+HWY_INLINE bool PackValuesOfHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t dvp, std::uint32_t* vh) {
+  const hn::ScalableTag<std::uint32_t> du;
+  const hn::Rebind<std::uint16_t, decltype(du)> d16;
+  const std::size_t N = hn::Lanes(du), dim_v = static_cast<std::size_t>(p.head_dim_v);
+  const std::size_t vs = static_cast<std::size_t>(p.v.strides[3]);
+  const auto lo_exp = hn::Set(du, 0x7F80u), hi_exp = hn::Set(du, 0x7F800000u);
+  auto nonfinite_lanes = hn::Zero(du);
+  std::uint32_t nonfinite = 0;
+  for (std::int64_t j = 0; j < p.seqlen_k; j += 2) {
+    const auto* v0 = reinterpret_cast<const std::uint16_t*>(key_row_ptr<const bf16_t>(p.v, p.pages, b, j, h));
+    const auto* v1 = j + 1 < p.seqlen_k
+                         ? reinterpret_cast<const std::uint16_t*>(key_row_ptr<const bf16_t>(p.v, p.pages, b, j + 1, h))
+                         : nullptr;
+    std::uint32_t* vd = vh + static_cast<std::size_t>(j / 2) * dvp;
+    std::size_t x = 0;
+    if (vs == 1)
+      for (; x + N <= dim_v; x += N) {
+        const auto lo = hn::PromoteTo(du, hn::LoadU(d16, v0 + x));
+        const auto hi = v1 ? hn::PromoteTo(du, hn::LoadU(d16, v1 + x)) : hn::Zero(du);
+        const auto w = hn::Or(lo, hn::ShiftLeft<16>(hi));
+        hn::StoreU(w, du, vd + x);
+        const auto bad = hn::Or(hn::VecFromMask(du, hn::Eq(hn::And(w, lo_exp), lo_exp)),
+                                hn::VecFromMask(du, hn::Eq(hn::And(w, hi_exp), hi_exp)));
+        nonfinite_lanes = hn::Or(nonfinite_lanes, bad);
+      }
+    for (; x < dim_v; ++x) {
+      const std::uint32_t lo = v0[x * vs], hi = v1 ? v1[x * vs] : 0u;
+      vd[x] = lo | hi << 16;
+      nonfinite |= ((lo & 0x7F80u) == 0x7F80u) | ((hi & 0x7F80u) == 0x7F80u);
+    }
+  }
+  return nonfinite != 0 || !hn::AllFalse(du, hn::Ne(nonfinite_lanes, hn::Zero(du)));
+}
+
+// Head `hi` of problem `p` (batch b, kv head h) into its place in `heads`, zero past d, d_v and the
+// last key.
+HWY_INLINE void PackHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t keys, std::size_t hi,
+                         PackedHeads& heads) {
+  std::uint32_t* kh = heads.k + heads.k_at[hi];
+  std::uint32_t* vh = heads.v + heads.v_at[hi];
+  std::memset(kh, 0, 4 * keys * heads.dq / 2);
+  std::memset(vh, 0, 4 * keys / 2 * heads.dvp);
+  PackKeysOfHead(p, b, h, heads.dq, kh);
+  heads.v_nonfinite[hi] = PackValuesOfHead(p, b, h, heads.dvp, vh);
+}
+
+// Storage for `words` packed pairs, kept by the calling thread for its next call (a model calls the
+// forward once per layer with the same sizes: the pages are then already mapped, where a fresh block
+// costs a page fault per 4 KiB, about a tenth of the packing's time). At most 256 MiB stays cached. Not
+// value-initialised: PackHead writes every element.
+// A larger block is owned by `once`, freed with it.
+inline std::uint32_t* PackBuffer(std::size_t words, std::unique_ptr<std::uint32_t[]>& once) {
+  constexpr std::size_t kKeepWords = (std::size_t{256} << 20) / 4;
+  static thread_local std::unique_ptr<std::uint32_t[]> kept;
+  static thread_local std::size_t kept_words = 0;
+  if (words > kKeepWords) {
+    once.reset(new std::uint32_t[words]);
+    return once.get();
+  }
+  if (words > kept_words) {
+    kept.reset(new std::uint32_t[words]);
+    kept_words = words;
+  }
+  return kept.get();
 }
 
 // The packed heads' layout for `ps` (their storage is allocated by the caller: k_total and v_total pairs).
@@ -195,8 +289,10 @@ inline PackedHeads PlanHeads(const std::vector<Problem>& ps, std::size_t& k_tota
 }
 
 // Each row's visible keys of the tile [j0, j0 + n) (padding rows: none); whether some row does not see
-// the whole tile.
-HWY_INLINE bool RowBounds(const Problem& p, const AmxTask& t, std::int64_t j0, std::int64_t n, const AmxScratch& w) {
+// every key the tile's blocks hold, [j0, j0 + np): the packed heads hold real keys past n (the next
+// tile's, and before j0 + lo those of a window's start), which P V multiplies by p = 0.
+HWY_INLINE bool RowBounds(const Problem& p, const AmxTask& t, std::int64_t j0, std::int64_t n, std::size_t np,
+                          const AmxScratch& w) {
   bool masked = false;
   const Mask mask = p.mask();
   for (std::size_t r = 0; r < t.R; ++r) {
@@ -208,7 +304,7 @@ HWY_INLINE bool RowBounds(const Problem& p, const AmxTask& t, std::int64_t j0, s
     }
     w.lo[r] = static_cast<std::int32_t>(lo);
     w.hi[r] = static_cast<std::int32_t>(std::max(lo, hi));
-    masked |= r < t.real && (lo > 0 || hi < n);
+    masked |= r < t.real && (lo > 0 || hi < static_cast<std::int64_t>(np));
   }
   return masked;
 }
@@ -224,10 +320,11 @@ HWY_INLINE bool BlockSeen(const AmxScratch& w, std::size_t r0, std::size_t c0) {
 // S = Q K^T for the tile's np keys, 32 x 32 blocks (tiles C0..C3) that some row sees.
 // kt: the packed keys' block of the tile's first key.
 template <class Unit>
-HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::size_t np, const AmxScratch& w) {
+HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::size_t np, const AmxScratch& w,
+                       std::size_t r_begin, std::size_t r_end) {
   const std::int64_t q_stride = 2 * static_cast<std::int64_t>(t.dq), k_stride = 4 * static_cast<std::int64_t>(kBlock);
   const std::int64_t s_stride = 4 * static_cast<std::int64_t>(t.bcp);
-  for (std::size_t r0 = 0; r0 < t.R; r0 += kBlock)
+  for (std::size_t r0 = r_begin; r0 < r_end; r0 += kBlock)
     for (std::size_t c0 = 0; c0 < np; c0 += kBlock) {
       if (!BlockSeen(w, r0, c0)) continue;
       u.template zero<0>();
@@ -256,7 +353,7 @@ HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::
 // rounding (as flash-attn's kernels: l, hence the lse, keeps f32 accuracy).
 // Whole vectors only: the scratch rows are np >= hi rounded up to the lane count wide, and lanes of keys
 // outside [lo, hi) are replaced by -inf before they count (their S values are stale or never written).
-template <class D>
+template <bool kNativeBf16, class D>
 HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t r, std::int64_t j0, std::size_t np,
                            const AmxScratch& w) {
   const std::size_t N = hn::Lanes(d);
@@ -280,7 +377,7 @@ HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t 
   const float diag = static_cast<float>(p.mask().diagonal(t.query_of(r)) - j0);
   // The common row (every key of the tile visible, no transform beyond a positive scale): the maximum of
   // the raw scores, scaled once (a positive scale keeps the order, and rounds the maximum as it would
-  // each score), and the scale applied again as the exponential reads them. Bitwise the general path's.
+  // each score), and the exponential's argument in one multiply-add from the raw scores.
   const bool plain = !softcap && !alibi && rule.scale > 0 && lo == 0 && hi == np;
   auto mx = neg_inf;
   if (plain) {
@@ -305,11 +402,20 @@ HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t 
   // A row whose visible scores are all -inf keeps m = -inf: exp(-inf - 0) = 0, not exp(-inf + inf).
   const auto m = hn::Set(d, m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new);
   auto sum = hn::Zero(d);
-  for (std::size_t c = begin; c < end; c += N) {
-    const auto sc = plain ? hn::Mul(hn::Load(d, s + c), scale) : hn::Load(d, s + c);
-    const auto pv = exp_simd::HWY_NAMESPACE::ExpDiff(d, sc, m);
-    sum = hn::Add(sum, pv);
-    StoreBf16(d, RoundToBf16(d, pv), prow + c);
+  if (plain) {  // t = (s scale - m) log2(e) in one multiply-add
+    const auto c1 = hn::Set(d, static_cast<float>(rule.scale * 1.4426950408889634));
+    const auto mc = hn::Mul(m, hn::Set(d, 1.44269504088896341f));
+    for (std::size_t c = 0; c < np; c += N) {
+      const auto pv = exp_simd::HWY_NAMESPACE::Exp2(d, hn::MulSub(hn::Load(d, s + c), c1, mc));
+      sum = hn::Add(sum, pv);
+      StoreRoundedBf16<kNativeBf16>(d, pv, prow + c);
+    }
+  } else {
+    for (std::size_t c = begin; c < end; c += N) {
+      const auto pv = exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, s + c), m);
+      sum = hn::Add(sum, pv);
+      StoreRoundedBf16<kNativeBf16>(d, pv, prow + c);
+    }
   }
   std::memset(prow, 0, 2 * begin);
   std::memset(prow + end, 0, 2 * (np - end));
@@ -318,9 +424,9 @@ HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t 
 
 // O rows whose maximum grew: O *= alpha.
 template <class D>
-HWY_INLINE void RescaleOutputs(D d, const AmxTask& t, const AmxScratch& w) {
+HWY_INLINE void RescaleOutputs(D d, const AmxTask& t, const AmxScratch& w, std::size_t r_begin, std::size_t r_end) {
   const std::size_t N = hn::Lanes(d);
-  for (std::size_t r = 0; r < t.real; ++r) {
+  for (std::size_t r = r_begin; r < r_end; ++r) {
     if (w.alpha[r] == 1.0f) continue;
     const auto a = hn::Set(d, w.alpha[r]);
     float* o = w.o + r * t.dvp;
@@ -332,10 +438,11 @@ HWY_INLINE void RescaleOutputs(D d, const AmxTask& t, const AmxScratch& w) {
 // key blocks some row of the block sees.
 // vt: the packed values' pair row of the tile's first key.
 template <class Unit>
-HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, std::size_t np, const AmxScratch& w) {
+HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, std::size_t np, const AmxScratch& w,
+                           std::size_t r_begin, std::size_t r_end) {
   const std::int64_t p_stride = 2 * static_cast<std::int64_t>(t.bcp), v_stride = 4 * static_cast<std::int64_t>(t.dvp);
   const std::int64_t o_stride = 4 * static_cast<std::int64_t>(t.dvp);
-  for (std::size_t r0 = 0; r0 < t.R; r0 += kBlock)
+  for (std::size_t r0 = r_begin; r0 < r_end; r0 += kBlock)
     for (std::size_t x0 = 0; x0 < t.dvp; x0 += kBlock) {
       float* o = w.o + r0 * t.dvp + x0;
       u.template load<0>(o, o_stride);
@@ -399,14 +506,17 @@ void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTa
     const std::size_t np = RoundUp(static_cast<std::size_t>(n), kBlock);
     const std::uint32_t* kt = t.k + static_cast<std::size_t>(j0 / block) * (t.dq / 2) * kBlock;
     const std::uint32_t* vt = t.v + static_cast<std::size_t>(j0 / 2) * t.dvp;
-    const bool masked = RowBounds(p, t, j0, n, w);
-    Scores(u, t, kt, np, w);
-    for (std::size_t r = 0; r < t.real; ++r) RowSoftmax(d, p, t, r, j0, np, w);
-    RescaleOutputs(d, t, w);
-    if (masked && t.v_nonfinite)
-      AddPvRows(t, vt, w);
-    else
-      AddPvTiles(u, t, vt, np, w);
+    const bool masked = RowBounds(p, t, j0, n, np, w);
+    // Row block by row block: the tile unit's work on one block (its P V, the next block's scores) can
+    // overlap the vector units' softmax of another in the out-of-order window.
+    for (std::size_t r0 = 0; r0 < t.R; r0 += kBlock) {
+      const std::size_t r1 = r0 + kBlock;
+      Scores(u, t, kt, np, w, r0, r1);
+      for (std::size_t r = r0; r < std::min(r1, t.real); ++r) RowSoftmax<Unit::kNativeBf16>(d, p, t, r, j0, np, w);
+      RescaleOutputs(d, t, w, r0, std::min(r1, t.real));
+      if (!(masked && t.v_nonfinite)) AddPvTiles(u, t, vt, np, w, r0, r1);
+    }
+    if (masked && t.v_nonfinite) AddPvRows(t, vt, w);
   }
   // out is bf16, or (a ring block's partial output) f32.
   const bool acc_out = p.out.dtype != p.dtype;
@@ -431,10 +541,9 @@ void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plan
   }
   std::size_t k_total = 0, v_total = 0;
   PackedHeads heads = PlanHeads(ps, k_total, v_total);
-  // Not value-initialised: PackHead writes every element, in parallel.
-  const std::unique_ptr<std::uint32_t[]> packed(new std::uint32_t[k_total + v_total]);
-  heads.k = packed.get();
-  heads.v = packed.get() + k_total;
+  std::unique_ptr<std::uint32_t[]> once;
+  heads.k = PackBuffer(k_total + v_total, once);
+  heads.v = heads.k + k_total;
   const auto n_heads = static_cast<std::int64_t>(heads.k_at.size());
   const std::int64_t tasks = first_task.back();
   const std::size_t bytes = AmxScratch::bytes(R, heads.dq, heads.dvp, bcp);
