@@ -27,20 +27,20 @@ FUZZ_RUNS        ?= 2000
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
 ATTN_CUDA        ?= AUTO
-FUZZERS          := reference tiled splitk splitk_partials varlen decode decode_quantized backward
+FUZZERS          := reference tiled tiled_amx splitk splitk_partials varlen decode decode_quantized backward
 LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
 TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
 AARCH64_FUZZ_RUNS ?= 60
 # The AArch64 stage's test binaries: those of the SIMD kernels (tiled forward, varlen, decode and its
-# quantized caches, backward, dropout, sinks, head dims, numerical edges, the differential test) and of
-# the online softmax and the exponential (test_exp_simd) they share. Not the validation, IO-model,
+# quantized caches, backward, dropout, sinks, head dims, numerical edges, the differential test, the
+# AMX forward on the tile emulator) and of the online softmax and the exponential (test_exp_simd) they share. Not the validation, IO-model,
 # ring-model or CUDA-emulation tests: no SIMD code, the same on every architecture (under qemu the
 # emulation's alone take over 15 minutes).
 AARCH64_TESTS := test_online_softmax test_exp_simd test_merge_states test_exactness test_features test_prefill \
                  test_prefill_varlen test_varlen_paged test_head_dims test_decode test_decode_quantized \
                  test_decode_batch_invariant test_backward test_backward_varlen test_dropout \
                  test_dropout_backward test_sinks test_sinks_backward test_numerical_edges \
-                 test_option_extremes test_differential
+                 test_option_extremes test_differential test_amx_emulator test_amx_forward
 empty :=
 space := $(empty) $(empty)
 
@@ -119,13 +119,14 @@ test-tsan: $(call after,deps) build-tsan/CMakeCache.txt
 	    OMP_TOOL_LIBRARIES=$$(ls /usr/lib/llvm-*/lib/libarcher.so | head -1) build-tsan/tests/$$t; \
 	done
 
-# libFuzzer: FUZZ_RUN_SECONDS per target from the seed corpus (new inputs go to build-asan/corpus/).
+# libFuzzer: FUZZ_RUN_SECONDS per target from the seed corpus (new inputs go to build-asan/corpus/);
+# tiled_amx (attention_tiled on the AMX tile emulator) starts from tiled's seeds, the same input format.
 test-fuzz: $(call after,asan-build)
 	@for f in $(FUZZERS); do \
 	  mkdir -p build-asan/corpus/$$f; \
 	  echo "== fuzz_$$f: $(FUZZ_RUN_SECONDS) s"; \
 	  if ! $(LSAN_ENV) build-asan/fuzz/fuzz_$$f -max_total_time=$(FUZZ_RUN_SECONDS) -print_final_stats=1 -artifact_prefix=build-asan/ \
-	      build-asan/corpus/$$f fuzz/corpus/$$f > build-asan/fuzz_$$f.log 2>&1; then \
+	      build-asan/corpus/$$f fuzz/corpus/$${f%_amx} > build-asan/fuzz_$$f.log 2>&1; then \
 	    tail -n 60 build-asan/fuzz_$$f.log; exit 1; \
 	  fi; \
 	  grep -E "stat::number_of_executed_units|Done [0-9]+ runs" build-asan/fuzz_$$f.log; \

@@ -60,14 +60,23 @@ enum Corrupt {
 };
 
 // Split-K (and its partials) is an inference path: it takes no dropout (docs/dropout.md).
-constexpr bool kTakesDropout = ATTN_FUZZ_ENTRY <= 2;
+// Entry 5 is attention_tiled on the AMX tile emulator (ATTN_AMX=emulate, bf16 inputs only): the
+// tiled forward's AMX path (tiled/amx_kernel.cpp) on any CPU.
+#define ATTN_FUZZ_TILED (ATTN_FUZZ_ENTRY == 2 || ATTN_FUZZ_ENTRY == 5)
+constexpr bool kTakesDropout = ATTN_FUZZ_ENTRY <= 2 || ATTN_FUZZ_ENTRY == 5;
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
   const std::uint8_t flags = in.u8();
+#if ATTN_FUZZ_ENTRY == 5
+  static const bool emulated_tiles = setenv("ATTN_AMX", "emulate", 1) == 0;
+  if (!emulated_tiles) die("setenv ATTN_AMX failed");
+  const DType dt = DType::bf16;
+#else
   const DType dt = static_cast<DType>(flags & 3);
+#endif
   const bool causal = flags & 4, want_lse = flags & 8, use_alibi = flags & 16, use_scale = flags & 32,
              use_softcap = flags & 64, specials = flags & 128;
   const std::uint8_t mode = in.u8();
@@ -189,7 +198,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       o.num_threads = -1 - amount;
       break;
     case kKnob:
-#if ATTN_FUZZ_ENTRY == 2
+#if ATTN_FUZZ_TILED
       (amount & 1 ? tiles.q_tile : tiles.k_tile) = -(amount / 2 % 3);
 #elif ATTN_FUZZ_ENTRY == 3
       split.num_splits = -(amount % 3);
@@ -232,7 +241,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
 #if ATTN_FUZZ_ENTRY == 1
     attention_reference(q.t, k.t, v.t, out.t, o, lse_arg);
-#elif ATTN_FUZZ_ENTRY == 2
+#elif ATTN_FUZZ_TILED
     attention_tiled(q.t, k.t, v.t, out.t, o, tiles, lse_arg);
 #elif ATTN_FUZZ_ENTRY == 3
     attention_splitk(q.t, k.t, v.t, out.t, o, split, lse_arg);
@@ -240,7 +249,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto parts = splitk_partials(q.t, k.t, v.t, o, split, pb, pi, ph);
     if (static_cast<std::int64_t>(parts.size()) != split.num_splits) die("splitk_partials: wrong number of partials");
 #else
-#error "ATTN_FUZZ_ENTRY must be 1..4"
+#error "ATTN_FUZZ_ENTRY must be 1..5"
 #endif
   } catch (const std::invalid_argument& e) {
     threw = true;

@@ -33,6 +33,7 @@
 #include "backward_target.hpp"
 #include "buffers.hpp"
 #include "case.hpp"
+#include "core/amx.hpp"
 #include "core/dpbf16.hpp"
 #include "decode_quant_target.hpp"
 #include "decode_target.hpp"
@@ -173,6 +174,29 @@ std::vector<Target> targets() {
                      },
                      false);
                }});
+  // The tiled forward on AMX tiles (tiled/amx_kernel.cpp): bf16 configurations, on the CPU's tiles where
+  // usable (unless ATTN_AMX=emulate asks for the emulator), else on the emulator. Dropout configurations run the vector
+  // kernel (the AMX path does not take them), the rest the tiles.
+  t.push_back({"tiled_amx", [](const Config& c) {
+                 Config b = c;
+                 b.dtype = DType::bf16;
+                 return check(
+                     b,
+                     [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
+                       const char* saved = std::getenv("ATTN_AMX");
+                       const std::string restore = saved ? saved : "";
+                       const bool tiles = detail::amx_support().usable() && restore != "emulate";
+                       setenv("ATTN_AMX", tiles ? "on" : "emulate", 1);
+                       AttentionOptions opts = c.opts;
+                       opts.num_threads = th;
+                       attention_tiled(q, k, v, o, opts, c.tiles, l);
+                       if (saved)
+                         setenv("ATTN_AMX", restore.c_str(), 1);
+                       else
+                         unsetenv("ATTN_AMX");
+                     },
+                     false);
+               }});
   t.push_back({"splitk", [](const Config& c) {
                  return check(
                      without_dropout(c),
@@ -267,6 +291,7 @@ void fuzz_target(const char* name) {
 
 TEST(Differential, Reference) { fuzz_target("reference"); }
 TEST(Differential, Tiled) { fuzz_target("tiled"); }
+TEST(Differential, TiledAmx) { fuzz_target("tiled_amx"); }
 TEST(Differential, Splitk) { fuzz_target("splitk"); }
 TEST(Differential, Varlen) { fuzz_target("varlen"); }
 TEST(Differential, Decode) { fuzz_target("decode"); }
