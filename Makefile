@@ -34,8 +34,8 @@ AARCH64_FUZZ_RUNS ?= 60
 # The AArch64 stage's test binaries: those of the SIMD kernels (tiled forward, varlen, decode and its
 # quantized caches, backward, dropout, sinks, head dims, numerical edges, the differential test, the
 # AMX forward on the tile emulator) and of the online softmax and the exponential (test_exp_simd) they
-# share. Not the validation, IO-model, ring-model or CUDA-emulation tests: no SIMD code, the same on every architecture (under qemu the
-# emulation's alone take over 15 minutes).
+# share. Not the validation, IO-model, ring-model or CUDA-emulation tests: no SIMD code, the same on
+# every architecture (under qemu the emulation's alone take over 15 minutes).
 AARCH64_TESTS := test_online_softmax test_exp_simd test_merge_states test_exactness test_features test_prefill \
                  test_prefill_varlen test_varlen_paged test_head_dims test_decode test_decode_quantized \
                  test_decode_batch_invariant test_backward test_backward_varlen test_dropout \
