@@ -82,24 +82,27 @@ void print_rate_cells(double gflops, double peak) { std::printf(" %9.1f %5.0f%%"
 
 nlohmann::json case_json(const char* kind, const Shapes& s, const BenchCase& c, const Timing& t, double gflops) {
   const double peak = s.peak.at(static_cast<int>(c.threads));
-  return nlohmann::json{{"kind", kind},
-                        {"batch", s.batch},
-                        {"seq_q", c.seq_q},
-                        {"seq_k", c.seq_k},
-                        {"heads", s.heads},
-                        {"kv_heads", s.kv_heads},
-                        {"head_dim", c.head_dim},
-                        {"dtype", std::string(dtype_name(c.dtype))},
-                        {"causal", c.causal},
-                        {"threads", c.threads},
-                        {"seconds", t.median_s},
-                        {"reps", t.reps},
-                        {"gflops", gflops},
-                        {"peak_gflops", peak},
-                        {"peak_fraction", gflops / peak},
-                        {"amx_bf16_peak_gflops", s.amx_peak.at(static_cast<int>(c.threads))},
-                        {"machine", machine_name()},
-                        {"kernels", kernel_paths()}};
+  return nlohmann::json{
+      {"kind", kind},
+      {"batch", s.batch},
+      {"seq_q", c.seq_q},
+      {"seq_k", c.seq_k},
+      {"heads", s.heads},
+      {"kv_heads", s.kv_heads},
+      {"head_dim", c.head_dim},
+      {"dtype", std::string(dtype_name(c.dtype))},
+      {"causal", c.causal},
+      {"threads", c.threads},
+      {"seconds", t.median_s},
+      {"reps", t.reps},
+      {"gflops", gflops},
+      {"peak_gflops", peak},
+      {"peak_fraction", gflops / peak},
+      {"amx_bf16_peak_gflops", s.amx_peak.at(static_cast<int>(c.threads))},
+      {"amx_peak_fraction",
+       s.amx_peak.at(static_cast<int>(c.threads)) > 0 ? gflops / s.amx_peak.at(static_cast<int>(c.threads)) : 0.0},
+      {"machine", machine_name()},
+      {"kernels", kernel_paths()}};
 }
 
 }  // namespace attn::cli
