@@ -11,7 +11,8 @@ JOBS  ?= $(shell nproc)
 # configure with ATTN_CUDA (default AUTO: on when nvcc is found), so after `make demo` they recompile
 # the library once with the backend.
 #
-# `make test` = the format check (scripts/check-format), the release suite, the Python package's tests
+# `make test` = the format check (scripts/check-format, and scripts/check-function-length: no library
+# function over 100 lines), the release suite, the Python package's tests
 # (scripts/python-tests), then the same suite under
 # AddressSanitizer + UBSan, the threaded tests under ThreadSanitizer, and a few seconds of each
 # libFuzzer target (docs/robustness.md), and last the tests of the SIMD kernels on AArch64: cross-compiled
@@ -88,6 +89,7 @@ test:
 
 check-format: $(call after,deps)
 	scripts/check-format
+	scripts/check-function-length
 
 test-release: $(call after,build)
 	cd $(BUILD) && ATTN_FUZZ_RUNS=$(FUZZ_RUNS) ctest --output-on-failure -j$(JOBS) --timeout 600
