@@ -38,6 +38,7 @@ HWY_AFTER_NAMESPACE();
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -125,6 +126,49 @@ TEST(ExpSimd, F32SpecialValues) {
     EXPECT_NEAR(got[14], std::exp(-86.0), 1e-5 * std::exp(-86.0));
     EXPECT_NEAR(got[15], std::exp(88.0), 1e-5 * std::exp(88.0));
   });
+}
+
+// AVX-512 computes 2^t with VRNDSCALEPS and VSCALEFPS, AVX2 with the shifter (exp_simd::Exp2): both
+// with FMAs in the polynomial, so they must give the same bits for every input, the special ones too,
+// but for t = x log2(e) in [127.5, 128), where 2^t is finite (below FLT_MAX) and the shifter's factor
+// 2^128 is already inf: there AVX-512 gives 2^t and AVX2 inf (the kernels' t is <= 0).
+TEST(ExpSimd, F32Avx512AndAvx2GiveTheSameBits) {
+  const std::int64_t runs = hwy::SupportedTargets();
+  if (!(runs & HWY_AVX3) || !(runs & HWY_AVX2)) GTEST_SKIP() << "needs a CPU that runs AVX-512 and AVX2";
+  std::vector<float> s, m;
+  for (int k = -131 * 1024; k <= 131 * 1024; ++k) {  // t across [-189, 189]: both range ends
+    s.push_back(static_cast<float>(k) / 1024.0f);
+    m.push_back(0.0f);
+  }
+  for (float x : {kInf, -kInf, kNaN, 1e30f, -1e30f, 88.72f, 88.73f, -86.64f, -86.65f, -0.0f}) {
+    s.push_back(x);
+    m.push_back(0.0f);
+    s.push_back(0.0f);
+    m.push_back(x);
+  }
+  std::vector<std::uint32_t> bits[2];
+  int i = 0;
+  for (const std::int64_t target : {std::int64_t{HWY_AVX3}, std::int64_t{HWY_AVX2}}) {
+    const test::PinTarget pin(target);
+    const std::vector<float> got = exp_diff(s, m);
+    for (const float g : got) {
+      std::uint32_t u;
+      std::memcpy(&u, &g, 4);
+      bits[i].push_back(u);
+    }
+    ++i;
+  }
+  for (std::size_t k = 0; k < s.size(); ++k) {
+    const double t = (static_cast<double>(s[k]) - m[k]) * 1.4426950408889634;
+    if (t >= 127.5 && t < 128.0) {
+      float a;
+      std::memcpy(&a, &bits[0][k], 4);
+      const double x = static_cast<double>(s[k] - m[k]);  // within F32WithinItsBoundOfStdExp's bound
+      EXPECT_NEAR(a, std::exp(x), (1.25 * x + 3.0) * std::ldexp(1.0, -24) * a) << "s " << s[k];
+      continue;
+    }
+    ASSERT_EQ(bits[0][k], bits[1][k]) << "s " << s[k] << " m " << m[k];
+  }
 }
 
 TEST(ExpSimd, F64AsHighwaysExpWithNaNPassedThrough) {
