@@ -55,6 +55,30 @@ TEST(ScoreRule, MaskMatchesTheDefinitionForEveryWindow) {
   }
 }
 
+// Mask::tile_keys, every kernel's per-row tile bounds: exactly the keys of the tile the row sees, as
+// visible() says key by key, and lo == hi when it sees none.
+TEST(ScoreRule, TileKeysAreTheVisibleKeysOfTheTile) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 400; ++trial) {
+    ScoreRule r;
+    r.window_left = static_cast<std::int64_t>(rng() % 12) - 1;
+    r.window_right = static_cast<std::int64_t>(rng() % 12) - 1;
+    const std::int64_t sq = 1 + rng() % 20, sk = rng() % 30, j0 = rng() % 31, n = rng() % 12;
+    const Mask m = r.mask(sq, sk);
+    for (std::int64_t i = 0; i < sq; ++i) {
+      const Mask::TileKeys t = m.tile_keys(i, j0, n);
+      ASSERT_LE(0, t.lo);
+      ASSERT_LE(t.lo, t.hi);
+      ASSERT_LE(t.hi, n);
+      for (std::int64_t c = 0; c < n; ++c) {
+        const std::int64_t j = j0 + c;
+        const bool sees = j < sk && j >= m.first_key(i) && j < m.end_key(i);
+        EXPECT_EQ(c >= t.lo && c < t.hi, sees) << "trial " << trial << " row " << i << " key " << j;
+      }
+    }
+  }
+}
+
 TEST(ScoreRule, HugeSequencesAndWindowsDoNotOverflow) {
   ScoreRule rule;
   rule.window_left = kMax;

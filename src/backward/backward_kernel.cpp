@@ -257,8 +257,9 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
     A lo = 0, hi = 0, dist = 0;
     if (r < static_cast<std::size_t>(qt.rows)) {
       const std::int64_t i = qt.i0 + static_cast<std::int64_t>(r);
-      lo = static_cast<A>(std::clamp<std::int64_t>(mask.first_key(i) - j0, 0, n));
-      hi = static_cast<A>(std::clamp<std::int64_t>(mask.end_key(i) - j0, 0, n));
+      const Mask::TileKeys keys = mask.tile_keys(i, j0, n);
+      lo = static_cast<A>(keys.lo);
+      hi = static_cast<A>(keys.hi);
       dist = static_cast<A>(mask.diagonal(i) - j0);
       masked |= lo > A(0) || hi < static_cast<A>(n);
       if (lo < hi) {

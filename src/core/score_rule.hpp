@@ -102,6 +102,20 @@ struct Mask {
     const std::int64_t n = end_key(seqlen_q - 1) - first_key(0);
     return n > 0 ? n : 0;
   }
+  // The keys of the tile [j0, j0 + n) that query i sees, relative to j0: [lo, hi) with 0 <= lo <= hi <= n
+  // (lo = hi: none). Every kernel's per-row tile bounds come from here.
+  struct TileKeys {
+    std::int64_t lo, hi;
+  };
+  ATTN_HOST_DEVICE TileKeys tile_keys(std::int64_t i, std::int64_t j0, std::int64_t n) const {
+    const std::int64_t first = first_key(i) - j0, end = end_key(i) - j0;
+    const std::int64_t lo = first < 0 ? 0 : (first > n ? n : first);
+    const std::int64_t hi = end < lo ? lo : (end > n ? n : end);
+    return {lo, hi};
+  }
+  // Whether a row's scores need more than the scale: a soft-cap, or its ALiBi slope when that is not 0
+  // (a kernel that knows the row's slope; ScoreRule::transforms_scores asks of any row).
+  ATTN_HOST_DEVICE bool transforms_scores(float slope) const { return rule.softcap > 0 || slope != 0.f; }
   // The logit of visible key j for query i (ScoreRule::logit at this pair's distance).
   template <class A>
   ATTN_HOST_DEVICE A score(A dot, std::int64_t i, std::int64_t j, A slope) const {

@@ -141,7 +141,7 @@ __device__ __forceinline__ DecodeWarpRows decode_warp_rows(const DecodeParams& p
     w.qi[half] = r < rows ? pr.query : p.seqlen_q;
     w.slope[half] = p.rule.alibi_slope(b, pr.head);
   }
-  w.transform = p.rule.softcap > 0 || w.slope[0] != 0.f || w.slope[1] != 0.f;
+  w.transform = mask.transforms_scores(w.slope[0]) || mask.transforms_scores(w.slope[1]);
   return w;
 }
 

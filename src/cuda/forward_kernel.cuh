@@ -196,13 +196,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) forward_kernel(cons
       static_cast<const std::uint16_t*>(p.v) + k_batch * p.vs[0] + k_first * p.vs[1] + kvh * p.vs[2];
 
   const float slope = p.rule.alibi_slope(b, h);
-  const ForwardRows fr{p.rule.mask(e.sq, e.sk),
+  const detail::Mask mask = p.rule.mask(e.sq, e.sk);
+  const ForwardRows fr{mask,
                        i0,
                        static_cast<int>(threadIdx.x / 32),
                        static_cast<int>(threadIdx.x % 32),
                        static_cast<float>(p.rule.scale) * kLog2e,
                        slope,
-                       p.rule.softcap > 0 || slope != 0.f};
+                       mask.transforms_scores(slope)};
   const TileRange tiles = key_tiles(fr.mask, i0, BR, BC);
   const ForwardKvTiles<C, PAGED> kv{p, b, e.sk};
   if (tiles.first < tiles.end) {

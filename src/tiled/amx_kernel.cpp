@@ -299,11 +299,12 @@ HWY_INLINE bool RowBounds(const Problem& p, const AmxTask& t, std::int64_t j0, s
     std::int64_t lo = 0, hi = 0;
     if (r < t.real) {
       const std::int64_t i = t.query_of(r);
-      lo = std::clamp<std::int64_t>(mask.first_key(i) - j0, 0, n);
-      hi = std::clamp<std::int64_t>(mask.end_key(i) - j0, 0, n);
+      const Mask::TileKeys keys = mask.tile_keys(i, j0, n);
+      lo = keys.lo;
+      hi = keys.hi;
     }
     w.lo[r] = static_cast<std::int32_t>(lo);
-    w.hi[r] = static_cast<std::int32_t>(std::max(lo, hi));
+    w.hi[r] = static_cast<std::int32_t>(hi);
     masked |= r < t.real && (lo > 0 || hi < static_cast<std::int64_t>(np));
   }
   return masked;
@@ -378,7 +379,7 @@ HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t 
   // The common row (every key of the tile visible, no transform beyond a positive scale): the maximum of
   // the raw scores, scaled once (a positive scale keeps the order, and rounds the maximum as it would
   // each score), and the exponential's argument in one multiply-add from the raw scores.
-  const bool plain = !softcap && !alibi && rule.scale > 0 && lo == 0 && hi == np;
+  const bool plain = !rule.transforms_scores() && rule.scale > 0 && lo == 0 && hi == np;
   auto mx = neg_inf;
   if (plain) {
     for (std::size_t c = 0; c < np; c += N) mx = hn::Max(mx, hn::Load(d, s + c));

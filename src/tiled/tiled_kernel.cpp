@@ -283,13 +283,15 @@ template <class A>
 HWY_INLINE Epilogue TileRowBounds(const Problem& p, const TaskRows& t, std::int64_t j0, std::int64_t n,
                                   const Rows<A>& rw) {
   Epilogue ep{&p.rule, false};
+  const Mask mask = p.mask();
   for (std::size_t r = 0; r < t.R; ++r) {
     A lo = 0, hi = static_cast<A>(n);
     if (r < t.real) {
       const std::int64_t i = t.query_of(r);
-      lo = static_cast<A>(std::clamp<std::int64_t>(p.first_key(i) - j0, 0, n));
-      hi = static_cast<A>(std::clamp<std::int64_t>(p.end_key(i) - j0, 0, n));
-      rw.dist[r] = static_cast<A>(p.mask().diagonal(i) - j0);
+      const Mask::TileKeys keys = mask.tile_keys(i, j0, n);
+      lo = static_cast<A>(keys.lo);
+      hi = static_cast<A>(keys.hi);
+      rw.dist[r] = static_cast<A>(mask.diagonal(i) - j0);
     }
     ep.mask |= lo > A(0) || hi < static_cast<A>(n);
     rw.lo[r] = lo;
