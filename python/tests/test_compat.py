@@ -9,7 +9,8 @@ attn.flash_attn.install()
 import flash_attn  # noqa: E402
 from flash_attn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 from flash_attn.bert_padding import pad_input, unpad_input  # noqa: E402
-from flash_attn.flash_attn_interface import _flash_attn_backward, _flash_attn_forward  # noqa: E402
+from flash_attn.flash_attn_interface import (_flash_attn_backward, _flash_attn_forward,  # noqa: E402
+                                             _flash_attn_varlen_backward, _flash_attn_varlen_forward)
 from flash_attn.layers.rotary import RotaryEmbedding, apply_rotary_emb  # noqa: E402
 
 
@@ -85,3 +86,50 @@ def test_private_forward_and_backward_match_autograd():
     want = torch.autograd.grad(ref, (q, k, v), dout)
     assert all(torch.equal(a, b) for a, b in zip((dq, dk, dv), want))
     assert d.shape == (1, 2, 13) and (d - (dout * out).sum(-1).transpose(1, 2)).abs().max().item() < 1e-12
+
+
+def test_private_varlen_forward_and_backward_match_autograd():
+    """flash-attn 2.8's _flash_attn_varlen_forward/_backward (what ring-flash-attn calls): the same out, lse
+    and gradients as flash_attn_varlen_func under autograd, dq/dk/dv written in place."""
+    cu = torch.tensor([0, 5, 5, 17], dtype=torch.int32)
+    q, k, v = (torch.randn(17, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out, lse, _, rng = _flash_attn_varlen_forward(q, k, v, cu, cu, 12, 12, 0.0, None, True)
+    ref, ref_lse, _ = flash_attn_varlen_func(q, k, v, cu, cu, 12, 12, causal=True, return_attn_probs=True)
+    assert torch.equal(out, ref.detach()) and torch.equal(lse, ref_lse) and lse.shape == (4, 17)
+    dout = torch.randn_like(out)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    d = _flash_attn_varlen_backward(dout, q, k, v, out, lse, dq, dk, dv, cu, cu, 12, 12, 0.0, None, True, -1, -1, 0.0,
+                                    None, False, rng)
+    want = torch.autograd.grad(ref, (q, k, v), dout)
+    assert all(torch.equal(a, b) for a, b in zip((dq, dk, dv), want))
+    assert d.shape == (4, 17) and (d - (dout * out).sum(-1).transpose(0, 1)).abs().max().item() < 1e-12
+
+
+def test_private_varlen_forward_paged_and_its_refusals():
+    """block_table: k and v as a paged cache give what the packed keys give; leftpad_k and seqused_k raise a
+    named error."""
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 6, 16], dtype=torch.int32)
+    q = torch.randn(7, 2, 8, dtype=torch.float64)
+    k, v = torch.randn(16, 2, 8, dtype=torch.float64), torch.randn(16, 2, 8, dtype=torch.float64)
+    want, want_lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, 4, 10, 0.0, None, False)
+    # Pages of 4 keys: sequence 0's 6 keys in pages 3, 0; sequence 1's 10 in pages 1, 4, 2 (each padded).
+    pages = torch.zeros(5, 4, 2, 8, dtype=torch.float64)
+    table = torch.tensor([[3, 0, 0], [1, 4, 2]], dtype=torch.int32)
+    for b, (start, n) in enumerate(((0, 6), (6, 10))):
+        for j in range(n):
+            pages[table[b, j // 4], j % 4] = k[start + j]
+    vpages = torch.zeros_like(pages)
+    for b, (start, n) in enumerate(((0, 6), (6, 10))):
+        for j in range(n):
+            vpages[table[b, j // 4], j % 4] = v[start + j]
+    got, got_lse, _, _ = _flash_attn_varlen_forward(q, pages, vpages, cu_q, cu_k, 4, 10, 0.0, None, False,
+                                                    block_table=table)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    for name in ("leftpad_k", "seqused_k"):
+        try:
+            _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, 4, 10, 0.0, None, False,
+                                       **{name: torch.zeros(2, dtype=torch.int32)})
+        except Exception as e:  # attn's AttnError: named argument and rule
+            assert name in str(e) and "_flash_attn_varlen_forward" in str(e)
+        else:
+            raise AssertionError(f"{name} was accepted")

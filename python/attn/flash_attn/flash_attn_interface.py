@@ -44,3 +44,43 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
                 **opts._asdict())  # the fields are the binding's keywords
     acc = torch.float64 if out.dtype == torch.float64 else torch.float32
     return (dout.to(acc) * out.to(acc)).sum(dim=-1).transpose(1, 2).contiguous()
+
+
+def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                               softmax_scale, causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
+                               alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
+                               seqused_k=None, zero_tensors=False):
+    """-> (out, softmax_lse (nheads, total_q), S_dmask, rng_state), as flash-attn 2.8's; with block_table, k and
+    v are a paged cache (num_blocks, page_size, nheads_k, d). max_seqlen_q/k are hints (the lengths come from
+    cu_seqlens); zero_tensors changes nothing here (outputs are written whole). leftpad_k and seqused_k are not
+    supported: they raise."""
+    who = _WHO + "_flash_attn_varlen_forward"
+    _ops.require_tensors(who, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    for name, t in (("leftpad_k", leftpad_k), ("seqused_k", seqused_k)):
+        if t is not None:
+            raise _C.AttnError(f"{who}: {name}: is not supported (pass None; flash_attn_with_kvcache takes a "
+                               "cache's lengths and left padding)")
+    seed = 0 if dropout_p == 0 else int(torch.randint(0, 2**62, (1,)).item())
+    opts = _options(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap, alibi_slopes, seed)
+    if block_table is None:
+        out, lse = _ops._varlen_fwd_eager(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, *opts)
+    else:
+        out, lse = _ops._varlen_paged_eager(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, block_table,
+                                            *opts)
+    return out, lse, out.new_empty((0,)), torch.tensor([seed, 0], dtype=torch.int64)
+
+
+def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
+                                softcap, alibi_slopes, deterministic, rng_state=None, zero_tensors=False):
+    """Writes dq, dk, dv in place (allocated when None); returns softmax_d = rowsum(dout * out), (nheads, total_q),
+    f32 (f64 for f64), as flash-attn 2.8's. The backward is deterministic whatever `deterministic` says."""
+    _ops.require_tensors(_WHO + "_flash_attn_varlen_backward", dout=dout, q=q, k=k, v=v, out=out,
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    dq, dk, dv = (torch.empty_like(t) if g is None else g for g, t in ((dq, q), (dk, k), (dv, v)))
+    seed = int(rng_state[0]) if rng_state is not None else 0
+    opts = _options(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap, alibi_slopes, seed)
+    _C.varlen_backward(q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), softmax_lse, dq, dk, dv,
+                       cu_seqlens_q, cu_seqlens_k, None, **opts._asdict())
+    acc = torch.float64 if out.dtype == torch.float64 else torch.float32
+    return (dout.to(acc) * out.to(acc)).sum(dim=-1).transpose(0, 1).contiguous()
