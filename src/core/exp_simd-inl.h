@@ -53,9 +53,10 @@ HWY_INLINE V Exp2(D d, V t) {
   static_assert(sizeof(hn::TFromD<D>) == 4, "Exp2 is the f32 lanes' exponential");
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   // AVX-512: n = round(t) by VRNDSCALEPS and p 2^n by VSCALEFPS, 4 instructions fewer than the shifter
-  // below and the same bits (n from the same clamped t, f = t - n from the raw t, the product by 2^n
-  // exact where it is kept, t < -125 zeroed), but for t in [127.5, 128): 2^t is finite there, and the
-  // shifter's factor 2^128 already inf (test_exp_simd). Softmax arguments are <= 0.
+  // below and the same value (n from the same clamped t, f = t - n from the raw t, the product by 2^n
+  // exact where it is kept, t < -125 zeroed): the same bits in the release build, within one ulp in
+  // every build, but for t in [127.5, 128): 2^t is finite there, and the shifter's factor 2^128 already
+  // inf (test_exp_simd). Softmax arguments are <= 0.
   if constexpr (sizeof(V) == 64) {
     // The masked form with every lane kept: the plain one reads an undefined vector, which GCC 12 warns of.
     const __m512 tc = hn::Min(t, hn::Set(d, 128.0f)).raw;
