@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include "core/amx.hpp"
+#include "core/amx_tiles.hpp"
 #include "probes.hpp"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -21,16 +22,6 @@
 
 namespace attn::cli {
 namespace {
-
-// LDTILECFG's 64-byte operand, palette 1: per tile its bytes per row and its rows.
-struct alignas(64) TileConfig {
-  std::uint8_t palette_id = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 
 // GCC 12's tile intrinsics are asm statements that take buffers by address without a memory operand or
 // clobber, so the compiler sees neither the loads read nor the stores write them: this barrier, given
@@ -42,8 +33,7 @@ constexpr double kFlopsPerDot = 16.0 * 16.0 * 32.0 * 2.0;  // C[16x16] += A[16x3
 // Runs `iters` rounds of four independent TDPBF16PS; returns the flops done. The accumulators are
 // stored and folded into `sink` so the result is observable.
 double TileChains(std::int64_t iters, float* sink) {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;  // every tile 16 rows x 64 bytes
+  const detail::amx::TileConfig cfg = detail::amx::full_tiles();  // every tile 16 rows x 64 bytes
   // A: 16 rows of 32 bf16. B in the VNNI layout: 16 rows, each 16 columns of a (k, k+1) bf16 pair.
   // bf16 1.0 and 2^-23: normal values, so no flush to zero, and sums that stay finite.
   alignas(64) std::uint16_t a[16 * 32], b[16 * 32];
