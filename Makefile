@@ -30,20 +30,7 @@ SAN_JOBS         ?= $(JOBS)
 ATTN_CUDA        ?= AUTO
 FUZZERS          := reference tiled tiled_amx splitk splitk_partials varlen decode decode_quantized backward
 LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
-TSAN_TESTS       := test_exactness test_features test_differential $(if $(wildcard tests/test_decode.cpp),test_decode)
 AARCH64_FUZZ_RUNS ?= 60
-# The AArch64 stage's test binaries: those of the SIMD kernels (tiled forward, varlen, decode and its
-# quantized caches, backward, dropout, sinks, head dims, numerical edges, the differential test, the
-# AMX forward on the tile emulator) and of the online softmax and the exponential (test_exp_simd) they
-# share. Not the validation, IO-model, ring-model or CUDA-emulation tests: no SIMD code, the same on
-# every architecture (under qemu the emulation's alone take over 15 minutes).
-AARCH64_TESTS := test_online_softmax test_exp_simd test_merge_states test_exactness test_features test_prefill \
-                 test_prefill_varlen test_varlen_paged test_head_dims test_decode test_decode_quantized \
-                 test_decode_batch_invariant test_backward test_backward_varlen test_dropout \
-                 test_dropout_backward test_sinks test_sinks_backward test_numerical_edges \
-                 test_option_extremes test_differential test_amx_emulator test_amx_forward
-empty :=
-space := $(empty) $(empty)
 
 # ccache (scripts/setup-deps installs it), for every compile: `pip install .` (the Python stage)
 # compiles libattn with the same commands as the release build, so it takes the release build's objects
@@ -108,18 +95,16 @@ test-asan: $(call after,asan-build)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 $(LSAN_ENV) \
 	  ATTN_FUZZ_RUNS=30 ctest --output-on-failure -j$(JOBS) --timeout 600 -E 'Counted\..*N1000'
 
-# TSan: the tests that run the threaded paths. libomp's libarcher makes OpenMP's synchronisation
-# visible to TSan; ignore_noninstrumented_modules=1 (LLVM's documented setting for Archer) skips the
+# TSan: the tests labelled threaded (tests/CMakeLists.txt), which run the threaded paths. libomp's
+# libarcher makes OpenMP's synchronisation visible to TSan; ignore_noninstrumented_modules=1 (LLVM's documented setting for Archer) skips the
 # accesses inside the uninstrumented libomp itself. No suppressions: any report in attn's code fails.
 build-tsan/CMakeCache.txt: | $(call after,deps)
 	scripts/configure-sanitized build-tsan thread
 test-tsan: $(call after,deps) build-tsan/CMakeCache.txt
-	cmake --build build-tsan -j$(SAN_JOBS) --target $(TSAN_TESTS)
-	set -e; for t in $(TSAN_TESTS); do \
-	  echo "== tsan: $$t"; \
-	  TSAN_OPTIONS="halt_on_error=1 abort_on_error=1 ignore_noninstrumented_modules=1" OMP_NUM_THREADS=4 ATTN_FUZZ_RUNS=20 \
-	    OMP_TOOL_LIBRARIES=$$(ls /usr/lib/llvm-*/lib/libarcher.so | head -1) build-tsan/tests/$$t; \
-	done
+	cmake --build build-tsan -j$(SAN_JOBS) --target attn_tests_threaded
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 abort_on_error=1 ignore_noninstrumented_modules=1" \
+	  OMP_NUM_THREADS=4 ATTN_FUZZ_RUNS=20 OMP_TOOL_LIBRARIES=$$(ls /usr/lib/llvm-*/lib/libarcher.so | head -1) \
+	  ctest --output-on-failure -j$(JOBS) --timeout 600 -L '^threaded$$'
 
 # libFuzzer: FUZZ_RUN_SECONDS per target from the seed corpus (new inputs go to build-asan/corpus/);
 # tiled_amx (attention_tiled on the AMX tile emulator) starts from tiled's seeds, the same input format.
@@ -134,7 +119,8 @@ test-fuzz: $(call after,asan-build)
 	  grep -E "stat::number_of_executed_units|Done [0-9]+ runs" build-asan/fuzz_$$f.log; \
 	done
 
-# AArch64: libattn and $(AARCH64_TESTS) cross-compiled by Debian's aarch64-linux-gnu-g++
+# AArch64: libattn and the tests labelled simd (tests/CMakeLists.txt: the SIMD kernels' tests)
+# cross-compiled by Debian's aarch64-linux-gnu-g++
 # (cmake/aarch64-linux-gnu.cmake; Release, no CUDA, MPI, tools or explorer) in build-aarch64, and run by
 # ctest under qemu-aarch64: all of them with QEMU_CPU=max (Highway's NEON, SVE and SVE2 at 512 bits;
 # the tiled, backward and decode kernels are NEON only), then the dequantization test, whose kernel is
@@ -145,11 +131,10 @@ AARCH64_CTEST := ctest --output-on-failure --timeout 600
 AARCH64_RAN   := grep -h '^\[  TARGETS \]' Testing/Temporary/LastTest.log | sort | uniq -c
 test-aarch64: $(call after,deps deps-aarch64)
 	cmake -S . -B build-aarch64 --toolchain cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
-	  -DATTN_CUDA=OFF -DATTN_MPI=OFF -DATTN_BUILD_TOOLS=OFF -DATTN_EXPLORER=OFF \
-	  "-DATTN_TEST_SUBSET=$(subst $(space),;,$(AARCH64_TESTS))"
-	cmake --build build-aarch64 -j$(JOBS) --target attn_test_subset
+	  -DATTN_CUDA=OFF -DATTN_MPI=OFF -DATTN_BUILD_TOOLS=OFF -DATTN_EXPLORER=OFF
+	cmake --build build-aarch64 -j$(JOBS) --target attn_tests_simd
 	cd build-aarch64 && QEMU_CPU=max ATTN_FUZZ_RUNS=$(AARCH64_FUZZ_RUNS) $(AARCH64_CTEST) -j$(JOBS) \
-	  -L '^($(subst $(space),|,$(AARCH64_TESTS)))$$' && $(AARCH64_RAN)
+	  -L '^simd$$' && $(AARCH64_RAN)
 	set -e; cd build-aarch64 && for bytes in 32 16; do \
 	  echo "== SVE vectors of $$bytes bytes"; \
 	  QEMU_CPU=max,sve-default-vector-length=$$bytes $(AARCH64_CTEST) -R '^QuantizedTypes\.SimdDequantization'; \
