@@ -108,7 +108,12 @@ struct Mask {
     std::int64_t lo, hi;
   };
   ATTN_HOST_DEVICE TileKeys tile_keys(std::int64_t i, std::int64_t j0, std::int64_t n) const {
-    const std::int64_t first = first_key(i) - j0, end = end_key(i) - j0;
+    return cut_to_tile(first_key(i), end_key(i), j0, n);
+  }
+  // The same for a row whose [first_key, end_key) a kernel looked up once for many tiles (decode).
+  ATTN_HOST_DEVICE static TileKeys cut_to_tile(std::int64_t first_key, std::int64_t end_key, std::int64_t j0,
+                                               std::int64_t n) {
+    const std::int64_t first = first_key - j0, end = end_key - j0;
     const std::int64_t lo = first < 0 ? 0 : (first > n ? n : first);
     const std::int64_t hi = end < lo ? lo : (end > n ? n : end);
     return {lo, hi};

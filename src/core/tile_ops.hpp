@@ -34,20 +34,16 @@ inline A dot(const A* x, const A* y, std::int64_t d) {
 }
 
 // scores[c] = the score of query i against key j0 + c of a packed tile (scaled, soft-capped, ALiBi),
-// or -inf where that key is outside [first_key(i), end_key(i)).
+// or -inf where query i does not see that key (Mask::tile_keys).
 template <class A>
 inline void score_row(const Problem& p, A* scores, const A* q, const A* k_tile, std::int64_t n, std::int64_t j0,
                       std::int64_t i, A slope) {
   const Mask mask = p.mask();
-  const std::int64_t lo = mask.first_key(i), hi = mask.end_key(i), d = p.head_dim;
-  for (std::int64_t c = 0; c < n; ++c) {
-    const std::int64_t j = j0 + c;
-    if (j < lo || j >= hi) {
-      scores[c] = -std::numeric_limits<A>::infinity();
-      continue;
-    }
-    scores[c] = mask.score(dot(q, k_tile + c * d, d), i, j, slope);
-  }
+  const auto [lo, hi] = mask.tile_keys(i, j0, n);
+  const std::int64_t d = p.head_dim;
+  for (std::int64_t c = 0; c < n; ++c)
+    scores[c] = c < lo || c >= hi ? -std::numeric_limits<A>::infinity()
+                                  : mask.score(dot(q, k_tile + c * d, d), i, j0 + c, slope);
 }
 
 // Finalises one row's state, the state of all its keys, into out[b, i, h, :] (converted to T) and

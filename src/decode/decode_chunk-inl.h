@@ -168,8 +168,9 @@ HWY_INLINE void PvVisibleKeys(const ChunkArgs<float>& a, std::int64_t g, std::in
   bool full = true;
   for (std::int64_t t = 0; t < nr; ++t) {
     const std::int64_t i = (r0 + t) % a.seqlen_q;
-    lo[t] = std::clamp<std::int64_t>(a.first_key[i] - a.j0, 0, a.n);
-    hi[t] = std::clamp<std::int64_t>(a.end_key[i] - a.j0, lo[t], a.n);
+    const Mask::TileKeys keys = Mask::cut_to_tile(a.first_key[i], a.end_key[i], a.j0, a.n);
+    lo[t] = keys.lo;
+    hi[t] = keys.hi;
     full = full && lo[t] == 0 && hi[t] == a.n;
   }
   const float* pr = probs + r0 * kChunk;
@@ -186,16 +187,14 @@ HWY_INLINE void TransformScores(const ChunkArgs<float>& a, float* scores) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df)), R = a.group * a.seqlen_q, n = a.n;
   const float ninf = -std::numeric_limits<float>::infinity();
-  const bool plain = a.mask->rule.softcap == 0;
   const auto vs = hn::Set(df, static_cast<float>(a.mask->rule.scale));
   for (std::int64_t g = 0; g < a.kv_heads; ++g)
     for (std::int64_t r = 0; r < R; ++r) {
       float* sr = scores + (g * R + r) * kChunk;
       const std::int64_t i = r % a.seqlen_q;
       const float slope = a.slopes[g * a.group + r / a.seqlen_q];
-      const std::int64_t lo = std::clamp<std::int64_t>(a.first_key[i] - a.j0, 0, n);
-      const std::int64_t hi = std::clamp<std::int64_t>(a.end_key[i] - a.j0, lo, n);
-      if (plain && slope == 0.0f) {  // Mask::score is dot * float(scale) here: the same product
+      const auto [lo, hi] = Mask::cut_to_tile(a.first_key[i], a.end_key[i], a.j0, n);
+      if (!a.mask->transforms_scores(slope)) {  // Mask::score is dot * float(scale) here: the same product
         for (std::int64_t c = 0; c < n; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, sr + c), vs), df, sr + c);
       } else {
         for (std::int64_t c = lo; c < hi; ++c) sr[c] = a.mask->score(sr[c], i, a.j0 + c, slope);
