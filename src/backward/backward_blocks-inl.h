@@ -37,7 +37,7 @@ struct RowGrads {
 };
 
 // In place over one (key tile, query tile) pair, lane-wise over queries:
-//   s[c][r]  = S^T (the logit from the score epilogue, without ALiBi when soft-capped)  ->  P^T  = exp(S - lse)
+//   s[c][r]  = S^T (the logit from the score epilogue; soft-capped, its argument: below)  ->  P^T  = exp(S - lse)
 //   dp[c][r] = dP^T = (V dO^T)                          ->  dX^T = P (dP - D) d logit / d dot
 // Masked entries (outside a row's [lo, hi), or padding rows) become exactly 0 by selection, never by a
 // product with 0, so a NaN in a hidden key or value does not reach them.
@@ -48,8 +48,8 @@ HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t
   const std::size_t N = hn::Lanes(d);
   const bool softcap = rule.softcap > 0, alibi = rule.alibi_slopes != nullptr;
   const auto scale = hn::Set(d, static_cast<A>(rule.scale));
-  const auto inv_cap = hn::Set(d, softcap ? static_cast<A>(1 / rule.softcap) : A(0));
-  const auto one = hn::Set(d, A(1));
+  const auto cap = hn::Set(d, static_cast<A>(rule.softcap));
+  const auto one = hn::Set(d, A(1)), four = hn::Set(d, A(4)), minus_two = hn::Set(d, A(-2));
   for (std::size_t r = r_begin; r < r_end; r += N) {
     const auto lse = hn::Load(d, g.lse + r), dsum = hn::Load(d, g.D + r);
     const auto lo = hn::Load(d, rows.lo + r), hi = hn::Load(d, rows.hi + r);
@@ -61,11 +61,15 @@ HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t
       auto dpv = hn::Load(d, dc);
       auto grad = scale;
       if (softcap) {
-        // With the cap, the score block stored cap tanh(u) alone (Pair leaves ALiBi out of it): t = tanh(u)
-        // is logit / cap exactly, where recovering it from cap tanh(u) - slope |dist - c| would cancel
-        // (a cap of 1e-30 under a bias of 1 leaves nothing of tanh). The ALiBi term joins the logit here.
-        const auto t = hn::Mul(logit, inv_cap);
-        grad = hn::Mul(scale, hn::NegMulAdd(t, t, one));
+        // With the cap, the score block holds x = dot * scale (Pair's rule leaves the cap and ALiBi out):
+        // the derivative needs u = x / cap itself, not cap tanh(u) (ScoreRule::softcap_slope), and
+        // recovering tanh(u) from a biased logit would cancel. The logit is made here as the forward's
+        // epilogue makes it (tiled_score-inl.h): cap tanh(x / cap), then ALiBi.
+        const auto u = hn::Div(logit, cap);
+        logit = hn::Mul(cap, hn::Tanh(d, u));
+        const auto e = hn::Exp(d, hn::Mul(minus_two, hn::Abs(u)));
+        const auto one_e = hn::Add(one, e);
+        grad = hn::Mul(scale, hn::Div(hn::Mul(four, e), hn::Mul(one_e, one_e)));
         if (alibi) logit = hn::NegMulAdd(slope, hn::Abs(hn::Sub(dist, hn::Set(d, static_cast<A>(c)))), logit);
       }
       // A NaN score (also -inf - -inf, a row that sees no key) gives p = NaN: it must poison its row.

@@ -278,10 +278,13 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
   const std::size_t r0 = first_row / align * align, r1 = RoundUp(end_row, align);
   static const ScoreRule kIdentity{};  // scale 1, no transform: dP^T is the plain product
   const std::size_t nn = static_cast<std::size_t>(n);
-  // Soft-capped: the score block leaves ALiBi out and GradStep adds it, so that GradStep reads tanh from the
-  // capped logit alone.
+  // Soft-capped: the score block holds dot * scale alone, and GradStep applies the cap and ALiBi (it needs
+  // the cap's argument for the derivative).
   ScoreRule s_rule = p.rule;
-  if (s_rule.softcap > 0) s_rule.alibi_slopes = nullptr;
+  if (s_rule.softcap > 0) {
+    s_rule.softcap = 0;
+    s_rule.alibi_slopes = nullptr;
+  }
   // The pairs are packed at each product's own dim (PackKPairs' row length), the accumulator rows at the width.
   const ScoreOperands<A> s_op{w.qt, w.k, R, use_dp ? dq : dim, dq}, dp_op{w.dot, w.v, R, use_dp ? dv : dim, dv};
   const Epilogue s_ep{&s_rule, masked}, dp_ep{&kIdentity, false};
