@@ -19,8 +19,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "attn/attention.hpp"
@@ -28,36 +26,16 @@
 
 using namespace attn;
 using namespace attn::fuzzing;
+using namespace attn::fuzzing::forward;
 
 namespace {
 
 enum Entry { kReference = 1, kTiled = 2, kSplitk = 3, kSplitkPartials = 4 };
 
-// Corruptions: each makes the call certainly invalid.
-enum Corrupt {
-  kNone = -1,
-  kZeroDim,
-  kNegStride,
-  kRank,
-  kDtypeMismatch,
-  kBadDtype,
-  kNullData,
-  kOverflow,
-  kHeadsNotMultiple,
-  kShapeMismatch,
-  kOutOverlapsInput,
-  kOutAliases,
-  kLseOverlap,
-  kLseDtype,
-  kScale,
-  kSoftcap,
-  kWindow,
-  kAlibiStride,
-  kThreads,
-  kKnob,
-  kDropout,
-  kCount
-};
+// This harness's own corruption kinds, after the forward ones (fuzz_common.hpp). An input's mode byte
+// picks one of kCount (draw_corruption): the seed corpus was written for this count.
+enum { kKnob = kShared, kDropout, kCount };
+static_assert(kCount == 20);
 
 // Split-K (and its partials) is an inference path: it takes no dropout (docs/dropout.md).
 // Entry 5 is attention_tiled on the AMX tile emulator (ATTN_AMX=emulate, bf16 inputs only): the
@@ -79,8 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 #endif
   const bool causal = flags & 4, want_lse = flags & 8, use_alibi = flags & 16, use_scale = flags & 32,
              use_softcap = flags & 64, specials = flags & 128;
-  const std::uint8_t mode = in.u8();
-  const int corrupt = mode < 150 ? kNone : (mode - 150) % kCount;
+  const int corrupt = draw_corruption(in, kCount);
 
   const std::int64_t B = 1 + in.u8() % 3, SQ = 1 + in.u8() % 24, SK = in.u8() % 25, HK = 1 + in.u8() % 3,
                      H = HK * (1 + in.u8() % 3);
@@ -98,16 +75,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   std::vector<float> slopes;
   AttentionOptions o = draw_options(in, causal, use_softcap, use_scale, use_alibi, B, H, 30, slopes);
-  TileOptions tiles;
-  if (in.u8() & 1) tiles.q_tile = 1 + in.u8() % 40;
-  if (in.u8() & 1) tiles.k_tile = 1 + in.u8() % 40;
+  [[maybe_unused]] TileOptions tiles = draw_tiles(in, 40);  // the tiled entries' (the others read its bytes too)
   SplitKOptions split;
   split.num_splits = in.u8() & 1 ? 1 + in.u8() % 64 : (std::int64_t(1) << (in.u8() % 40));
   std::int64_t pb = in.u8() % B, pi = in.u8() % SQ, ph = in.u8() % H;
 
-  fill(q, in, 1.0, specials);
-  fill(k, in, 1.0, specials);
-  fill(v, in, 1.0, specials);
+  for (View* x : {&q, &k, &v}) fill(*x, in, 1.0, specials);
 
   // Apply the corruption (after the data, so the data bytes stay aligned with the valid case).
   const std::uint8_t which = in.u8(), amount = in.u8();
@@ -130,24 +103,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   switch (corrupt) {
     case kNone:
       break;
-    case kZeroDim:
+    case kNegDim:  // a dim of 0 or less, k's and v's key count below 0 (no keys is valid)
       victim.t.shape[amount % 4] = -(amount / 4 % 3);
       if (&victim == &k || &victim == &v) victim.t.shape[1] = -1 - amount % 2;
       break;
-    case kNegStride:
-      apply_view_corruption(ViewFault::kNegStride, victim.t, amount);
-      break;
-    case kRank:
-      apply_view_corruption(ViewFault::kRank, victim.t, amount);
-      break;
     case kDtypeMismatch:  // q's dtype is the one the others must match: change k's instead
       apply_view_corruption(ViewFault::kDtypeMismatch, (&victim == &q ? k : victim).t, amount);
-      break;
-    case kBadDtype:
-      apply_view_corruption(ViewFault::kBadDtype, victim.t, amount);
-      break;
-    case kNullData:
-      if (!apply_view_corruption(ViewFault::kNullData, victim.t, amount)) return 0;
       break;
     case kOverflow:
       apply_view_corruption(ViewFault::kOverflow, victim.t, amount);
@@ -168,34 +129,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kOutOverlapsInput:
       out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data;
       if (SK == 0 && !(which & 1)) return 0;
-      break;
-    case kOutAliases: {
-      int i = amount % 4;
-      if (so[i] < 2) return 0;
-      out.t.strides[i] = 0;
-      break;
-    }
-    case kLseOverlap:
-      lse.t.data = (which & 1 ? out : q).t.data;
-      break;
-    case kLseDtype:
-      lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2);
-      break;
-    case kScale:
-      o.softmax_scale = bad_scale(amount);
-      break;
-    case kSoftcap:
-      o.softcap = bad_softcap(amount);
-      break;
-    case kWindow:
-      (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
-      break;
-    case kAlibiStride:
-      o.alibi_slopes = slopes;
-      o.alibi_batch_stride = -1 - amount;
-      break;
-    case kThreads:
-      o.num_threads = -1 - amount;
       break;
     case kKnob:
 #if ATTN_FUZZ_TILED
@@ -229,16 +162,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         must_name = corrupt_dropout(o, amount);
       }
       break;
+    default:
+      if (!corrupt_forward(corrupt, victim, out, lse, q, o, which, amount, slopes)) return 0;
   }
   const TensorView* lse_arg = want_lse || corrupt == kLseOverlap || corrupt == kLseDtype ? &lse.t : nullptr;
 #if ATTN_FUZZ_ENTRY == 4
   // splitk_partials returns one state per slice: keep the count small enough to be quick.
   if (corrupt != kKnob) split.num_splits = 1 + split.num_splits % 300;
 #endif
-  snapshot(views);
-  bool threw = false;
-  std::string what;
-  try {
+  const auto call = [&] {
 #if ATTN_FUZZ_ENTRY == 1
     attention_reference(q.t, k.t, v.t, out.t, o, lse_arg);
 #elif ATTN_FUZZ_TILED
@@ -251,12 +183,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 #else
 #error "ATTN_FUZZ_ENTRY must be 1..5"
 #endif
-  } catch (const std::invalid_argument& e) {
-    threw = true;
-    what = e.what();
-  }
-  // Anything other than std::invalid_argument propagates and libFuzzer reports it as a crash.
-  if (judge_call(threw, what, corrupt, which, amount, views, must_name)) return 0;
+  };
+  if (call_rejected(call, views, corrupt, which, amount, must_name)) return 0;
   check_inputs_untouched({&q, &k, &v});
   check_padding_untouched(out);
   if (want_lse) check_padding_untouched(lse);

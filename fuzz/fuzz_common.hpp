@@ -1,5 +1,6 @@
 // Shared pieces of the libFuzzer harnesses: a byte reader, strided views over exactly-sized heap
-// buffers, and the property checks (abort with a message on a violation).
+// buffers, the corruptions they have in common, and the property checks (abort with a message on a
+// violation).
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,13 @@ class Bytes {
   std::size_t n_, i_ = 0;
   std::uint64_t x_ = 0x2545F4914F6CDD1Dull;
 };
+
+// The corruption kind an input asks for, from its mode byte: none (-1) below `first`, so that most
+// inputs make a valid call, else one of the harness's `count` kinds.
+inline int draw_corruption(Bytes& in, int count, int first = 150) {
+  const std::uint8_t mode = in.u8();
+  return mode < first ? -1 : (mode - first) % count;
+}
 
 using Shape4 = std::array<std::int64_t, 4>;
 
@@ -99,6 +109,14 @@ inline AttentionOptions draw_options(Bytes& in, bool causal, bool use_softcap, b
   }
   o.num_threads = in.u8() % 4;
   return o;
+}
+
+// Tile sizes (the tiled entry points'): each left to the library or drawn in 1..max.
+inline TileOptions draw_tiles(Bytes& in, int max) {
+  TileOptions tiles;
+  if (in.u8() & 1) tiles.q_tile = 1 + in.u8() % max;
+  if (in.u8() & 1) tiles.k_tile = 1 + in.u8() % max;
+  return tiles;
 }
 
 // Dropout (AttentionOptions::dropout_p, dropout_seed, dropout_offset) on about 1 input in 6: a byte
@@ -236,9 +254,131 @@ inline bool apply_view_corruption(ViewFault kind, TensorView& t, int amount) {
   return true;
 }
 
+// The option corruptions the harnesses share; each makes the options certainly invalid.
+enum class OptionFault { kScale, kSoftcap, kWindow, kAlibiStride, kThreads, kDropout };
+
+// Applies `kind` to `o`, `amount` choosing the value. A bad ALiBi batch stride comes with the drawn
+// `slopes` (without slopes the stride means nothing). Returns the option a rejection must name where
+// one must (dropout's), else nullptr.
+inline const char* corrupt_option(OptionFault kind, AttentionOptions& o, int amount, const std::vector<float>& slopes) {
+  switch (kind) {
+    case OptionFault::kScale:
+      o.softmax_scale = bad_scale(amount);
+      break;
+    case OptionFault::kSoftcap:
+      o.softcap = bad_softcap(amount);
+      break;
+    case OptionFault::kWindow:
+      (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
+      break;
+    case OptionFault::kAlibiStride:
+      o.alibi_slopes = slopes;
+      o.alibi_batch_stride = -1 - amount;
+      break;
+    case OptionFault::kThreads:
+      o.num_threads = -1 - amount;
+      break;
+    case OptionFault::kDropout:
+      return corrupt_dropout(o, amount);
+  }
+  return nullptr;
+}
+
+// The corruptions of a forward call's out and lse that the harnesses share.
+enum class OutputFault { kOutAliases, kLseOverlap, kLseDtype };
+
+// Applies `kind`: out with a stride of 0 over a dim of 2 or more, lse on top of out's or q's buffer
+// (`which` chooses), or lse in a dtype other than its own. Returns false where out has no such dim
+// (a stride of 0 over a dim of 1 is valid): the harness then skips the input.
+inline bool corrupt_output(OutputFault kind, View& out, View& lse, const View& q, int which, int amount) {
+  switch (kind) {
+    case OutputFault::kOutAliases: {
+      const int i = amount % out.t.rank;
+      if (out.t.shape[i] < 2) return false;
+      out.t.strides[i] = 0;
+      break;
+    }
+    case OutputFault::kLseOverlap:
+      lse.t.data = (which & 1 ? out : q).t.data;
+      break;
+    case OutputFault::kLseDtype:
+      lse.t.dtype = lse.t.dtype == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2);
+      break;
+  }
+  return true;
+}
+
+// The shared fault that a harness's corruption kind stands for, where the harness numbers them its own
+// way (its seed corpus was written for its numbers): `ours` holds its number for each shared fault, in
+// the shared enum's order, kNoFault for those it lacks.
+constexpr int kNoFault = -2;
+template <class Fault, std::size_t N>
+std::optional<Fault> shared_fault(int corrupt, const int (&ours)[N]) {
+  for (std::size_t i = 0; i < N; ++i)
+    if (ours[i] == corrupt && corrupt != kNoFault) return static_cast<Fault>(i);
+  return std::nullopt;
+}
+
+// The corruption kinds that the forward harnesses (attention, varlen, decode) share, numbered as their
+// seed corpora were written: each harness's own kinds follow, from kShared on. A namespace of their own,
+// since fuzz_backward numbers its kinds otherwise.
+namespace forward {
+enum Kind {
+  kNone = -1,
+  // ViewFault's kinds up to kOverflow, in its order, on one view
+  kNegDim,
+  kNegStride,
+  kRank,
+  kDtypeMismatch,
+  kBadDtype,
+  kNullData,
+  kOverflow,
+  // each harness's own way: views that disagree or overlap
+  kHeadsNotMultiple,
+  kShapeMismatch,
+  kOutOverlapsInput,
+  // OutputFault's kinds, in its order
+  kOutAliases,
+  kLseOverlap,
+  kLseDtype,
+  // OptionFault's kinds up to kThreads, in its order
+  kScale,
+  kSoftcap,
+  kWindow,
+  kAlibiStride,
+  kThreads,
+  kShared
+};
+static_assert(kOverflow == static_cast<int>(ViewFault::kOverflow));
+static_assert(kLseDtype - kOutAliases == static_cast<int>(OutputFault::kLseDtype));
+static_assert(kThreads - kScale == static_cast<int>(OptionFault::kThreads));
+
+// Applies the forward kinds that every harness applies alike: a view fault (kNegDim .. kOverflow) to
+// `victim`, out's and lse's faults, the options'. The harness handles the other kinds, and any of these
+// it treats its own way, before it calls this. Returns false where the input is to be skipped (the
+// fault cannot make these views invalid).
+inline bool corrupt_forward(int corrupt, View& victim, View& out, View& lse, const View& q, AttentionOptions& o,
+                            int which, int amount, const std::vector<float>& slopes) {
+  if (corrupt >= kNegDim && corrupt <= kOverflow)
+    return apply_view_corruption(static_cast<ViewFault>(corrupt), victim.t, amount);
+  if (corrupt >= kOutAliases && corrupt <= kLseDtype)
+    return corrupt_output(static_cast<OutputFault>(corrupt - kOutAliases), out, lse, q, which, amount);
+  if (corrupt >= kScale && corrupt <= kThreads)
+    corrupt_option(static_cast<OptionFault>(corrupt - kScale), o, amount, slopes);
+  return true;
+}
+}  // namespace forward
+
 template <class F>
 decltype(auto) with_type(DType t, F&& f) {
   return detail::dispatch_dtype(t, f);
+}
+
+// The element of `v` at element offset `off`, as a double.
+inline double load_at(const View& v, std::int64_t off) {
+  double x = 0;
+  with_type(v.t.dtype, [&]<class T>() { x = detail::load<double>(reinterpret_cast<const T*>(v.buf.data())[off]); });
+  return x;
 }
 
 // Values byte / 64 in [-2, 2); with `specials`, three byte values become NaN, +inf and -inf.
@@ -268,19 +408,20 @@ inline void check_untouched(const std::vector<View*>& views) {
   for (auto* v : views)
     if (v->buf != v->before) die("a rejected call modified a buffer");
 }
-// The verdict every harness gives a call. A rejection must carry an attn:: message and leave every
-// buffer as it was: returns true, nothing more to check. An accepted call must not have been a
-// corrupted one (corrupt < 0 is none): returns false, the harness checks the results.
+// The verdict every harness gives a call (`thrown`: the message of its rejection, or none where it
+// returned). A rejection must carry an attn:: message and leave every buffer as it was: returns true,
+// nothing more to check. An accepted call must not have been a corrupted one (corrupt < 0 is none):
+// returns false, the harness checks the results.
 // Where the one fault is in an argument the message must name (`must_name`, e.g. "dropout_p"), a
 // rejection naming another is a violation too. ATTN_FUZZ_TRACE=1 prints each verdict.
-inline bool judge_call(bool threw, const std::string& what, int corrupt, int which, int amount,
+inline bool judge_call(const std::optional<std::string>& thrown, int corrupt, int which, int amount,
                        const std::vector<View*>& views, const char* must_name = nullptr) {
   if (std::getenv("ATTN_FUZZ_TRACE"))
-    std::fprintf(stderr, "corrupt %d: %s\n", corrupt, threw ? what.c_str() : "accepted");
-  if (threw) {
-    check_message(what);
-    if (must_name && what.find(std::string(": ") + must_name + ": ") == std::string::npos)
-      die("rejection '" + what + "' does not name " + must_name);
+    std::fprintf(stderr, "corrupt %d: %s\n", corrupt, thrown ? thrown->c_str() : "accepted");
+  if (thrown) {
+    check_message(*thrown);
+    if (must_name && thrown->find(std::string(": ") + must_name + ": ") == std::string::npos)
+      die("rejection '" + *thrown + "' does not name " + must_name);
     check_untouched(views);  // inputs and outputs alike hold their old bytes
     return true;
   }
@@ -289,6 +430,27 @@ inline bool judge_call(bool threw, const std::string& what, int corrupt, int whi
         ", amount " + std::to_string(amount) + ")");
   return false;
 }
+
+// Runs `call`, the entry point under test: the message of the std::invalid_argument it threw, or none.
+// Anything else propagates, and libFuzzer reports it as a crash.
+template <class Call>
+std::optional<std::string> rejection(Call&& call) {
+  try {
+    call();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return std::nullopt;
+}
+
+// Snapshots `views`, runs `call` and gives judge_call's verdict: true where the call was rejected.
+template <class Call>
+bool call_rejected(Call&& call, const std::vector<View*>& views, int corrupt, int which, int amount,
+                   const char* must_name = nullptr) {
+  snapshot(views);
+  return judge_call(rejection(call), corrupt, which, amount, views, must_name);
+}
+
 inline void check_inputs_untouched(const std::vector<View*>& views) {
   for (auto* v : views)
     if (v->buf != v->before) die("an input was written");

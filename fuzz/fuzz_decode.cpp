@@ -18,8 +18,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "attn/decode.hpp"
@@ -27,30 +25,14 @@
 
 using namespace attn;
 using namespace attn::fuzzing;
+using namespace attn::fuzzing::forward;
 
 namespace {
 
-enum Corrupt {
-  kNone = -1,
-  kNegDim,
-  kNegStride,
-  kRank,
-  kDtypeMismatch,
-  kBadDtype,
-  kNullData,
-  kOverflow,
-  kHeadsNotMultiple,
-  kShapeMismatch,
-  kOutOverlapsInput,
-  kOutAliases,
-  kLseOverlap,
-  kLseDtype,
-  kScale,
-  kSoftcap,
-  kWindow,
-  kAlibiStride,
-  kThreads,
-  kNumSplits,
+// This harness's own corruption kinds, after the forward ones (fuzz_common.hpp). An input's mode byte
+// picks one of kCount (draw_corruption): the seed corpus was written for this count.
+enum {
+  kNumSplits = kShared,
   kSeqlensNull,
   kSeqlenNegative,
   kSeqlenOverCapacity,
@@ -61,6 +43,7 @@ enum Corrupt {
   kCacheStride,
   kCount
 };
+static_assert(kCount == 27);
 
 // A cache view [n0, n1, hk, d]: head_dim innermost with stride 1; the other three dims in an order and
 // with padding drawn from the bytes. The buffer holds exactly the extent.
@@ -98,12 +81,11 @@ std::int64_t elem_off(const TensorView& t, std::int64_t i0, std::int64_t i1, std
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
   const std::uint8_t flags = in.u8();
+  const int corrupt = draw_corruption(in, kCount);
+  const std::uint8_t knobs = in.u8();
   const DType ct = static_cast<DType>(flags & 3);
   const bool causal = flags & 4, want_lse = flags & 8, use_alibi = flags & 16, paged = flags & 32,
              use_softcap = flags & 64, specials = flags & 128;
-  const std::uint8_t mode = in.u8();
-  const int corrupt = mode < 150 ? kNone : (mode - 150) % kCount;
-  const std::uint8_t knobs = in.u8();
   const bool q_f32 = (knobs & 1) && (ct == DType::bf16 || ct == DType::f16), append = knobs & 2, use_scale = knobs & 4,
              unused_minus_one = knobs & 8;
   const DType qt = q_f32 ? DType::f32 : ct;
@@ -204,15 +186,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   switch (corrupt) {
     case kNone:
       break;
-    case kNegDim:
-      apply_view_corruption(ViewFault::kNegDim, victim.t, amount);
-      break;
-    case kNegStride:
-      apply_view_corruption(ViewFault::kNegStride, victim.t, amount);
-      break;
-    case kRank:
-      apply_view_corruption(ViewFault::kRank, victim.t, amount);
-      break;
     case kDtypeMismatch:  // q: neither the cache's nor f32; cache.k: v mismatches; out: q; the rest: cache.k
       if (&victim == &q)
         q.t.dtype = ct == DType::bf16  ? DType::f16
@@ -221,15 +194,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                        : DType::f64;
       else
         apply_view_corruption(ViewFault::kDtypeMismatch, victim.t, amount);
-      break;
-    case kBadDtype:
-      apply_view_corruption(ViewFault::kBadDtype, victim.t, amount);
-      break;
-    case kNullData:
-      if (!apply_view_corruption(ViewFault::kNullData, victim.t, amount)) return 0;
-      break;
-    case kOverflow:
-      apply_view_corruption(ViewFault::kOverflow, victim.t, amount);
       break;
     case kHeadsNotMultiple:
       kc.t.shape[2] = vc.t.shape[2] = kn.t.shape[2] = vn.t.shape[2] = H + 1;
@@ -250,34 +214,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       out.t.data = s->t.data;
       break;
     }
-    case kOutAliases: {
-      const int i = amount % 4;
-      if (out.t.shape[i] < 2) return 0;
-      out.t.strides[i] = 0;
-      break;
-    }
-    case kLseOverlap:
-      lse.t.data = (which & 1 ? out : q).t.data;
-      break;
-    case kLseDtype:
-      lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2);
-      break;
-    case kScale:
-      o.softmax_scale = bad_scale(amount);
-      break;
-    case kSoftcap:
-      o.softcap = bad_softcap(amount);
-      break;
-    case kWindow:
-      (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
-      break;
-    case kAlibiStride:
-      o.alibi_slopes = slopes;
-      o.alibi_batch_stride = -1 - amount;
-      break;
-    case kThreads:
-      o.num_threads = -1 - amount;
-      break;
     case kNumSplits:
       dec.num_splits = -1 - amount;
       break;
@@ -337,6 +273,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (D < 2) return 0;
       (amount & 1 ? vc : kc).t.strides[3] = 2 + amount / 2 % 3;
       break;
+    default:
+      if (!corrupt_forward(corrupt, victim, out, lse, q, o, which, amount, slopes)) return 0;
   }
   cache.k = kc.t;  // after the corruption, which may have changed either view
   cache.v = vc.t;
@@ -361,16 +299,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           }
       }
   }
-  bool threw = false;
-  std::string what;
-  try {
-    attention_decode(q.t, cache, out.t, o, dec, lse_passed ? &lse.t : nullptr);
-  } catch (const std::invalid_argument& e) {
-    threw = true;
-    what = e.what();
-  }
+  const auto what = rejection([&] { attention_decode(q.t, cache, out.t, o, dec, lse_passed ? &lse.t : nullptr); });
   if (seqlens != seqlens0 || table != table0) die("seqlens or block table written");
-  if (judge_call(threw, what, corrupt, which, amount, views)) return 0;
+  if (judge_call(what, corrupt, which, amount, views)) return 0;
   check_inputs_untouched({&q, &kn, &vn});
   if (kc.buf != want_k || vc.buf != want_v) die("the cache differs from old cache + appended k_new/v_new");
   check_padding_untouched(out);

@@ -14,8 +14,6 @@
 //     |out| <= max |v| and lse is finite or -inf.
 #include <cmath>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "attn/varlen.hpp"
@@ -23,45 +21,14 @@
 
 using namespace attn;
 using namespace attn::fuzzing;
+using namespace attn::fuzzing::forward;
 
 namespace {
 
-enum Corrupt {
-  kNone = -1,
-  kNegDim,
-  kNegStride,
-  kRank,
-  kDtypeMismatch,
-  kBadDtype,
-  kNullData,
-  kOverflow,
-  kHeadsNotMultiple,
-  kShapeMismatch,
-  kOutOverlapsInput,
-  kOutAliases,
-  kLseOverlap,
-  kLseDtype,
-  kScale,
-  kSoftcap,
-  kWindow,
-  kAlibiStride,
-  kThreads,
-  kTile,
-  kCuNull,
-  kCuFirst,
-  kCuDecreasing,
-  kCuLast,
-  kBatch,
-  kLseShape,
-  kCount
-};
-
-// Values of out (dtype T) / lse at element offset `off`.
-double load_at(const View& v, std::int64_t off) {
-  double x = 0;
-  with_type(v.t.dtype, [&]<class T>() { x = detail::load<double>(reinterpret_cast<const T*>(v.buf.data())[off]); });
-  return x;
-}
+// This harness's own corruption kinds, after the forward ones (fuzz_common.hpp). An input's mode byte
+// picks one of kCount (draw_corruption): the seed corpus was written for this count.
+enum { kTile = kShared, kCuNull, kCuFirst, kCuDecreasing, kCuLast, kBatch, kLseShape, kCount };
+static_assert(kCount == 25);
 
 }  // namespace
 
@@ -71,8 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const DType dt = static_cast<DType>(flags & 3);
   const bool causal = flags & 4, want_lse = flags & 8, use_alibi = flags & 16, use_scale = flags & 32,
              use_softcap = flags & 64, specials = flags & 128;
-  const std::uint8_t mode = in.u8();
-  const int corrupt = mode < 150 ? kNone : (mode - 150) % kCount;
+  const int corrupt = draw_corruption(in, kCount);
 
   const std::int64_t B = 1 + in.u8() % 5, HK = 1 + in.u8() % 3, H = HK * (1 + in.u8() % 3), D = 1 + in.u8() % 24;
   std::vector<std::int32_t> cu_q(static_cast<std::size_t>(B + 1), 0), cu_k(static_cast<std::size_t>(B + 1), 0);
@@ -92,14 +58,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   std::vector<float> slopes;
   AttentionOptions o = draw_options(in, causal, use_softcap, use_scale, use_alibi, B, H, 12, slopes);
-  TileOptions tiles;
-  if (in.u8() & 1) tiles.q_tile = 1 + in.u8() % 12;
-  if (in.u8() & 1) tiles.k_tile = 1 + in.u8() % 12;
+  TileOptions tiles = draw_tiles(in, 12);
   std::int64_t batch = B;
 
-  fill(q, in, 1.0, specials);
-  fill(k, in, 1.0, specials);
-  fill(v, in, 1.0, specials);
+  for (View* x : {&q, &k, &v}) fill(*x, in, 1.0, specials);
 
   const std::uint8_t which = in.u8(), amount = in.u8();
   View* tv[] = {&q, &k, &v, &out};
@@ -120,23 +82,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       else
         apply_view_corruption(ViewFault::kNegDim, victim.t, amount);
       break;
-    case kNegStride:
-      apply_view_corruption(ViewFault::kNegStride, victim.t, amount);
-      break;
-    case kRank:
-      apply_view_corruption(ViewFault::kRank, victim.t, amount);
-      break;
     case kDtypeMismatch:  // q's dtype is the one the others must match: change k's instead
       apply_view_corruption(ViewFault::kDtypeMismatch, (&victim == &q ? k : victim).t, amount);
-      break;
-    case kBadDtype:
-      apply_view_corruption(ViewFault::kBadDtype, victim.t, amount);
-      break;
-    case kNullData:
-      if (!apply_view_corruption(ViewFault::kNullData, victim.t, amount)) return 0;
-      break;
-    case kOverflow:
-      apply_view_corruption(ViewFault::kOverflow, victim.t, amount);
       break;
     case kHeadsNotMultiple:
       k.t.shape[1] = v.t.shape[1] = H + 1;
@@ -147,34 +94,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case kOutOverlapsInput:
       out.t.data = (which & 1 ? q : which & 2 ? k : v).t.data;
       if (TK == 0 && !(which & 1)) return 0;
-      break;
-    case kOutAliases: {
-      const int i = amount % 3;
-      if (out.t.shape[i] < 2) return 0;
-      out.t.strides[i] = 0;
-      break;
-    }
-    case kLseOverlap:
-      lse.t.data = (which & 1 ? out : q).t.data;
-      break;
-    case kLseDtype:
-      lse.t.dtype = lt == DType::f64 ? DType::f32 : static_cast<DType>(amount % 2 ? 0 : 2 + amount % 2);
-      break;
-    case kScale:
-      o.softmax_scale = bad_scale(amount);
-      break;
-    case kSoftcap:
-      o.softcap = bad_softcap(amount);
-      break;
-    case kWindow:
-      (amount & 1 ? o.window_left : o.window_right) = -2 - amount / 2;
-      break;
-    case kAlibiStride:
-      o.alibi_slopes = slopes;
-      o.alibi_batch_stride = -1 - amount;
-      break;
-    case kThreads:
-      o.num_threads = -1 - amount;
       break;
     case kTile:
       (amount & 1 ? tiles.q_tile : tiles.k_tile) = -(amount / 2 % 3);
@@ -209,20 +128,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       else
         lse.t.rank = amount & 2 ? 4 : 2;
       break;
+    default:
+      if (!corrupt_forward(corrupt, victim, out, lse, q, o, which, amount, slopes)) return 0;
   }
   const TensorView* lse_arg = lse_passed ? &lse.t : nullptr;
   const std::vector<std::int32_t> cu_q0 = cu_q, cu_k0 = cu_k;
   snapshot(views);
-  bool threw = false;
-  std::string what;
-  try {
-    attention_varlen(q.t, k.t, v.t, out.t, cu_q_arg, cu_k_arg, batch, o, tiles, lse_arg);
-  } catch (const std::invalid_argument& e) {
-    threw = true;
-    what = e.what();
-  }
+  const auto what =
+      rejection([&] { attention_varlen(q.t, k.t, v.t, out.t, cu_q_arg, cu_k_arg, batch, o, tiles, lse_arg); });
   if (cu_q != cu_q0 || cu_k != cu_k0) die("cu_seqlens were written");
-  if (judge_call(threw, what, corrupt, which, amount, views)) return 0;
+  if (judge_call(what, corrupt, which, amount, views)) return 0;
   check_inputs_untouched({&q, &k, &v});
   check_padding_untouched(out);
   if (want_lse) check_padding_untouched(lse);
