@@ -175,7 +175,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       cache.v = TensorView{float_cache.data() + elems, DType::f32, 4, {rows, slots, HK, D}, cache.k.strides};
       break;
     case kSharedScaleBad:  // appending with a given (aliasing) scale of 0 or NaN
-      if (!append || SN == 0) return 0;
+      // One element with zero strides aliases nothing: a valid scale the append would write (into
+      // read-only memory here), not a fault.
+      if (!append || SN == 0 || rows * slots * HK * groups < 2) return 0;
       must = "cache.k_scale";
       cache.k_scale = TensorView{
           const_cast<float*>(&zero_or_nan[amount & 1]), DType::f32, 4, {rows, slots, HK, groups}, {0, 0, 0, 0}};
