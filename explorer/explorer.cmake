@@ -24,8 +24,8 @@ if(attn_explorer_build)
   # Only what the page computes: the traffic model and its counted schedules, the reference, tiled and
   # split-K paths of the CLI's checks, and the CLI's formatting. No decode, backward or varlen kernels.
   set(lib_sources src/io/io_model.cpp src/io/counted.cpp src/io/planning.cpp src/reference/reference.cpp
-      src/core/validate.cpp src/tiled/tiled.cpp src/tiled/tiled_kernel.cpp src/heuristics/cpu.cpp
-      src/splitk/splitk.cpp src/core/dpbf16.cpp src/tiled/amx_kernel.cpp src/core/amx.cpp src/core/amx_emulator.cpp)
+      src/validate/validate.cpp src/tiled/tiled.cpp src/tiled/tiled_kernel.cpp src/heuristics/cpu.cpp
+      src/splitk/splitk.cpp src/cpu/dpbf16.cpp src/tiled/amx_kernel.cpp src/amx/amx.cpp src/amx/amx_emulator.cpp)
   set(own_sources tools/attn/checks.cpp tools/attn/format.cpp explorer/explorer_api.cpp)
   set(obj_dir ${CMAKE_BINARY_DIR}/explorer-obj)
   # The headers of Highway and nlohmann-json (both header-only here) without the rest of /usr/include,

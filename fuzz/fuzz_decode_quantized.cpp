@@ -23,7 +23,7 @@
 
 #include "attn/decode.hpp"
 #include "core/quant.hpp"
-#include "core/validate.hpp"
+#include "validate/validate.hpp"
 #include "fuzz_common.hpp"
 
 using namespace attn;

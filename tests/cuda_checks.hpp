@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "attn/cuda.hpp"
-#include "core/rotary.hpp"
+#include "cpu/rotary.hpp"
 #include "support.hpp"
 
 namespace attn::test {
@@ -177,7 +177,7 @@ struct RotaryCase {
 };
 
 // Rows first .. t.s - 1 of batch b of t, every head, rotated in place, row i at position pos(i): the host's
-// rotary (core/rotary.hpp) in the accumulator type A, stored back as T.
+// rotary (cpu/rotary.hpp) in the accumulator type A, stored back as T.
 template <class A, class T, class PosFn>
 void rotate_rows(Tensor<T>& t, std::int64_t b, std::int64_t first, const RotaryTables& r, PosFn pos) {
   std::vector<A> row(static_cast<std::size_t>(t.d));

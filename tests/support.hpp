@@ -22,9 +22,9 @@
 
 #include "attn/attention.hpp"
 #include "attn/decode.hpp"
-#include "core/dpbf16.hpp"
+#include "cpu/dpbf16.hpp"
 #include "core/element.hpp"
-#include "core/target_names.hpp"
+#include "cpu/target_names.hpp"
 
 namespace attn::test {
 

@@ -1,4 +1,4 @@
-// The AMX tile emulator (core/amx_emulator.hpp), which the AMX kernels' tests run on where the CPU has
+// The AMX tile emulator (amx/amx_emulator.hpp), which the AMX kernels' tests run on where the CPU has
 // no AMX: the SDM's semantics (exact products, the even and odd partial sums, DAZ and FTZ, the tile
 // configuration's limits), and where the CPU's tiles are usable, bit-for-bit agreement with them.
 #include <gtest/gtest.h>
@@ -10,9 +10,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "core/amx.hpp"
-#include "core/amx_emulator.hpp"
-#include "core/amx_tiles.hpp"
+#include "amx/amx.hpp"
+#include "amx/amx_emulator.hpp"
+#include "amx/amx_tiles.hpp"
 #include "support.hpp"
 
 namespace attn {

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "attn/varlen.hpp"
-#include "core/amx.hpp"
-#include "core/problem.hpp"
+#include "amx/amx.hpp"
+#include "validate/problem.hpp"
 #include "support.hpp"
 
 namespace attn {

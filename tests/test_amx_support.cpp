@@ -1,4 +1,4 @@
-// AMX detection and the ATTN_AMX switch (core/amx.hpp). Detection must tell the truth: it agrees with
+// AMX detection and the ATTN_AMX switch (amx/amx.hpp). Detection must tell the truth: it agrees with
 // the kernel's /proc/cpuinfo flags, and where it says usable, a tile dot product runs and gives the
 // exact answer. Tests that need AMX (or its absence) report skipped on the other kind of machine.
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/amx.hpp"
+#include "amx/amx.hpp"
 #include "support.hpp"
 
 #if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))

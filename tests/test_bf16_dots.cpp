@@ -1,4 +1,4 @@
-// The bf16 dot-product switch (core/dpbf16.hpp): its policy, and that forcing it reaches each kernel
+// The bf16 dot-product switch (cpu/dpbf16.hpp): its policy, and that forcing it reaches each kernel
 // that has the path (the tiled forward, the backward, decode). Every accuracy test runs both paths on
 // AVX-512 targets of a CPU with AVX512-BF16 (test::for_each_simd_target); these tests show that the
 // two runs are different code, not one path run twice. The witness is VDPBF16PS's documented
@@ -14,7 +14,7 @@
 #include "attn/backward.hpp"
 #include "attn/decode.hpp"
 #include "backward/backward_kernel.hpp"
-#include "core/dpbf16.hpp"
+#include "cpu/dpbf16.hpp"
 #include "support.hpp"
 #include "tiled/tiled_kernel.hpp"
 

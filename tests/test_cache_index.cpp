@@ -1,13 +1,13 @@
 // The cache's objects (core/cache_index.hpp) that the CPU and CUDA backends both read keys through:
 // PageTable's lookup, CacheIndex's sequence rules (leftpad, batch_idx, appended keys), RotarySpec's
-// positions, and the builders from the public KVCache and RotaryTables (core/decode_problem.hpp).
+// positions, and the builders from the public KVCache and RotaryTables (validate/decode_problem.hpp).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
 #include "core/cache_index.hpp"
-#include "core/decode_problem.hpp"
-#include "core/rotary.hpp"
+#include "validate/decode_problem.hpp"
+#include "cpu/rotary.hpp"
 
 namespace attn::detail {
 namespace {

@@ -461,7 +461,7 @@ TEST_F(Gpu, RejectsHostPointersAndUnsupportedShapesWithoutWriting) {
   EXPECT_THROW(
       cuda::attention(dview(dq, 1, 4, 2, 96), dview(dk, 1, 8, 2, 96), dview(dv, 1, 8, 2, 96), dview(dout, 1, 4, 2, 96)),
       std::invalid_argument);
-  // The shared rules (here: heads not a multiple of kv_heads) come from core/validate.
+  // The shared rules (here: heads not a multiple of kv_heads) come from validate/validate.cpp.
   EXPECT_THROW(cuda::attention(dview(dq, 1, 4, 2, 128), dview(dk, 1, 4, 4, 64), dview(dv, 1, 4, 4, 64),
                                dview(dout, 1, 4, 2, 128)),
                std::invalid_argument);

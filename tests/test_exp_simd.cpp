@@ -1,4 +1,4 @@
-// ExpDiff (core/exp_simd-inl.h), the softmax's exponential in every CPU kernel, on every SIMD target
+// ExpDiff (cpu/exp_simd-inl.h), the softmax's exponential in every CPU kernel, on every SIMD target
 // this CPU runs: its error against std::exp in double, its special values (NaN poisons, -inf and far
 // below the row's maximum give exactly 0, 0 gives exactly 1), on f32 and f64 lanes.
 #undef HWY_TARGET_INCLUDE
@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/exp_simd-inl.h"
+#include "cpu/exp_simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::test_exp {

@@ -7,7 +7,7 @@
 
 #include "attn/attention.hpp"
 #include "attn/backward.hpp"
-#include "core/backward_problem.hpp"
+#include "validate/backward_problem.hpp"
 #include "distributed/ring_grad.hpp"
 #include "distributed_support.hpp"
 

@@ -1,5 +1,5 @@
 // How often this core issues VDPBF16PS against a 512-bit FMA: the measurement behind bf16_dots()'s
-// default (src/core/dpbf16.hpp; docs/prefill.md, "Where the dot products pay"). One VDPBF16PS does 32
+// default (src/cpu/dpbf16.hpp; docs/prefill.md, "Where the dot products pay"). One VDPBF16PS does 32
 // products, one FMA 16, so the instruction pays where it issues at more than half the FMA rate.
 //
 // K independent accumulators per loop: 24 hide either instruction's latency (throughput), 4 do not

@@ -25,11 +25,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__CUDACC__)
-#define ATTN_HOST_DEVICE __host__ __device__
-#else
-#define ATTN_HOST_DEVICE
-#endif
+#include "attn/host_device.hpp"
 
 namespace attn {
 

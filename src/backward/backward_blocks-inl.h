@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "core/exp_simd-inl.h"
+#include "cpu/exp_simd-inl.h"
 #include "core/score_rule.hpp"
 #include "tiled/tiled_score-inl.h"
 

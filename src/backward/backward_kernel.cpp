@@ -44,7 +44,7 @@
 #include "backward/backward_scratch.hpp"
 #include "core/dropout.hpp"
 #include "core/element.hpp"
-#include "core/philox-inl.h"
+#include "cpu/philox-inl.h"
 #include "tiled/tiled_pack-inl.h"
 #include "tiled/tiled_score-inl.h"
 #include "backward/backward_blocks-inl.h"
@@ -81,7 +81,7 @@ ATTN_SCORE_ATTR HWY_NOINLINE void ProductTile(D d, const ScoreOperands<A>& op, s
   }
 }
 
-// bf16 where the dot products pay (bf16_dots, core/dpbf16.hpp): the two score-like products (S = Q K^T, dP = dO V^T)
+// bf16 where the dot products pay (bf16_dots, cpu/dpbf16.hpp): the two score-like products (S = Q K^T, dP = dO V^T)
 // take the bf16 inputs as pairs, as the forward's scores do (half the instructions, no widening); the three gradient
 // products stay f32 FMAs, since P and dS are not bf16 values and rounding them would cost accuracy.
 template <class T>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "attn/attention.hpp"
-#include "core/backward_problem.hpp"
+#include "validate/backward_problem.hpp"
 
 namespace attn::detail {
 

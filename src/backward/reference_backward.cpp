@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "attn/backward.hpp"
-#include "core/backward_problem.hpp"
-#include "core/tile_ops.hpp"
+#include "validate/backward_problem.hpp"
+#include "cpu/tile_ops.hpp"
 
 namespace attn {
 namespace {

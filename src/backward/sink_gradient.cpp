@@ -1,4 +1,4 @@
-// The gradient of the attention sinks (core/backward_problem.hpp, sink_gradient). With P_sink =
+// The gradient of the attention sinks (validate/backward_problem.hpp, sink_gradient). With P_sink =
 // exp(sink - lse) the sink's softmax weight in a row, out = sum_j p_j v_j and d p_j / d sink = -p_j P_sink,
 // so d out / d sink = -P_sink out and d loss / d sink = -P_sink (dout . out), summed over the rows of the
 // head. With dropout the same holds: the kept weights' common factor does not depend on the sink.
@@ -6,9 +6,9 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/backward_problem.hpp"
+#include "validate/backward_problem.hpp"
 #include "core/element.hpp"
-#include "core/tile_ops.hpp"
+#include "cpu/tile_ops.hpp"
 
 namespace attn::detail {
 namespace {

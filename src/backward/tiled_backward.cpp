@@ -1,9 +1,9 @@
 // attention_backward's entry point: validation, then the SIMD tiled kernel (backward_kernel.cpp).
 #include "attn/backward.hpp"
 #include "backward/backward_kernel.hpp"
-#include "core/backward_problem.hpp"
-#include "core/tile_ops.hpp"
-#include "core/validate.hpp"
+#include "validate/backward_problem.hpp"
+#include "cpu/tile_ops.hpp"
+#include "validate/validate.hpp"
 
 namespace attn {
 

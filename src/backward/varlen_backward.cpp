@@ -8,10 +8,10 @@
 
 #include "attn/backward.hpp"
 #include "backward/backward_kernel.hpp"
-#include "core/backward_problem.hpp"
+#include "validate/backward_problem.hpp"
 #include "core/element.hpp"
-#include "core/tile_ops.hpp"
-#include "core/varlen_rules.hpp"
+#include "cpu/tile_ops.hpp"
+#include "validate/varlen_rules.hpp"
 
 namespace attn {
 namespace {

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
+#include "attn/host_device.hpp"
 #include "attn/tensor.hpp"
 #include "core/rotary_rule.hpp"
 

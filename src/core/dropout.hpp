@@ -1,5 +1,5 @@
 // The dropout rule: which softmax weights P_ij the forward keeps, and by what it scales them. Resolved
-// once from AttentionOptions (resolve_options, core/validate.cpp) next to the score rule and carried
+// once from AttentionOptions (resolve_options, validate/validate.cpp) next to the score rule and carried
 // unchanged to every kernel that supports dropout, which all ask this struct, per element or per group
 // of four keys, so that the forward, the backward and the public mask (attn::dropout_mask) draw the same
 // bits whatever their tile sizes, loop orders or thread counts. docs/dropout.md.
@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
+#include "attn/host_device.hpp"
 #include "core/philox.hpp"
 
 namespace attn::detail {

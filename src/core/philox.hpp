@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
+#include "attn/host_device.hpp"
 
 namespace attn::detail {
 

@@ -1,12 +1,12 @@
 // The rule of rotary position embedding, host and device alike (include/attn/decode.hpp, RotaryTables):
 // table column c rotates the pair of features (c, c + rotary_dim / 2) (GPT-NeoX), or (2c, 2c + 1) when
 // interleaved (GPT-J), by the angle whose cos and sin are column c of the position's table row. The CPU
-// decode (core/rotary.hpp) and the CUDA decode's kernels (src/cuda/decode_kernel.cuh) both use it.
+// decode (cpu/rotary.hpp) and the CUDA decode's kernels (src/cuda/decode_kernel.cuh) both use it.
 #pragma once
 
 #include <cstdint>
 
-#include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
+#include "attn/host_device.hpp"
 
 namespace attn::detail {
 

@@ -1,5 +1,5 @@
 // The score rule: everything that turns a dot product q . k into a softmax logit, and which keys a
-// query sees. It is resolved once from AttentionOptions (resolve_options, core/validate.cpp) and carried
+// query sees. It is resolved once from AttentionOptions (resolve_options, validate/validate.cpp) and carried
 // unchanged to every kernel -- reference, tiled, split-K, varlen, decode, and the CUDA kernels (host +
 // device, like online_softmax.hpp). A new score transform is a field here, its resolution and its
 // tests, and each kernel's use of `logit` or of the fields it vectorises.
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
+#include "attn/host_device.hpp"
 
 namespace attn::detail {
 

@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "attn/attention.hpp"       // KeyRange
-#include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
+#include "attn/attention.hpp"  // KeyRange
+#include "attn/host_device.hpp"
 
 namespace attn::detail {
 

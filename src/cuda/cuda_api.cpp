@@ -1,4 +1,4 @@
-// The CUDA entry points: validation (the CPU rules of core/validate and decode_validate, plus the
+// The CUDA entry points: validation (the CPU rules of validate/validate and decode_validate, plus the
 // backend's own: device memory, bf16/f16, head_dim 64/128/256, 16-byte rows), then the launchers.
 #include "attn/cuda.hpp"
 
@@ -9,16 +9,16 @@
 #include <string>
 #include <vector>
 
-#include "core/problem.hpp"
-#include "core/validate.hpp"
-#include "core/page_rules.hpp"
+#include "validate/problem.hpp"
+#include "validate/validate.hpp"
+#include "validate/page_rules.hpp"
 #include "core/split.hpp"
-#include "core/varlen_rules.hpp"
+#include "validate/varlen_rules.hpp"
 #include "cuda/heuristics.hpp"
 #include "cuda/layout.hpp"
 #include "cuda/params.hpp"
 #include "core/checked.hpp"
-#include "core/decode_problem.hpp"
+#include "validate/decode_problem.hpp"
 
 namespace attn::cuda_detail {
 Launchers& launchers() {

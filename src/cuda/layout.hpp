@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "attn/online_softmax.hpp"  // ATTN_HOST_DEVICE
+#include "attn/host_device.hpp"
 #include "core/cache_index.hpp"
 #include "core/score_rule.hpp"
 #include "core/split.hpp"

@@ -23,16 +23,17 @@
 
 #include <omp.h>
 
+#include "decode/run_decode.hpp"
 #include "attn/attention.hpp"
 #include "attn/decode.hpp"
 #include "attn/online_softmax.hpp"
 #include "core/element.hpp"
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 #include "core/quant.hpp"
 #include "core/slice_groups.hpp"
 #include "core/split.hpp"
-#include "core/tile_ops.hpp"
-#include "core/rotary.hpp"
+#include "cpu/tile_ops.hpp"
+#include "cpu/rotary.hpp"
 #include "decode/decode_internal.hpp"
 
 namespace attn {
@@ -321,21 +322,6 @@ class ItemWorker {
 // A quantized cache's scales of one chunk, K's then V's (see point_at_scales).
 std::int64_t scales_size(const DecodeProblem& p) {
   return p.quantized() ? p.kv_heads * kChunk * (p.k_scale.shape[3] + p.v_scale.shape[3]) : 0;
-}
-
-// Step 5: the merged state of query row `row` (= hk * R + hh * seqlen_q + i: query head hk * group + hh,
-// query i) of sequence b, with head h's sink folded in once, finalised into out and lse. `tmp` holds
-// head_dim_v values.
-template <class A>
-void finalize_row(const DecodeProblem& p, RowState<A> s, std::int64_t b, std::int64_t row, A* tmp) {
-  const std::int64_t h = row / p.seqlen_q, i = row % p.seqlen_q;
-  fold_sink(s, static_cast<A>(p.rule.sink(h)));
-  const A lse = finalize(s, tmp);
-  dispatch_dtype(p.q_dtype, [&]<class O>() {
-    O* dst = row_ptr<O>(p.out, b, i, h);
-    for (std::int64_t c = 0; c < p.head_dim_v; ++c) dst[c * p.out.strides[3]] = store<O>(tmp[c]);
-  });
-  if (p.lse) static_cast<A*>(p.lse->data)[b * p.lse->strides[0] + h * p.lse->strides[1] + i * p.lse->strides[2]] = lse;
 }
 
 template <class A>

@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 #include "core/quant.hpp"
-#include "core/rotary.hpp"
+#include "cpu/rotary.hpp"
 #include "decode/decode_internal.hpp"
 
 namespace attn::detail {

@@ -20,7 +20,7 @@
 #include <type_traits>
 
 #include "attn/online_softmax.hpp"
-#include "core/exp_simd-inl.h"
+#include "cpu/exp_simd-inl.h"
 #include "decode/decode_internal.hpp"
 
 HWY_BEFORE_NAMESPACE();

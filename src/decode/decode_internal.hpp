@@ -1,5 +1,5 @@
 // Decode internals on the CPU: the append and the chunk kernel's interface (the validated problem is
-// core/decode_problem.hpp).
+// validate/decode_problem.hpp).
 //
 // Work is cut into items (sequence b, key slice w). An item walks its keys in chunks of kChunk keys;
 // for each chunk and each kv head it scores the chunk against every query row of that kv head (all
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "core/decode_problem.hpp"
+#include "validate/decode_problem.hpp"
 
 namespace attn::detail {
 

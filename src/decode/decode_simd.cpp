@@ -31,7 +31,7 @@
 
 #include <hwy/highway.h>
 
-#include "core/dpbf16.hpp"
+#include "cpu/dpbf16.hpp"
 #include "core/element.hpp"
 #include "decode/decode_chunk-inl.h"
 #include "decode/decode_internal.hpp"

@@ -1,4 +1,4 @@
-// The decode chunk kernel for bf16 and 1-byte quantized caches on CPUs with AVX512-BF16 (core/dpbf16.hpp), a Highway
+// The decode chunk kernel for bf16 and 1-byte quantized caches on CPUs with AVX512-BF16 (cpu/dpbf16.hpp), a Highway
 // per-target header holding code only for the AVX-512 targets; included by decode_simd.cpp inside
 // foreach_target, once per target.
 //
@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/dpbf16.hpp"
+#include "cpu/dpbf16.hpp"
 #include "core/quant.hpp"
 #include "decode/decode_chunk-inl.h"
 #include "decode/decode_internal.hpp"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "attn/distributed.hpp"
-#include "core/backward_problem.hpp"
+#include "validate/backward_problem.hpp"
 #include "distributed/ring_common.hpp"
 
 namespace attn {

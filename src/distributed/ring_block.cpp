@@ -8,8 +8,8 @@
 
 #include "attn/online_softmax.hpp"
 #include "core/element.hpp"
-#include "core/merge_output.hpp"
-#include "core/tile_ops.hpp"
+#include "merge/merge_output.hpp"
+#include "cpu/tile_ops.hpp"
 #include "tiled/tiled_kernel.hpp"
 
 namespace attn::detail {

@@ -7,7 +7,7 @@
 // where the block lies, so every mask, window and ALiBi distance is the whole sequence's; its output
 // and lse, written in the accumulator type (f32 for bf16 and f16 inputs, which the kernel reads as
 // they are), are merged into the rank's running states
-// (core/merge_output.hpp); the sinks are folded once, after the last chunk. A block the mask hides
+// (merge/merge_output.hpp); the sinks are folded once, after the last chunk. A block the mask hides
 // entirely is skipped, not computed.
 #pragma once
 
@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 
 namespace attn::detail {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "attn/distributed.hpp"
-#include "core/problem.hpp"
-#include "core/validate.hpp"
+#include "validate/problem.hpp"
+#include "validate/validate.hpp"
 #include "distributed/collective.hpp"
 #include "distributed/ring_block.hpp"
 #include "distributed/ring_grad.hpp"

@@ -6,7 +6,7 @@
 
 #include "backward/backward_kernel.hpp"
 #include "core/element.hpp"
-#include "core/tile_ops.hpp"
+#include "cpu/tile_ops.hpp"
 
 namespace attn::detail {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/backward_problem.hpp"
+#include "validate/backward_problem.hpp"
 #include "distributed/ring_block.hpp"
 
 namespace attn::detail {

@@ -1,6 +1,6 @@
 // The records a sharded decode's ranks exchange: per query row (b, i, h), its partial lse and output
 // [lse, o_0 .. o_{d_v - 1}] in the accumulator type (A = double or float), and their merge as an MPI
-// user-defined operation. The merge is the online softmax's (core/merge_output.hpp), so it is
+// user-defined operation. The merge is the online softmax's (merge/merge_output.hpp), so it is
 // commutative bitwise and associative up to rounding (tests/mpi/test_distributed.cpp checks both).
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "attn/online_softmax.hpp"
-#include "core/merge_output.hpp"
+#include "merge/merge_output.hpp"
 
 namespace attn::detail {
 

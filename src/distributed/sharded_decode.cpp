@@ -6,10 +6,11 @@
 #include <cstring>
 #include <vector>
 
+#include "decode/run_decode.hpp"
 #include "attn/distributed.hpp"
-#include "core/decode_problem.hpp"
-#include "core/problem.hpp"
-#include "core/tile_ops.hpp"
+#include "validate/decode_problem.hpp"
+#include "validate/problem.hpp"
+#include "cpu/tile_ops.hpp"
 #include "distributed/collective.hpp"
 #include "distributed/ring_block.hpp"
 #include "distributed/shard_merge.hpp"

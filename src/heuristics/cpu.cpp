@@ -10,7 +10,7 @@
 #include "attn/attention.hpp"
 #include "attn/decode.hpp"
 #include "core/checked.hpp"
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 #include "backward/backward_kernel.hpp"
 
 namespace attn {

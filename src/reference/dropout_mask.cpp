@@ -7,8 +7,8 @@
 
 #include "core/dropout.hpp"
 #include "core/element.hpp"
-#include "core/problem.hpp"  // fail
-#include "core/validate.hpp"
+#include "validate/problem.hpp"  // fail
+#include "validate/validate.hpp"
 
 namespace attn {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "attn/attention.hpp"
-#include "core/tile_ops.hpp"
+#include "cpu/tile_ops.hpp"
 
 namespace attn {
 namespace {

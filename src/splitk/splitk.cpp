@@ -17,7 +17,7 @@
 #include "attn/attention.hpp"
 #include "core/slice_groups.hpp"
 #include "core/split.hpp"
-#include "core/tile_ops.hpp"
+#include "cpu/tile_ops.hpp"
 
 namespace attn {
 namespace {

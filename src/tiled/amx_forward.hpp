@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "attn/attention.hpp"
-#include "core/amx_tiles.hpp"
-#include "core/problem.hpp"
+#include "amx/amx_tiles.hpp"
+#include "validate/problem.hpp"
 #include "tiled/tiled_kernel.hpp"
 
 namespace attn::detail {

@@ -1,5 +1,5 @@
 // The tiled forward on AMX tiles (bf16 inputs): the two block products on TDPBF16PS, the online softmax
-// between them on the vector units. One kernel template over the tile unit (core/amx_tiles.hpp): the
+// between them on the vector units. One kernel template over the tile unit (amx/amx_tiles.hpp): the
 // CPU's tiles, or the emulator on any CPU. docs/prefill.md has the floor and the design.
 //
 // Per task (batch b, kv head, query tile of every query head sharing it, stacked to R rows, R padded to
@@ -40,11 +40,11 @@
 #include <omp.h>
 
 #include "attn/online_softmax.hpp"
-#include "core/amx_emulator.hpp"
-#include "core/amx_tiles.hpp"
+#include "amx/amx_emulator.hpp"
+#include "amx/amx_tiles.hpp"
 #include "core/element.hpp"
-#include "core/exp_simd-inl.h"
-#include "core/tile_ops.hpp"
+#include "cpu/exp_simd-inl.h"
+#include "cpu/tile_ops.hpp"
 #include "tiled/amx_forward.hpp"
 #include "tiled/tiled_kernel.hpp"
 

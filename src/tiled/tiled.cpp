@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "attn/attention.hpp"
-#include "core/tile_ops.hpp"
+#include "cpu/tile_ops.hpp"
 #include "tiled/tiled_kernel.hpp"
 
 namespace attn {

@@ -45,13 +45,13 @@
 #include <omp.h>
 
 #include "attn/online_softmax.hpp"
-#include "core/amx.hpp"
-#include "core/dpbf16.hpp"
+#include "amx/amx.hpp"
+#include "cpu/dpbf16.hpp"
 #include "core/dropout.hpp"
-#include "core/philox-inl.h"
+#include "cpu/philox-inl.h"
 #include "core/element.hpp"
-#include "core/exp_simd-inl.h"
-#include "core/tile_ops.hpp"
+#include "cpu/exp_simd-inl.h"
+#include "cpu/tile_ops.hpp"
 #include "tiled/amx_forward.hpp"
 #include "tiled/tiled_kernel.hpp"
 #include "tiled/tiled_pack-inl.h"
@@ -349,7 +349,7 @@ HWY_INLINE void AddPv(D d, const TaskRows& t, std::int64_t n, bool mask, Scratch
 template <class T, class D, class A = hn::TFromD<D>>
 void RunTask(D d, const Problem& p, const TiledPlan& plan, const TileTask& task, Scratch<A>& w) {
   const TaskRows t = TaskRowsOf(d, p, task);
-  // bf16 with AVX512-BF16: the scores take bf16 pairs (core/dpbf16.hpp); otherwise the accumulator type.
+  // bf16 with AVX512-BF16: the scores take bf16 pairs (cpu/dpbf16.hpp); otherwise the accumulator type.
   constexpr bool kMayDp = std::is_same_v<T, bf16_t> && static_cast<bool>(ATTN_DPBF16_TARGET);
   const bool use_dp = kMayDp && bf16_dots();
   const ScoreOperands<A> op{w.qt, w.k, t.R, t.dim, t.dim};

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "attn/attention.hpp"
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 
 namespace attn::detail {
 

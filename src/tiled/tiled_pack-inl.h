@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 #include "core/element.hpp"
 
 HWY_BEFORE_NAMESPACE();

@@ -17,9 +17,9 @@
 #include <cstring>
 #include <limits>
 
-#include "core/dpbf16.hpp"
+#include "cpu/dpbf16.hpp"
 #include "core/element.hpp"
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 #include "core/score_rule.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -42,7 +42,7 @@ constexpr int kQV = kRegs == 32 ? 4 : 3;
 constexpr int kPvRows = 4;
 constexpr int kMaxCv = kRegs == 32 ? 6 : 3;
 
-// The score functions of AVX-512 targets may hold VDPBF16PS (core/dpbf16.hpp; used only for bf16 inputs
+// The score functions of AVX-512 targets may hold VDPBF16PS (cpu/dpbf16.hpp; used only for bf16 inputs
 // on CPUs that have it); every other instruction they contain is the target's own.
 #undef ATTN_SCORE_ATTR
 #if ATTN_DPBF16_TARGET

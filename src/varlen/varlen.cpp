@@ -2,15 +2,15 @@
 // cu_seqlens arrays, then give attention_tiled's kernel one problem per sequence (views into the packed
 // tensors, no copies), scheduled together. The paged form (attention_varlen_paged) is validated with the
 // cache's first page standing for the keys (shapes, dtypes, options), plus the cache's own rules
-// (core/page_rules.hpp); its problems read their keys through their row of the block table.
+// (validate/page_rules.hpp); its problems read their keys through their row of the block table.
 #include "attn/varlen.hpp"
 
 #include <vector>
 
-#include "core/problem.hpp"
-#include "core/tile_ops.hpp"
-#include "core/validate.hpp"
-#include "core/varlen_rules.hpp"
+#include "validate/problem.hpp"
+#include "cpu/tile_ops.hpp"
+#include "validate/validate.hpp"
+#include "validate/varlen_rules.hpp"
 #include "tiled/tiled_kernel.hpp"
 
 namespace attn {

@@ -13,8 +13,8 @@
 
 #include <hwy/targets.h>
 
-#include "core/amx.hpp"
-#include "core/dpbf16.hpp"
+#include "amx/amx.hpp"
+#include "cpu/dpbf16.hpp"
 
 namespace attn::cli {
 
@@ -55,8 +55,8 @@ inline std::string machine_name() {
 }
 
 // The kernel paths this CPU gets: the Highway target that runtime dispatch picks, whether the bf16
-// forward runs on AMX tiles (core/amx.hpp: ATTN_AMX, --amx), and whether the bf16 vector kernels take
-// the VDPBF16PS dot products (AVX512-BF16, where they pay or --bf16-dots says so: core/dpbf16.hpp;
+// forward runs on AMX tiles (amx/amx.hpp: ATTN_AMX, --amx), and whether the bf16 vector kernels take
+// the VDPBF16PS dot products (AVX512-BF16, where they pay or --bf16-dots says so: cpu/dpbf16.hpp;
 // otherwise they are widened to f32).
 inline std::string kernel_paths() {
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();  // best first

@@ -1,14 +1,14 @@
 // `attn bench --isa avx2` (and attn-ring-worker's --isa): pins Highway's runtime dispatch -- every
 // kernel and the FMA probe -- to the named targets, so a machine with AVX-512 also times its AVX2 code
 // (with a 256-bit FMA peak beside it). The names are those of the tests' ATTN_ISA
-// (src/core/target_names.hpp).
+// (src/cpu/target_names.hpp).
 #pragma once
 
 #include <hwy/targets.h>
 
 #include <string>
 
-#include "core/target_names.hpp"
+#include "cpu/target_names.hpp"
 
 namespace attn::cli {
 

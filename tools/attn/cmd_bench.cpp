@@ -5,7 +5,7 @@
 
 #include "bench_isa.hpp"
 #include "commands.hpp"
-#include "core/dpbf16.hpp"
+#include "cpu/dpbf16.hpp"
 
 namespace attn::cli {
 

@@ -17,7 +17,7 @@
 
 #include "attn/attention.hpp"
 #include "bench_common.hpp"
-#include "core/amx.hpp"
+#include "amx/amx.hpp"
 #include "bench_inputs.hpp"
 #include "bench_shapes.hpp"
 #include "bench_textbook.hpp"

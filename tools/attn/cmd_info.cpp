@@ -1,6 +1,6 @@
 // `attn info`: what this machine and this build give the kernels: the CPU, the Highway targets compiled
 // and the one runtime dispatch picks, the bf16 path, and whether AMX can run here and is switched on
-// (ATTN_AMX) -- with the step that failed when it cannot (core/amx.hpp). --peaks adds the measured FMA
+// (ATTN_AMX) -- with the step that failed when it cannot (amx/amx.hpp). --peaks adds the measured FMA
 // and AMX-BF16 ceilings, the same probes `attn bench` prints beside its tables.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -19,8 +19,8 @@
 #include "bench_common.hpp"
 #include "bench_inputs.hpp"
 #include "commands.hpp"
-#include "core/amx.hpp"
-#include "core/target_names.hpp"
+#include "amx/amx.hpp"
+#include "cpu/target_names.hpp"
 #include "probes.hpp"
 
 namespace attn::cli {

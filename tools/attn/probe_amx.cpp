@@ -13,8 +13,8 @@
 
 #include <omp.h>
 
-#include "core/amx.hpp"
-#include "core/amx_tiles.hpp"
+#include "amx/amx.hpp"
+#include "amx/amx_tiles.hpp"
 #include "probes.hpp"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)

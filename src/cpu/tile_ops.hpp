@@ -9,7 +9,7 @@
 
 #include "attn/online_softmax.hpp"
 #include "core/element.hpp"
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 
 namespace attn::detail {
 

@@ -10,7 +10,7 @@
 #include "attn/tensor.hpp"
 #include "core/cache_index.hpp"
 #include "core/score_rule.hpp"
-#include "core/validate.hpp"
+#include "validate/validate.hpp"
 
 namespace attn::detail {
 

@@ -21,8 +21,8 @@
 #include <string>
 
 #include "core/checked.hpp"
-#include "core/problem.hpp"
-#include "core/validate.hpp"
+#include "validate/problem.hpp"
+#include "validate/validate.hpp"
 
 namespace attn::detail {
 

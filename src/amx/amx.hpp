@@ -11,7 +11,7 @@
 
 #include <string>
 
-#include "core/amx_tiles.hpp"
+#include "amx/amx_tiles.hpp"
 
 namespace attn::detail {
 
@@ -38,7 +38,7 @@ struct AmxSupport {
 const AmxSupport& amx_support();
 
 // ATTN_AMX: auto (the default, also when unset or empty) uses AMX where usable; off never; on insists;
-// emulate runs the AMX kernels on the tile emulator (core/amx_emulator.hpp) on any CPU: for tests, and
+// emulate runs the AMX kernels on the tile emulator (amx/amx_emulator.hpp) on any CPU: for tests, and
 // for seeing on a machine without AMX what the AMX path computes (slowly).
 enum class AmxMode { automatic, on, off, emulate };
 

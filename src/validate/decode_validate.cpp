@@ -34,11 +34,11 @@
 
 #include "core/checked.hpp"
 #include "core/element.hpp"
-#include "core/page_rules.hpp"
-#include "core/rotary.hpp"
-#include "core/problem.hpp"
-#include "core/validate.hpp"
-#include "core/decode_problem.hpp"
+#include "validate/page_rules.hpp"
+#include "cpu/rotary.hpp"
+#include "validate/problem.hpp"
+#include "validate/validate.hpp"
+#include "validate/decode_problem.hpp"
 
 namespace attn::detail {
 namespace {

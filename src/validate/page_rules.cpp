@@ -1,9 +1,9 @@
-#include "core/page_rules.hpp"
+#include "validate/page_rules.hpp"
 
 #include <string>
 
 #include "core/checked.hpp"
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 
 namespace attn::detail {
 

@@ -5,7 +5,7 @@
 //   HardwareTiles  the instructions themselves (x86-64 with GCC or Clang), as inline assembly: asm needs
 //                  no -mamx-* flag, so the file that holds the kernel is compiled like every other, and
 //                  the instructions only run where amx_backend() says the tiles are usable.
-//   EmulatedTiles  (core/amx_emulator.hpp) the ISA reference's semantics in C++, on every CPU, so the AMX
+//   EmulatedTiles  (amx/amx_emulator.hpp) the ISA reference's semantics in C++, on every CPU, so the AMX
 //                  kernels are tested on machines without AMX too.
 // Tile registers are compile-time numbers (the instructions encode them): the kernels use the fixed
 // 2 x 2 blocking below, C tiles 0-3 accumulating A tiles 4, 5 times B tiles 6, 7.

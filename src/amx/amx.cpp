@@ -1,4 +1,4 @@
-#include "core/amx.hpp"
+#include "amx/amx.hpp"
 
 #include <cerrno>
 #include <cstdint>

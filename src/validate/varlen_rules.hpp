@@ -8,8 +8,8 @@
 
 #include "attn/tensor.hpp"
 #include "attn/varlen.hpp"
-#include "core/backward_problem.hpp"
-#include "core/problem.hpp"
+#include "validate/backward_problem.hpp"
+#include "validate/problem.hpp"
 
 namespace attn::detail {
 

@@ -4,7 +4,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 
 namespace attn::detail {
 

@@ -8,11 +8,11 @@
 #include <cmath>
 #include <string>
 
-#include "core/decode_problem.hpp"
+#include "validate/decode_problem.hpp"
 #include "core/element.hpp"
-#include "core/problem.hpp"
+#include "validate/problem.hpp"
 #include "core/quant.hpp"
-#include "core/validate.hpp"
+#include "validate/validate.hpp"
 
 namespace attn::detail {
 namespace {

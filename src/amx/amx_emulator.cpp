@@ -1,4 +1,4 @@
-#include "core/amx_emulator.hpp"
+#include "amx/amx_emulator.hpp"
 
 #include <cmath>
 #include <cstring>

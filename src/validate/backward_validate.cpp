@@ -1,10 +1,10 @@
-// Argument validation of the backward pass (rules listed in core/backward_problem.hpp). The forward's
-// rules come from `validate` (core/validate.cpp); this adds dout and the three gradients.
+// Argument validation of the backward pass (rules listed in validate/backward_problem.hpp). The forward's
+// rules come from `validate` (validate/validate.cpp); this adds dout and the three gradients.
 #include <string>
 #include <utility>
 
-#include "core/backward_problem.hpp"
-#include "core/validate.hpp"
+#include "validate/backward_problem.hpp"
+#include "validate/validate.hpp"
 
 namespace attn::detail {
 namespace {

@@ -1,12 +1,12 @@
-#include "core/varlen_rules.hpp"
+#include "validate/varlen_rules.hpp"
 
 #include <algorithm>
 #include <string>
 #include <utility>
 
-#include "core/page_rules.hpp"
-#include "core/problem.hpp"
-#include "core/validate.hpp"
+#include "validate/page_rules.hpp"
+#include "validate/problem.hpp"
+#include "validate/validate.hpp"
 
 namespace attn::detail {
 

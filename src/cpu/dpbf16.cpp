@@ -1,4 +1,4 @@
-#include "core/dpbf16.hpp"
+#include "cpu/dpbf16.hpp"
 
 #include <atomic>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// The AMX tile unit in C++ (the interface of core/amx_tiles.hpp), for machines without AMX: the AMX
+// The AMX tile unit in C++ (the interface of amx/amx_tiles.hpp), for machines without AMX: the AMX
 // kernels' tests, the differential test and the fuzz target run the same kernel template on it
 // (ATTN_AMX=emulate), and on a machine with AMX tests compare it with the instructions.
 //
@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "core/amx_tiles.hpp"
+#include "amx/amx_tiles.hpp"
 
 namespace attn::detail::amx {
 

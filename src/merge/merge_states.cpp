@@ -8,9 +8,9 @@
 
 #include "attn/online_softmax.hpp"
 #include "core/element.hpp"
-#include "core/merge_output.hpp"
-#include "core/problem.hpp"
-#include "core/validate.hpp"
+#include "merge/merge_output.hpp"
+#include "validate/problem.hpp"
+#include "validate/validate.hpp"
 
 namespace attn {
 namespace {

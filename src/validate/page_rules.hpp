@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "core/validate.hpp"
+#include "validate/validate.hpp"
 
 namespace attn::detail {
 

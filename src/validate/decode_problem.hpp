@@ -1,6 +1,6 @@
 // Decode's validated problem, shared by the CPU (src/decode/) and CUDA (src/cuda/cuda_api.cpp) entry
 // points: the sizes, the resolved options and the cache's index arrays of one attention_decode call.
-// validate_decode (core/decode_validate.cpp) checks every argument against the rules of
+// validate_decode (validate/decode_validate.cpp) checks every argument against the rules of
 // include/attn/decode.hpp before anything is written.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include "attn/decode.hpp"
 #include "core/cache_index.hpp"
 #include "core/score_rule.hpp"
-#include "core/validate.hpp"
+#include "validate/validate.hpp"
 
 namespace attn::detail {
 
@@ -72,11 +72,7 @@ bool values_in_keys(const KVCache& cache);
 DecodeProblem validate_decode(std::string_view who, const TensorView& q, const KVCache& cache, const TensorView& out,
                               const AttentionOptions& opts, const DecodeOptions& dec, const TensorView* lse);
 
-// Attends every sequence of a validated problem over its cache (the append is append_kv's, before);
-// src/decode/decode.cpp. Nothing here throws.
-void run_decode(const DecodeProblem& p);
-
-// Quantized caches' rules (core/decode_quant_validate.cpp), parts of validate_decode.
+// Quantized caches' rules (validate/decode_quant_validate.cpp), parts of validate_decode.
 struct CacheScales {
   TensorView k, v;
   bool k_owned = false, v_owned = false;
