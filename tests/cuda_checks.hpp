@@ -2,8 +2,8 @@
 // also built against the CPU emulation as test_cuda_emulated) and the tests of the benchmark's kernel
 // variants (test_cuda_variants.cpp). Every check draws fresh random data (the seed is in the failure
 // message), poisons the outputs (NaN) before the call, checks that every element was written, and
-// applies the project's accuracy rule (DEVELOPERS.md / check_precision): error against the f64 oracle
-// at most twice the textbook method's error at the same precision, plus a small slack.
+// applies the project's accuracy rule (common/accuracy.hpp): error against the f64 oracle at most twice
+// the textbook method's error at the same precision, plus a small floor.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -27,19 +28,24 @@ namespace attn::test {
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(x)
 
-// A device copy of a host vector; freed on scope exit.
+// A device copy of a host vector or Tensor (which it remembers the shape of); freed on scope exit.
 template <class T>
 struct Dev {
   T* ptr = nullptr;
   std::size_t n = 0;
-  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+  std::array<std::int64_t, 4> shape{};  // [b, s, h, d] of the Tensor it copies
+  explicit Dev(const std::vector<T>& host) : n(host.size()) {
     if (cudaMalloc(&ptr, std::max<std::size_t>(1, n) * sizeof(T)) != cudaSuccess)
       throw std::runtime_error("cudaMalloc");
-    if (n && cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess)
+    if (n && cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess)
       throw std::runtime_error("H2D");
   }
+  explicit Dev(const Tensor<T>& t) : Dev(t.data) { shape = {t.b, t.s, t.h, t.d}; }
   Dev(const Dev&) = delete;
   ~Dev() { cudaFree(ptr); }
+  // The copied Tensor's view and its packed view (Tensor::packed), on the device.
+  TensorView view() const { return TensorView::contiguous(ptr, shape[0], shape[1], shape[2], shape[3]); }
+  TensorView packed() const { return TensorView::contiguous(ptr, shape[0] * shape[1], shape[2], shape[3]); }
   std::vector<T> get() const {
     std::vector<T> h(n);
     if (n && cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess)
@@ -59,35 +65,11 @@ std::vector<T> poisoned(std::size_t n) {
   std::memset(v.data(), 0xFF, n * sizeof(T));  // NaN in bf16, f16 and f32
   return v;
 }
-
 template <class T>
-double max_err(const std::vector<T>& got, const std::vector<double>& want, std::int64_t* not_written = nullptr) {
-  double m = 0;
-  std::int64_t bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double g = detail::load<double>(got[i]);
-    if (std::isnan(g)) {
-      ++bad;
-      m = INFINITY;
-      continue;
-    }
-    m = std::max(m, std::abs(g - want[i]));
-  }
-  if (not_written) *not_written = bad;
-  return m;
-}
-
-inline double lse_err(const std::vector<float>& got, const std::vector<double>& want) {
-  double m = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i])) return INFINITY;
-    if (std::isinf(want[i]) || std::isinf(got[i])) {
-      if (double(got[i]) != want[i]) return INFINITY;
-      continue;
-    }
-    m = std::max(m, std::abs(got[i] - want[i]));
-  }
-  return m;
+Tensor<T> poisoned(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) {
+  Tensor<T> t(b, s, h, d);
+  t.data = poisoned<T>(t.data.size());
+  return t;
 }
 
 struct Case : Shape {};
@@ -109,39 +91,26 @@ template <class T>
 void check_forward(const Case& c) {
   const std::uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " d " + std::to_string(c.d) + " causal " + std::to_string(c.causal));
-  auto q = test::random_tensor<T>(c.b, c.sq, c.h, c.d, seed, 2.0),
-       k = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 1, 2.0),
-       v = test::random_tensor<T>(c.b, c.sk, c.hk, c.d, seed + 2);
-  std::vector<float> slopes;
-  AttentionOptions o_cpu = test::options_of(c, 0.3f, slopes);
-  const std::vector<float> sinks = test::sinks_for(c.h);
-  if (c.sinks) o_cpu.sinks = sinks;
-  Dev<float> d_slopes(slopes), d_sinks(sinks);
+  const auto p = random_qkv<T>(c.b, c.sq, c.sk, c.h, c.hk, c.d, seed);
+  const ShapeOptions cpu(c, 0.3f);
+  const AttentionOptions& o_cpu = cpu.opts;
+  Dev<float> d_slopes(cpu.slopes), d_sinks(cpu.sinks);
   AttentionOptions o = o_cpu;
   if (c.alibi) o.alibi_slopes = {d_slopes.ptr, static_cast<std::int64_t>(d_slopes.n)};
   if (c.sinks) o.sinks = {d_sinks.ptr, static_cast<std::int64_t>(d_sinks.n)};
-  auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
-  std::vector<double> oracle(q.data.size()), oracle_lse(static_cast<std::size_t>(c.b * c.h * c.sq));
-  TensorView olv = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
-  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.d),
-                      o_cpu, &olv);
-  std::vector<T> textbook(q.data.size());
-  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.d),
-                      o_cpu);
-  const double base = max_err(textbook, oracle);
+  std::vector<double> oracle_lse;
+  const std::vector<double> oracle = oracle_forward(p, o_cpu, &oracle_lse);
+  const double base = max_error(textbook_forward(p, o_cpu), oracle);
 
-  Dev<T> dq(q.data), dk(k.data), dv(v.data), dout(poisoned<T>(q.data.size()));
+  Dev<T> dq(p.q), dk(p.k), dv(p.v), dout(poisoned<T>(c.b, c.sq, c.h, c.d));
   Dev<float> dlse(poisoned<float>(oracle_lse.size()));
   TensorView lv = TensorView::contiguous(dlse.ptr, c.b, c.h, c.sq);
-  cuda::attention(dview(dq, c.b, c.sq, c.h, c.d), dview(dk, c.b, c.sk, c.hk, c.d), dview(dv, c.b, c.sk, c.hk, c.d),
-                  dview(dout, c.b, c.sq, c.h, c.d), o, &lv);
+  cuda::attention(dq.view(), dk.view(), dv.view(), dout.view(), o, &lv);
   CUDA_OK(cudaDeviceSynchronize());
-  std::int64_t unwritten = 0;
-  const double err = max_err(dout.get(), oracle, &unwritten);
-  EXPECT_EQ(unwritten, 0) << "output elements never written";
-  const double slack = std::is_same_v<T, bf16_t> ? 1e-3 : 1e-4;
-  EXPECT_LE(err, 2 * base + slack) << "textbook error " << base;
-  EXPECT_LE(lse_err(dlse.get(), oracle_lse), 2e-3) << "lse";
+  const std::vector<T> out = dout.get();
+  EXPECT_EQ(count_nan(out), 0) << "output elements never written";
+  EXPECT_TRUE(meets_textbook_rule(max_error(out, oracle), base, kForwardFactor, textbook_floor<T>()));
+  EXPECT_LE(max_error(dlse.get(), oracle_lse), 2e-3) << "lse";
 }
 
 struct DecodeCase {
@@ -261,7 +230,7 @@ void check_decode(const DecodeCase& c) {
     attention_reference(qb.view(), kb.view(), vb.view(),
                         TensorView::contiguous(textbook.data() + b * c.sq * c.heads * c.d, 1, c.sq, c.heads, c.d), o);
   }
-  const double base = max_err(textbook, oracle);
+  const double base = max_error(textbook, oracle);
 
   // The device cache: as generated ([pages, rows, kv_heads, d]), or permuted to kv-head-major.
   auto device_layout = [&](Tensor<T>& t) {
@@ -278,8 +247,8 @@ void check_decode(const DecodeCase& c) {
                                               {c.kv_heads * rows * c.d, c.d, rows * c.d, 1})
                         : dview(d, num_pages, rows, c.kv_heads, c.d);
   };
-  Dev<T> dk(device_layout(kc)), dv(device_layout(vc)), dq(q.data), dkn(kn.data), dvn(vn.data),
-      dout(poisoned<T>(q.data.size()));
+  Dev<T> dk(device_layout(kc)), dv(device_layout(vc)), dq(q), dkn(kn), dvn(vn),
+      dout(poisoned<T>(c.batch, c.sq, c.heads, c.d));
   Dev<float> dlse(poisoned<float>(oracle_lse.size()));
   Dev<std::int32_t> dseq(seqlens), dtable(table);
   KVCache cache;
@@ -293,8 +262,7 @@ void check_decode(const DecodeCase& c) {
   DecodeOptions dec;
   dec.num_splits = c.splits;
   dec.keys_per_split = c.keys_per_split;
-  TensorView knv = dview(dkn, c.batch, c.seqlen_new, c.kv_heads, c.d),
-             vnv = dview(dvn, c.batch, c.seqlen_new, c.kv_heads, c.d);
+  TensorView knv = dkn.view(), vnv = dvn.view();
   if (c.seqlen_new > 0) {
     dec.k_new = &knv;
     dec.v_new = &vnv;
@@ -307,14 +275,12 @@ void check_decode(const DecodeCase& c) {
   TensorView lv = TensorView::contiguous(dlse.ptr, c.batch, c.heads, c.sq);
   Dev<float> d_sinks(sinks);
   if (c.sinks) o.sinks = {d_sinks.ptr, static_cast<std::int64_t>(d_sinks.n)};
-  cuda::attention_decode(dview(dq, c.batch, c.sq, c.heads, c.d), cache, dview(dout, c.batch, c.sq, c.heads, c.d), o,
-                         dec, &lv);
+  cuda::attention_decode(dq.view(), cache, dout.view(), o, dec, &lv);
   CUDA_OK(cudaDeviceSynchronize());
-  std::int64_t unwritten = 0;
-  const double slack = std::is_same_v<T, bf16_t> ? 1e-3 : 1e-4;
-  EXPECT_LE(max_err(dout.get(), oracle, &unwritten), 2 * base + slack) << "textbook " << base;
-  EXPECT_EQ(unwritten, 0);
-  EXPECT_LE(lse_err(dlse.get(), oracle_lse), 2e-3);
+  const std::vector<T> out = dout.get();
+  EXPECT_TRUE(meets_textbook_rule(max_error(out, oracle), base, kForwardFactor, textbook_floor<T>()));
+  EXPECT_EQ(count_nan(out), 0);
+  EXPECT_LE(max_error(dlse.get(), oracle_lse), 2e-3);
   if (c.seqlen_new > 0) {  // the append landed where the oracle put it (rotated, with rotary)
     const auto kh = dk.get();
     Tensor<T> want_k = kn;

@@ -1,5 +1,5 @@
-// Test helpers: random tensors in flash-attn's layout, views over them, error measures, and a run of a
-// test once per SIMD target.
+// Test helpers: the common tensor type, error measure and accuracy rule (tests/common/), problem shapes
+// and options, and a run of a test once per SIMD target.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -22,6 +21,10 @@
 
 #include "attn/attention.hpp"
 #include "attn/decode.hpp"
+#include "common/accuracy.hpp"
+#include "common/error.hpp"
+#include "common/rejection.hpp"
+#include "common/tensor.hpp"
 #include "cpu/dpbf16.hpp"
 #include "core/element.hpp"
 #include "cpu/target_names.hpp"
@@ -65,37 +68,6 @@ constexpr std::int64_t full_or_sanitized(std::int64_t full, std::int64_t sanitiz
   return kSanitizedBuild ? sanitized : full;
 }
 
-// A dense [b, s, h, d] tensor that owns its storage.
-template <class T>
-struct Tensor {
-  std::int64_t b, s, h, d;
-  std::vector<T> data;
-  Tensor(std::int64_t b_, std::int64_t s_, std::int64_t h_, std::int64_t d_)
-      : b(b_), s(s_), h(h_), d(d_), data(static_cast<std::size_t>(b_ * s_ * h_ * d_)) {}
-  TensorView view() const { return TensorView::contiguous(data.data(), b, s, h, d); }
-  T& at(std::int64_t i, std::int64_t j, std::int64_t k, std::int64_t l) {
-    return data[static_cast<std::size_t>(((i * s + j) * h + k) * d + l)];
-  }
-};
-
-template <class T>
-Tensor<T> random_tensor(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, std::uint64_t seed,
-                        double amplitude = 1.0) {
-  Tensor<T> t(b, s, h, d);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> dist(-amplitude, amplitude);
-  for (auto& x : t.data) x = detail::store<T>(dist(rng));
-  return t;
-}
-
-// The same values, converted exactly to double (every f32/bf16/f16 value is a double).
-template <class T>
-Tensor<double> to_f64(const Tensor<T>& t) {
-  Tensor<double> r(t.b, t.s, t.h, t.d);
-  for (std::size_t i = 0; i < t.data.size(); ++i) r.data[i] = detail::load<double>(t.data[i]);
-  return r;
-}
-
 // A problem's shape and flash-attn mask options, as the parameterised tests list them.
 struct Shape {
   std::int64_t b, sq, sk, h, hk, d;
@@ -130,13 +102,17 @@ inline AttentionOptions options_of(const Shape& s, float slope_base, std::vector
   return o;
 }
 
-template <class T, class U>
-double max_abs_diff(const std::vector<T>& a, const std::vector<U>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    m = std::max(m, std::abs(detail::load<double>(a[i]) - detail::load<double>(b[i])));
-  return m;
-}
+// The options of a Shape (options_of), with its sinks (sinks_for) where it has them, and the arrays they
+// point to. Not copied: the options point into this object.
+struct ShapeOptions {
+  std::vector<float> slopes, sinks;
+  AttentionOptions opts;
+  ShapeOptions(const Shape& s, float slope_base) : sinks(sinks_for(s.h)), opts(options_of(s, slope_base, slopes)) {
+    if (s.sinks) opts.sinks = sinks;
+  }
+  ShapeOptions(const ShapeOptions&) = delete;
+  ShapeOptions& operator=(const ShapeOptions&) = delete;
+};
 
 // One attention_decode call's cache and appended rows. It owns the k_new / v_new views the options
 // point to, so it is neither copied nor moved.
@@ -160,19 +136,6 @@ struct DecodeCall {
     return *this;
   }
 };
-
-// Max |a - b| over LSE values, treating equal infinities as equal.
-inline double lse_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return INFINITY;
-      continue;
-    }
-    m = std::max(m, std::abs(a[i] - b[i]));
-  }
-  return m;
-}
 
 // ---- SIMD targets ----
 // libattn's Highway kernels are compiled once per target of HWY_TARGETS (as this file sees it: same

@@ -22,7 +22,7 @@ namespace attn {
 namespace {
 
 using detail::amx::TileBackend;
-using test::max_abs_diff;
+using test::max_error;
 using test::random_tensor;
 using test::ScopedAmxEnv;
 using test::Tensor;
@@ -141,41 +141,29 @@ TEST_P(AmxForward, WithinTwiceTheBf16MathReferenceError) {
   const Case& c = GetParam();
   SCOPED_TRACE(::testing::Message() << c);
   const Inputs in = inputs_of(c);
-  auto q64 = test::to_f64(in.q), k64 = test::to_f64(in.k), v64 = test::to_f64(in.v);
-  std::vector<double> oracle(static_cast<std::size_t>(c.b * c.sq * c.h * c.dv)), oracle_lse(in.lse_size);
-  TensorView ol = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
-  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.dv),
-                      in.o, &ol);
-  const double base = max_abs_diff(math_reference_bf16(in.q, in.k, in.v, in.o), oracle);
+  std::vector<double> oracle_lse;
+  const std::vector<double> oracle = test::oracle_forward(in.q, in.k, in.v, in.o, &oracle_lse);
+  const double base = max_error(math_reference_bf16(in.q, in.k, in.v, in.o), oracle);
   // The lse's baseline: the f32 textbook's (the lse is not rounded to bf16 by any of them).
-  std::vector<bf16_t> textbook(oracle.size());
-  std::vector<float> textbook_lse(in.lse_size);
-  TensorView tl = TensorView::contiguous(textbook_lse.data(), c.b, c.h, c.sq);
-  attention_reference(in.q.view(), in.k.view(), in.v.view(),
-                      TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.dv), in.o, &tl);
-  double lse_base = 0;
-  for (std::size_t i = 0; i < in.lse_size; ++i)
-    if (!std::isinf(oracle_lse[i])) lse_base = std::max(lse_base, std::abs(textbook_lse[i] - oracle_lse[i]));
+  std::vector<float> textbook_lse;
+  test::textbook_forward(in.q, in.k, in.v, in.o, &textbook_lse);
+  const double lse_base = max_error(textbook_lse, oracle_lse);
 
   std::vector<AmxRun> runs;
   for (const char* mode : amx_modes()) {
     SCOPED_TRACE(::testing::Message() << "ATTN_AMX=" << mode);
     runs.push_back(run_tiled_with(in, mode));
     const AmxRun& r = runs.back();
-    EXPECT_LE(max_abs_diff(r.out, oracle), 2 * base + 1e-3) << "bf16 math reference error " << base;
-    double lse_err = 0;
-    for (std::size_t i = 0; i < in.lse_size; ++i) {
-      if (std::isinf(oracle_lse[i])) {  // a row that sees no key: -inf, and out = 0
-        EXPECT_EQ(r.lse[i], -INFINITY) << "row " << i;
-        continue;
-      }
-      lse_err = std::max(lse_err, std::abs(r.lse[i] - oracle_lse[i]));
-    }
-    EXPECT_LE(lse_err, 2 * lse_base + 1e-5) << "lse; f32 textbook error " << lse_base;
+    EXPECT_TRUE(
+        test::meets_textbook_rule(max_error(r.out, oracle), base, test::kForwardFactor, test::textbook_floor<bf16_t>()))
+        << "against the bf16 math reference's error";
+    // A row that sees no key has lse -inf (and out 0), as the oracle's.
+    EXPECT_TRUE(test::meets_textbook_rule(max_error(r.lse, oracle_lse), lse_base, test::kForwardFactor, 1e-5))
+        << "lse, against the f32 textbook's error";
   }
   if (runs.size() == 2) {  // the tiles and the emulator: the same bits
-    EXPECT_EQ(max_abs_diff(runs[0].out, runs[1].out), 0.0);
-    EXPECT_EQ(max_abs_diff(runs[0].lse, runs[1].lse), 0.0);
+    EXPECT_EQ(max_error(runs[0].out, runs[1].out), 0.0);
+    EXPECT_EQ(max_error(runs[0].lse, runs[1].lse), 0.0);
   }
 }
 
@@ -227,9 +215,7 @@ TEST(AmxForwardEdges, NonFiniteValuesReachOnlyTheRowsThatSeeThem) {
 TEST(AmxForwardEdges, VarlenEqualsOneCallPerSequence) {
   const std::int64_t H = 2, D = 64;
   const std::vector<std::int32_t> lens_q{5, 70, 33}, lens_k{9, 70, 100};
-  std::vector<std::int32_t> cu_q{0}, cu_k{0};
-  for (std::size_t i = 0; i < lens_q.size(); ++i) cu_q.push_back(cu_q.back() + lens_q[i]);
-  for (std::size_t i = 0; i < lens_k.size(); ++i) cu_k.push_back(cu_k.back() + lens_k[i]);
+  const std::vector<std::int32_t> cu_q = test::cu_seqlens(lens_q), cu_k = test::cu_seqlens(lens_k);
   auto q = random_tensor<bf16_t>(1, cu_q.back(), H, D, 41), k = random_tensor<bf16_t>(1, cu_k.back(), H, D, 42),
        v = random_tensor<bf16_t>(1, cu_k.back(), H, D, 43);
   AttentionOptions o;

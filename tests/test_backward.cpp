@@ -20,6 +20,7 @@ void PrintTo(const Shape& s, std::ostream* os) {
 namespace {
 
 using test::random_tensor;
+using test::relative_error;
 using test::Shape;
 using test::Tensor;
 
@@ -78,15 +79,6 @@ Grads<T> tiled_grads(const Problem<T>& p, std::int64_t q_tile, std::int64_t k_ti
   attention_backward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(), p.lse_view(), g.dq.view(),
                      g.dk.view(), g.dv.view(), o, t);
   return g;
-}
-
-// max |a - b| / max |b| (b the more exact); 0 when both are 0.
-template <class T, class U>
-double relative_error(const std::vector<T>& a, const std::vector<U>& b) {
-  double big = 0;
-  for (const U& x : b) big = std::max(big, std::abs(detail::load<double>(x)));
-  const double diff = test::max_abs_diff(a, b);
-  return big == 0 ? diff : diff / big;
 }
 
 template <class T>
@@ -226,7 +218,7 @@ TEST_P(Exactness, F64TiledMatchesTheTextbookForEveryTiling) {
         for (int g = 0; g < 3; ++g) {
           const double err = relative_error(got[g].data, want[g].data);
           worst = std::max(worst, err);
-          EXPECT_LE(err, 1e-12) << kGradName[g] << " q_tile " << bq << " k_tile " << bk;
+          EXPECT_LE(err, test::kF64Tolerance) << kGradName[g] << " q_tile " << bq << " k_tile " << bk;
         }
       }
   });
@@ -272,9 +264,10 @@ void check_precision(double slack) {
     test::for_each_simd_target("backward", detail::backward_target, [&](std::int64_t) {
       const Grads<T> got = tiled_grads(low, 13, 29);
       for (int g = 0; g < 3; ++g) {
-        const double e_base = test::max_abs_diff(base[g].data, oracle[g].data);
-        const double e_got = test::max_abs_diff(got[g].data, oracle[g].data);
-        EXPECT_LE(e_got, 3 * e_base + slack) << kGradName[g] << " causal " << causal;
+        const double e_base = test::max_error(base[g].data, oracle[g].data);
+        const double e_got = test::max_error(got[g].data, oracle[g].data);
+        EXPECT_TRUE(test::meets_textbook_rule(e_got, e_base, test::kGradientFactor, slack))
+            << kGradName[g] << " causal " << causal;
         std::printf("[  PREC   ] %-4s causal %d %s: tiled %.3e, textbook %.3e\n", dtype_name(dtype_of<T>()).data(),
                     causal, kGradName[g], e_got, e_base);
       }
@@ -310,7 +303,7 @@ TEST(Determinism, ChunkedSplitIsBitwiseEqualAndExact) {
   Problem<double> p(Shape{1, 64, 40, 2, 1, 8, true}, 17, 2.0);
   const Grads<double> want = reference_grads(p);
   const Grads<double> one = tiled_grads(p, 4, 8, 1);
-  for (int g = 0; g < 3; ++g) EXPECT_LE(relative_error(one[g].data, want[g].data), 1e-12) << kGradName[g];
+  for (int g = 0; g < 3; ++g) EXPECT_LE(relative_error(one[g].data, want[g].data), test::kF64Tolerance) << kGradName[g];
   for (int threads : {2, 3}) {
     const Grads<double> many = tiled_grads(p, 4, 8, threads);
     for (int g = 0; g < 3; ++g) EXPECT_TRUE(same_bytes(many[g].data, one[g].data)) << kGradName[g] << " " << threads;
@@ -349,7 +342,7 @@ TEST(HeadDims, AnyHeadDimMatchesTheTextbook) {
       const Grads<double> want = reference_grads(p);
       const Grads<double> got = tiled_grads(p, 8, 12);
       for (int g = 0; g < 3; ++g)
-        EXPECT_LE(relative_error(got[g].data, want[g].data), 1e-12) << kGradName[g] << " d " << d;
+        EXPECT_LE(relative_error(got[g].data, want[g].data), test::kF64Tolerance) << kGradName[g] << " d " << d;
     }
   });
 }

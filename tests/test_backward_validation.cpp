@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "attn/backward.hpp"
 #include "support.hpp"
@@ -81,48 +83,64 @@ TEST(BackwardValidation, TheFixtureIsValid) {
   }
 }
 
-// The forward's rules, through detail::validate.
-TEST(BackwardValidation, ForwardRulesApply) {
-  Fixture f;
-  f.kv.shape[0] = 2;
-  expect_rejected(f, {"k: batch must equal q's"});
-  Fixture g;
-  g.ov.shape[1] = 3;
-  expect_rejected(g, {"out: seqlen must equal q's"});
-  Fixture h;
-  h.opts.softmax_scale = NAN;
-  expect_rejected(h, {"softmax_scale: must be finite"});
+// One way to break the valid fixture, and the message it must get.
+struct Break {
+  std::function<void(Fixture&)> breaks;
+  std::string message;
+};
+
+// A rule, checked on fresh fixtures, one per way of breaking it; `tiled_only`: a rule of
+// attention_backward's options alone.
+struct Rule {
+  const char* name;
+  std::vector<Break> breaks;
+  bool tiled_only = false;
+};
+void PrintTo(const Rule& r, std::ostream* os) { *os << r.name; }
+
+const Rule kRules[] = {
+    {"ForwardRulesApply",  // through detail::validate
+     {{[](Fixture& f) { f.kv.shape[0] = 2; }, "k: batch must equal q's"},
+      {[](Fixture& f) { f.ov.shape[1] = 3; }, "out: seqlen must equal q's"},
+      {[](Fixture& f) { f.opts.softmax_scale = NAN; }, "softmax_scale: must be finite"}}},
+    {"LseIsRequired", {{[](Fixture& f) { f.lv.data = nullptr; }, "lse: data pointer is null"}}},
+    {"LseShape", {{[](Fixture& f) { f.lv.shape[2] = 5; }, "lse: seqlen_q must equal q's"}}},
+    {"LseDtype", {{[](Fixture& f) { f.lv.dtype = DType::f64; }, "lse: dtype must be f32 for f32 inputs, got f64"}}},
+    {"DoutDtype", {{[](Fixture& f) { f.dov.dtype = DType::bf16; }, "dout: dtype must match q's (f32), got bf16"}}},
+    {"DoutShape", {{[](Fixture& f) { f.dov.shape[3] = 4; }, "dout: head_dim must equal out's (8), got 4"}}},
+    {"DoutRank", {{[](Fixture& f) { f.dov.rank = 3; }, "dout: rank must be 4"}}},
+    {"GradientShapes",
+     {{[](Fixture& f) { f.dqv.shape[2] = 1; }, "dq: heads must equal q's (2), got 1"},
+      {[](Fixture& f) { f.dkv.shape[1] = 4; }, "dk: seqlen must equal k's (5), got 4"},
+      {[](Fixture& f) { f.dvv.shape[0] = 2; }, "dv: batch must equal v's (1), got 2"}}},
+    {"GradientStrides", {{[](Fixture& f) { f.dkv.strides[1] = -1; }, "dk: stride[1] must be >= 0"}}},
+    {"GradientsMustNotAliasThemselves",
+     {{[](Fixture& f) { f.dqv.strides[1] = 0; }, "dq: strides make elements alias"},
+      {[](Fixture& f) { f.dvv.strides[3] = 0; }, "dv: strides make elements alias"}}},
+    {"GradientsMustNotOverlapEachOther",
+     {{[](Fixture& f) {  // dq in the spare slot 9, dk starting inside it
+         f.dqv.data = f.at(9);
+         f.dkv.data = f.at(9) + 63;
+       },
+       "dk: overlaps dq"},
+      {[](Fixture& f) { f.dvv.data = f.at(7) + 79; }, "dv: overlaps dk"},
+      {[](Fixture& f) { f.dvv.data = f.at(6) + 50; }, "dv: overlaps dq"}}},
+    {"TileSizes", {{[](Fixture& f) { f.tiles.k_tile = 0; }, "tiles.k_tile: must be >= 1"}}, /*tiled_only=*/true},
+};
+
+class BackwardValidationRule : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(BackwardValidationRule, IsRejectedAndNoBufferChanges) {
+  for (const Break& b : GetParam().breaks) {
+    Fixture f;
+    b.breaks(f);
+    expect_rejected(f, {b.message}, GetParam().tiled_only);
+  }
 }
-TEST(BackwardValidation, LseIsRequired) {
-  Fixture f;
-  f.lv.data = nullptr;
-  expect_rejected(f, {"lse: data pointer is null"});
-}
-TEST(BackwardValidation, LseShape) {
-  Fixture f;
-  f.lv.shape[2] = 5;
-  expect_rejected(f, {"lse: seqlen_q must equal q's"});
-}
-TEST(BackwardValidation, LseDtype) {
-  Fixture f;
-  f.lv.dtype = DType::f64;
-  expect_rejected(f, {"lse: dtype must be f32 for f32 inputs, got f64"});
-}
-TEST(BackwardValidation, DoutDtype) {
-  Fixture f;
-  f.dov.dtype = DType::bf16;
-  expect_rejected(f, {"dout: dtype must match q's (f32), got bf16"});
-}
-TEST(BackwardValidation, DoutShape) {
-  Fixture f;
-  f.dov.shape[3] = 4;
-  expect_rejected(f, {"dout: head_dim must equal out's (8), got 4"});
-}
-TEST(BackwardValidation, DoutRank) {
-  Fixture f;
-  f.dov.rank = 3;
-  expect_rejected(f, {"dout: rank must be 4"});
-}
+
+INSTANTIATE_TEST_SUITE_P(Rules, BackwardValidationRule, ::testing::ValuesIn(kRules),
+                         [](const ::testing::TestParamInfo<Rule>& i) { return std::string(i.param.name); });
+
 TEST(BackwardValidation, GradientDtypes) {
   for (TensorView Fixture::*g : {&Fixture::dqv, &Fixture::dkv, &Fixture::dvv}) {
     Fixture f;
@@ -130,30 +148,6 @@ TEST(BackwardValidation, GradientDtypes) {
     const char* name = g == &Fixture::dqv ? "dq" : g == &Fixture::dkv ? "dk" : "dv";
     expect_rejected(f, {std::string(name) + ": dtype must match q's (f32), got f16"});
   }
-}
-TEST(BackwardValidation, GradientShapes) {
-  Fixture f;
-  f.dqv.shape[2] = 1;
-  expect_rejected(f, {"dq: heads must equal q's (2), got 1"});
-  Fixture g;
-  g.dkv.shape[1] = 4;
-  expect_rejected(g, {"dk: seqlen must equal k's (5), got 4"});
-  Fixture h;
-  h.dvv.shape[0] = 2;
-  expect_rejected(h, {"dv: batch must equal v's (1), got 2"});
-}
-TEST(BackwardValidation, GradientStrides) {
-  Fixture f;
-  f.dkv.strides[1] = -1;
-  expect_rejected(f, {"dk: stride[1] must be >= 0"});
-}
-TEST(BackwardValidation, GradientsMustNotAliasThemselves) {
-  Fixture f;
-  f.dqv.strides[1] = 0;
-  expect_rejected(f, {"dq: strides make elements alias"});
-  Fixture g;
-  g.dvv.strides[3] = 0;
-  expect_rejected(g, {"dv: strides make elements alias"});
 }
 TEST(BackwardValidation, GradientsMustNotOverlapInputs) {
   const std::pair<TensorView Fixture::*, const char*> grads[] = {
@@ -167,23 +161,6 @@ TEST(BackwardValidation, GradientsMustNotOverlapInputs) {
       (f.*g).data = (f.*in).data;
       expect_rejected(f, {std::string(gname) + ": overlaps input " + iname});
     }
-}
-TEST(BackwardValidation, GradientsMustNotOverlapEachOther) {
-  Fixture f;  // dq in the spare slot 9, dk starting inside it
-  f.dqv.data = f.at(9);
-  f.dkv.data = f.at(9) + 63;
-  expect_rejected(f, {"dk: overlaps dq"});
-  Fixture g;
-  g.dvv.data = g.at(7) + 79;
-  expect_rejected(g, {"dv: overlaps dk"});
-  Fixture h;
-  h.dvv.data = h.at(6) + 50;
-  expect_rejected(h, {"dv: overlaps dq"});
-}
-TEST(BackwardValidation, TileSizes) {
-  Fixture f;
-  f.tiles.k_tile = 0;
-  expect_rejected(f, {"tiles.k_tile: must be >= 1"}, /*tiled_only=*/true);
 }
 
 }  // namespace

@@ -19,20 +19,9 @@ namespace {
 using test::random_tensor;
 using test::Tensor;
 
-struct Packed {
-  std::vector<std::int32_t> cu_q{0}, cu_k{0};
-  explicit Packed(const std::vector<std::pair<int, int>>& lens) {
-    for (auto [nq, nk] : lens) {
-      cu_q.push_back(cu_q.back() + nq);
-      cu_k.push_back(cu_k.back() + nk);
-    }
-  }
-  std::int64_t batch() const { return static_cast<std::int64_t>(cu_q.size()) - 1; }
-};
-
 // A packed f64 problem: inputs, the forward's out and lse, and gradients pre-filled with 42.
 struct VarlenCase {
-  Packed p;
+  test::CuSeqlens p;
   std::int64_t H, HK, D, TQ, TK;
   Tensor<double> q, k, v, dout, out, dq, dk, dv;
   std::vector<double> lse;
@@ -44,8 +33,8 @@ struct VarlenCase {
         H(h),
         HK(hk),
         D(d),
-        TQ(p.cu_q.back()),
-        TK(p.cu_k.back()),
+        TQ(p.total_q()),
+        TK(p.total_k()),
         q(random_tensor<double>(1, TQ, H, D, 11, 2.0)),
         k(random_tensor<double>(1, TK, HK, D, 12, 2.0)),
         v(random_tensor<double>(1, TK, HK, D, 13)),
@@ -58,26 +47,16 @@ struct VarlenCase {
     for (std::int64_t x = 0; x < p.batch() * H; ++x) slopes.push_back(0.25f / float(1 + x));
     for (auto* g : {&dq, &dk, &dv}) std::fill(g->data.begin(), g->data.end(), 42.0);
   }
-  TensorView packed(const Tensor<double>& t, std::int64_t heads) const {
-    return TensorView::contiguous(t.data.data(), t.s, heads, D);
-  }
   TensorView lse_view() const { return TensorView::contiguous(lse.data(), 1, H, TQ); }
   void forward() {
     const TensorView l = lse_view();
-    attention_varlen(packed(q, H), packed(k, HK), packed(v, HK), packed(out, H), p.cu_q.data(), p.cu_k.data(),
-                     p.batch(), opts, {}, &l);
+    attention_varlen(q.packed(), k.packed(), v.packed(), out.packed(), p.varlen(), opts, {}, &l);
   }
   void backward(const TileOptions& tiles = {}) {
-    attention_varlen_backward(packed(q, H), packed(k, HK), packed(v, HK), packed(out, H), packed(dout, H), lse_view(),
-                              packed(dq, H), packed(dk, HK), packed(dv, HK),
-                              VarlenBatch{p.cu_q.data(), p.cu_k.data(), p.batch()}, opts, tiles);
+    attention_varlen_backward(q.packed(), k.packed(), v.packed(), out.packed(), dout.packed(), lse_view(), dq.packed(),
+                              dk.packed(), dv.packed(), p.varlen(), opts, tiles);
   }
 };
-
-// rows [first, first + n) of a packed tensor as a [1, n, heads, D] view.
-TensorView rows_of(const Tensor<double>& t, std::int64_t first, std::int64_t n) {
-  return TensorView::contiguous(t.data.data() + first * t.h * t.d, 1, n, t.h, t.d);
-}
 
 // Every sequence's gradients against attention_backward_reference on that sequence alone.
 void expect_matches_sequences(const VarlenCase& c) {
@@ -89,21 +68,19 @@ void expect_matches_sequences(const VarlenCase& c) {
     AttentionOptions ob = c.opts;
     if (ob.alibi_slopes) ob.alibi_slopes = F32Array(c.slopes).from(b * c.H);
     if (nq > 0)
-      attention_backward_reference(rows_of(c.q, q0, nq), rows_of(c.k, k0, nk), rows_of(c.v, k0, nk),
-                                   rows_of(c.out, q0, nq), rows_of(c.dout, q0, nq),
-                                   TensorView::contiguous(lse.data(), 1, c.H, nq), dq.view(), dk.view(), dv.view(), ob);
+      attention_backward_reference(c.q.rows(q0, nq), c.k.rows(k0, nk), c.v.rows(k0, nk), c.out.rows(q0, nq),
+                                   c.dout.rows(q0, nq), TensorView::contiguous(lse.data(), 1, c.H, nq), dq.view(),
+                                   dk.view(), dv.view(), ob);
     const std::pair<const Tensor<double>*, std::int64_t> want[] = {{&dq, q0}, {&dk, k0}, {&dv, k0}};
     const Tensor<double>* got[] = {&c.dq, &c.dk, &c.dv};
     for (int g = 0; g < 3; ++g) {
       const Tensor<double>& w = *want[g].first;
-      double scale = 1e-300, err = 0;
-      for (std::size_t x = 0; x < w.data.size(); ++x) {
-        const double mine = got[g]->data[static_cast<std::size_t>(want[g].second * w.h * w.d) + x];
-        scale = std::max(scale, std::abs(w.data[x]));
-        err = std::max(err, std::abs(mine - w.data[x]));
-        if (nq == 0 || nk == 0) ASSERT_EQ(mine, w.data[x]) << "sequence " << b << " grad " << g << " element " << x;
-      }
-      EXPECT_LE(err, 1e-12 * scale) << "sequence " << b << " grad " << g;
+      const auto first = got[g]->data.begin() + want[g].second * w.h * w.d;
+      const std::vector<double> mine(first, first + static_cast<std::ptrdiff_t>(w.data.size()));
+      if (nq == 0 || nk == 0)
+        for (std::size_t x = 0; x < w.data.size(); ++x)
+          ASSERT_EQ(mine[x], w.data[x]) << "sequence " << b << " grad " << g << " element " << x;
+      EXPECT_LE(test::relative_error(mine, w.data), test::kF64Tolerance) << "sequence " << b << " grad " << g;
     }
   }
 }
@@ -161,12 +138,11 @@ TEST(BackwardVarlen, BadArgumentsAreNamedAndNothingIsWritten) {
   c.forward();
   const auto call = [&](const TensorView& lse, const TensorView& dq, const std::int32_t* cu_q, std::int64_t batch) {
     return [&c, lse, dq, cu_q, batch] {
-      attention_varlen_backward(c.packed(c.q, c.H), c.packed(c.k, c.HK), c.packed(c.v, c.HK), c.packed(c.out, c.H),
-                                c.packed(c.dout, c.H), lse, dq, c.packed(c.dk, c.HK), c.packed(c.dv, c.HK), cu_q,
-                                c.p.cu_k.data(), batch, c.opts);
+      attention_varlen_backward(c.q.packed(), c.k.packed(), c.v.packed(), c.out.packed(), c.dout.packed(), lse, dq,
+                                c.dk.packed(), c.dv.packed(), cu_q, c.p.cu_k.data(), batch, c.opts);
     };
   };
-  const TensorView lse = c.lse_view(), dq = c.packed(c.dq, c.H);
+  const TensorView lse = c.lse_view(), dq = c.dq.packed();
   expect_rejected(c, call(lse, dq, c.p.cu_q.data(), 0), "batch");
   expect_rejected(c, call(lse, c.dq.view(), c.p.cu_q.data(), c.p.batch()), "dq");
   expect_rejected(c, call(TensorView::contiguous(c.lse.data(), 1, c.H, c.TQ - 1), dq, c.p.cu_q.data(), c.p.batch()),
@@ -175,7 +151,7 @@ TEST(BackwardVarlen, BadArgumentsAreNamedAndNothingIsWritten) {
   std::vector<std::int32_t> bad = c.p.cu_q;
   bad[2] = bad[1] - 1;
   expect_rejected(c, call(lse, dq, bad.data(), c.p.batch()), "cu_seqlens_q");
-  expect_rejected(c, call(lse, c.packed(c.q, c.H), c.p.cu_q.data(), c.p.batch()), "dq");  // aliases q
+  expect_rejected(c, call(lse, c.q.packed(), c.p.cu_q.data(), c.p.batch()), "dq");  // aliases q
 }
 
 }  // namespace

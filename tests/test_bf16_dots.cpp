@@ -55,13 +55,6 @@ struct SubnormalProblem {
   GTEST_SKIP() << "no AVX512-BF16, or no AVX-512 kernel built: one bf16 path " \
                   "only"
 
-// The largest |a - b| over two runs' f32 lse, which the forward writes for bf16 inputs.
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
-  return m;
-}
-
 TEST(Bf16Dots, TheSwitchReachesTheTiledForwardAndTheBackward) {
   SKIP_WITHOUT_DOT_PATH(detail::tiled_target());
   SKIP_WITHOUT_DOT_PATH(detail::backward_target());
@@ -80,7 +73,8 @@ TEST(Bf16Dots, TheSwitchReachesTheTiledForwardAndTheBackward) {
   }
   // On the dot products every score is 0, so each row's lse is log(S) exactly (rounded to f32).
   for (const float l : lse[1]) EXPECT_NEAR(l, std::log(double(S)), 1e-6);
-  EXPECT_GT(max_diff(lse[0], lse[1]), 1e-3) << "the widening path computed the scores as the dot products did";
+  EXPECT_TRUE(test::differ_by_more_than(lse[0], lse[1], 1e-3))
+      << "the widening path computed the scores as the dot products did";
   // The backward from the same out and lse (the widening forward's): it recomputes the scores, so its
   // two paths give different P and so different dv.
   std::vector<bf16_t> dv[2];
@@ -93,10 +87,8 @@ TEST(Bf16Dots, TheSwitchReachesTheTiledForwardAndTheBackward) {
                        TensorView::contiguous(dq.data(), B, S, H, D), TensorView::contiguous(dk.data(), B, S, H, D),
                        TensorView::contiguous(dv[on].data(), B, S, H, D));
   }
-  double dv_diff = 0;
-  for (std::size_t i = 0; i < n; ++i)
-    dv_diff = std::max(dv_diff, std::abs(detail::load<double>(dv[0][i]) - detail::load<double>(dv[1][i])));
-  EXPECT_GT(dv_diff, 1e-2) << "the backward's widening path recomputed the scores as the dot products did";
+  EXPECT_TRUE(test::differ_by_more_than(dv[0], dv[1], 1e-2))
+      << "the backward's widening path recomputed the scores as the dot products did";
 }
 
 TEST(Bf16Dots, TheSwitchReachesDecode) {
@@ -122,7 +114,8 @@ TEST(Bf16Dots, TheSwitchReachesDecode) {
     attention_decode(q1.view(), cache, TensorView::contiguous(out.data(), B, 1, H, D), {}, {}, &lv);
   }
   for (const float l : lse[1]) EXPECT_NEAR(l, std::log(double(S)), 1e-6);
-  EXPECT_GT(max_diff(lse[0], lse[1]), 1e-3) << "decode's widening path computed the scores as the dot products did";
+  EXPECT_TRUE(test::differ_by_more_than(lse[0], lse[1], 1e-3))
+      << "decode's widening path computed the scores as the dot products did";
 }
 
 }  // namespace

@@ -12,31 +12,35 @@ namespace {
 
 using namespace test;
 
-struct RestoreLaunchers {
-  ~RestoreLaunchers() { cuda_detail::launchers() = {}; }
-};
-
-TEST(CudaVariants, EveryForwardVariantMatchesTheOracle) {
-  ASSERT_GE(cuda_detail::forward_variants().size(), 2u);
-  for (const auto& v : cuda_detail::forward_variants()) {
+// check(variant) once per variant of `variants` (at least two), with launchers().*slot set to it; the
+// library's own launchers afterwards.
+template <class Variants, class Slot, class F>
+void for_each_variant(const Variants& variants, Slot slot, F&& check) {
+  struct RestoreLaunchers {
+    ~RestoreLaunchers() { cuda_detail::launchers() = {}; }
+  };
+  ASSERT_GE(variants.size(), 2u);
+  for (const auto& v : variants) {
     SCOPED_TRACE(v.name);
     RestoreLaunchers restore;
-    cuda_detail::launchers().forward = v.launch;
-    check_forward<bf16_t>(Case{{1, 150, 200, 4, 2, 128, false}});
-    check_forward<bf16_t>(Case{{1, 200, 200, 2, 1, 128, true}});  // causal: masked tiles and skipped ones
+    cuda_detail::launchers().*slot = v.launch;
+    check(v);
   }
 }
 
+TEST(CudaVariants, EveryForwardVariantMatchesTheOracle) {
+  for_each_variant(cuda_detail::forward_variants(), &cuda_detail::Launchers::forward, [](const auto&) {
+    check_forward<bf16_t>(Case{{1, 150, 200, 4, 2, 128, false}});
+    check_forward<bf16_t>(Case{{1, 200, 200, 2, 1, 128, true}});  // causal: masked tiles and skipped ones
+  });
+}
+
 TEST(CudaVariants, EveryDecodeVariantMatchesTheOracle) {
-  ASSERT_GE(cuda_detail::decode_variants().size(), 2u);
-  for (const auto& v : cuda_detail::decode_variants()) {
-    SCOPED_TRACE(v.name);
-    RestoreLaunchers restore;
-    cuda_detail::launchers().decode = v.launch;
+  for_each_variant(cuda_detail::decode_variants(), &cuda_detail::Launchers::decode, [](const auto&) {
     check_decode<bf16_t>(DecodeCase{1, 1, 32, 8, 128, 3000, false, false, 0});               // automatic splits
     check_decode<bf16_t>(DecodeCase{2, 2, 16, 8, 128, 900, true, true, 5, 0, 16});           // paged, causal, 2 queries
     check_decode<bf16_t>(DecodeCase{1, 1, 32, 8, 128, 1000, false, false, 3, 0, 64, true});  // kv-head-major
-  }
+  });
 }
 
 // Bank conflicts cost speed, not correctness, so only the emulator's count shows them (cuda_runtime.h,
@@ -58,18 +62,14 @@ TEST(CudaVariants, EveryKernelReadsSharedMemoryWithoutBankConflicts) {
     check_decode<f16_t>(DecodeCase{1, 2, 4, 2, d, 700, true, true, 0, 0, 16});
     expect_conflict_free_ldmatrix("library decode");
   }
-  for (const auto& v : cuda_detail::forward_variants()) {
-    RestoreLaunchers restore;
-    cuda_detail::launchers().forward = v.launch;
+  for_each_variant(cuda_detail::forward_variants(), &cuda_detail::Launchers::forward, [](const auto& v) {
     check_forward<bf16_t>(Case{{1, 150, 200, 4, 2, 128, false}});
     expect_conflict_free_ldmatrix(v.name);
-  }
-  for (const auto& v : cuda_detail::decode_variants()) {
-    RestoreLaunchers restore;
-    cuda_detail::launchers().decode = v.launch;
+  });
+  for_each_variant(cuda_detail::decode_variants(), &cuda_detail::Launchers::decode, [](const auto& v) {
     check_decode<bf16_t>(DecodeCase{1, 1, 32, 8, 128, 1000, false, false, 3});
     expect_conflict_free_ldmatrix(v.name);
-  }
+  });
 }
 
 }  // namespace

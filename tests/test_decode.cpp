@@ -16,7 +16,7 @@
 namespace attn {
 namespace {
 
-using test::max_abs_diff;
+using test::max_error;
 using test::random_tensor;
 using test::Tensor;
 
@@ -166,8 +166,8 @@ TEST_P(DecodeF64, MatchesTheReferenceForEveryNumberOfSplits) {
                               most + 5, std::int64_t{1} << 40}) {
     Scenario<double> fresh = s;  // appends write into the cache: start from the same state each time
     fresh.run(out, o, splits, &lse);
-    EXPECT_LE(max_abs_diff(out, want), 1e-12) << "splits " << splits;
-    EXPECT_LE(test::lse_diff(lse, want_lse), 1e-12) << "splits " << splits;
+    EXPECT_LE(max_error(out, want), test::kF64Tolerance) << "splits " << splits;
+    EXPECT_LE(max_error(lse, want_lse), test::kF64Tolerance) << "splits " << splits;
   }
 }
 
@@ -214,8 +214,8 @@ TEST(Decode, MasksAndScoreTransformsMatchTheReference) {
       for (std::int64_t splits : {0, 1, 5}) {
         Scenario<double> fresh = s;
         fresh.run(out, o, splits, &lse);
-        EXPECT_LE(max_abs_diff(out, want), 1e-12) << "page " << page << " splits " << splits;
-        EXPECT_LE(test::lse_diff(lse, want_lse), 1e-12) << "page " << page << " splits " << splits;
+        EXPECT_LE(max_error(out, want), test::kF64Tolerance) << "page " << page << " splits " << splits;
+        EXPECT_LE(max_error(lse, want_lse), test::kF64Tolerance) << "page " << page << " splits " << splits;
       }
     }
   }
@@ -243,8 +243,8 @@ TEST(Decode, AppendWritesTheNewKeysAndNothingElse) {
   }
 }
 
-// flash-attn's accuracy rule (tests/test_features.cpp): error against the f64 oracle at most twice the
-// textbook method's at the same precision, plus `slack`. With `every_target`, the kernel runs once per
+// The accuracy rule (common/accuracy.hpp): error against the f64 oracle at most twice the textbook
+// method's at the same precision, plus `slack`. With `every_target`, the kernel runs once per
 // SIMD target (test::for_each_simd_target), each against the same oracle; without, on the best target.
 template <class T, class Q = T>
 void check_precision(std::int64_t page, double slack, std::int64_t h = 8, std::int64_t hk = 2, std::int64_t d = 64,
@@ -255,14 +255,13 @@ void check_precision(std::int64_t page, double slack, std::int64_t h = 8, std::i
     o.causal = causal;
     const auto oracle = s.template reference<double>(o);
     using Textbook = std::conditional_t<std::is_same_v<Q, float>, float, T>;
-    const double base = max_abs_diff(s.template reference<Textbook>(o), oracle);
+    const double base = max_error(s.template reference<Textbook>(o), oracle);
     auto check = [&](const char* target) {
       std::vector<Q> out;
       Scenario<T, Q> fresh = s;
       fresh.run(out, o, 0);
-      const double err = max_abs_diff(out, oracle);
-      EXPECT_LE(err, 2 * base + slack) << target << " causal " << causal << " h " << h << "/" << hk << " d " << d
-                                       << " err " << err << " textbook " << base;
+      EXPECT_TRUE(test::meets_textbook_rule(max_error(out, oracle), base, test::kForwardFactor, slack))
+          << target << " causal " << causal << " h " << h << "/" << hk << " d " << d;
     };
     if (every_target)
       test::for_each_simd_target("decode", test::decode_dispatched,
@@ -318,9 +317,10 @@ TEST(Decode, Bf16OutputWithinTwiceTheTextbookErrorWithoutSlack) {
           const auto textbook = s.template reference<bf16_t>(o);
           std::vector<bf16_t> out;
           s.run(out, o, 0);  // no appended keys: the cache is only read
-          const double err = max_abs_diff(out, oracle), base = max_abs_diff(textbook, oracle);
+          const double err = max_error(out, oracle), base = max_error(textbook, oracle);
           if (base > 0) worst = std::max(worst, err / base);
-          EXPECT_LE(err, 2 * base + 1e-12) << "n " << n << " scale " << scale << " page " << page << " seqlen_q " << sq;
+          EXPECT_TRUE(test::meets_textbook_rule(err, base, test::kForwardFactor, 1e-12))
+              << "n " << n << " scale " << scale << " page " << page << " seqlen_q " << sq;
         }
       }
   std::printf("worst err / textbook err: %.2f\n", worst);
@@ -412,8 +412,8 @@ TEST(Decode, OneKeyPerSliceSpansSeveralMergeGroups) {
   const auto want = s.reference<double>({}, &want_lse);
   for (std::int64_t splits : {std::int64_t{40000}, std::int64_t{1} << 40}) {
     s.run(out, {}, splits, &lse);
-    EXPECT_LE(max_abs_diff(out, want), 1e-12) << splits;
-    EXPECT_LE(test::lse_diff(lse, want_lse), 1e-12) << splits;
+    EXPECT_LE(max_error(out, want), test::kF64Tolerance) << splits;
+    EXPECT_LE(max_error(lse, want_lse), test::kF64Tolerance) << splits;
   }
 }
 

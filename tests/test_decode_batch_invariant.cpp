@@ -113,7 +113,7 @@ TEST(DecodeBatchInvariance, F64IsExactAtAnySliceSize) {
                           TensorView::contiguous(v.data.data() + b * 333 * 2 * 16, 1, seqlens[b], 2, 16),
                           TensorView::contiguous(want.data(), 1, 3, 4, 16), o);
       const std::vector<double> got(out.begin() + b * 3 * 4 * 16, out.begin() + (b + 1) * 3 * 4 * 16);
-      EXPECT_LE(test::max_abs_diff(got, want), 1e-12) << per << " keys per split, sequence " << b;
+      EXPECT_LE(test::max_error(got, want), test::kF64Tolerance) << per << " keys per split, sequence " << b;
     }
   }
   KVCache cache;

@@ -79,7 +79,8 @@ void run_case(bool interleaved, bool causal, std::int64_t sq, std::int64_t appen
                         TensorView::contiguous(&v.at(b, 0, 0, 0), 1, n, kHK, kD),
                         TensorView::contiguous(want.data(), 1, sq, kH, kD), o);
     for (std::size_t x = 0; x < want.size(); ++x)
-      EXPECT_NEAR(out.data[static_cast<std::size_t>(b * sq * kH * kD) + x], want[x], 1e-12) << "sequence " << b;
+      EXPECT_NEAR(out.data[static_cast<std::size_t>(b * sq * kH * kD) + x], want[x], test::kF64Tolerance)
+          << "sequence " << b;
   }
 }
 

@@ -58,7 +58,8 @@ void run_case(std::int64_t sq, std::int64_t appended, bool causal) {
                         TensorView::contiguous(vb.data(), 1, end - first, kHK, kD),
                         TensorView::contiguous(want.data(), 1, sq, kH, kD), o);
     for (std::size_t x = 0; x < want.size(); ++x)
-      EXPECT_NEAR(out.data[static_cast<std::size_t>(b * sq * kH * kD) + x], want[x], 1e-12) << "sequence " << b;
+      EXPECT_NEAR(out.data[static_cast<std::size_t>(b * sq * kH * kD) + x], want[x], test::kF64Tolerance)
+          << "sequence " << b;
   }
   // Rows no sequence maps to are never written.
   for (std::int64_t r : {1, 2})

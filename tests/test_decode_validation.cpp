@@ -38,6 +38,12 @@ struct Valid {
     dec.v_new = &vnv;
   }
   void call() { attention_decode(qv, cache, ov, opts, dec, lse_arg); }
+  // The same buffers as a contiguous cache of `batch` rows of `rows` keys each, without a block table.
+  void contiguous_cache(std::int64_t batch, std::int64_t rows) {
+    cache.block_table = nullptr;
+    cache.k = TensorView::contiguous(kc.data(), batch, rows, 2, 8);
+    cache.v = TensorView::contiguous(vc.data(), batch, rows, 2, 8);
+  }
 };
 
 struct BadCase {
@@ -115,20 +121,9 @@ TEST(DecodeValidation, EveryRuleThrowsNamesTheArgumentAndWritesNothing) {
       {"negative seqlen", [](Valid& v) { v.cache.seqlens = neg.data(); }, "cache.seqlens: must be >= 0"},
       {"over capacity", [](Valid& v) { v.cache.seqlens = big.data(); },
        "exceeds the cache capacity (12 = max_pages x page_size)"},
-      {"contiguous capacity",
-       [](Valid& v) {
-         v.cache.block_table = nullptr;
-         v.cache.k = TensorView::contiguous(v.kc.data(), 2, 5, 2, 8);
-         v.cache.v = TensorView::contiguous(v.vc.data(), 2, 5, 2, 8);
-       },
+      {"contiguous capacity", [](Valid& v) { v.contiguous_cache(2, 5); },
        "exceeds the cache capacity (5 = max_seqlen)"},
-      {"contiguous batch",
-       [](Valid& v) {
-         v.cache.block_table = nullptr;
-         v.cache.k = TensorView::contiguous(v.kc.data(), 3, 16, 2, 8);
-         v.cache.v = TensorView::contiguous(v.vc.data(), 3, 16, 2, 8);
-       },
-       "cache.k: batch must equal q's"},
+      {"contiguous batch", [](Valid& v) { v.contiguous_cache(3, 16); }, "cache.k: batch must equal q's"},
       {"max_pages", [](Valid& v) { v.cache.max_pages = 0; }, "cache.max_pages: must be >= 1"},
       {"table stride", [](Valid& v) { v.cache.block_table_stride = 2; },
        "cache.block_table_stride: must be >= max_pages"},

@@ -21,7 +21,7 @@
 namespace attn {
 namespace {
 
-using test::max_abs_diff;
+using test::max_error;
 using test::random_tensor;
 using test::Shape;
 using test::Tensor;
@@ -196,13 +196,13 @@ TEST(DropoutForward, ReferenceIsTheTextbookWithTheReturnedMask) {
       const Case c(s, p, 11);
       std::vector<double> lse, lse_undropped;
       const std::vector<double> got = c.reference(&lse);
-      EXPECT_LE(max_abs_diff(got, textbook(c, mask_of(s, c.opts))), 1e-13) << "p " << p << " sq " << s.sq;
+      EXPECT_LE(max_error(got, textbook(c, mask_of(s, c.opts))), 1e-13) << "p " << p << " sq " << s.sq;
       // lse is the undropped softmax's: the same as without dropout.
       AttentionOptions off = c.opts;
       off.dropout_p = 0;
       const std::vector<double> plain = c.reference(&lse_undropped, &off);
       EXPECT_TRUE(same_bytes(lse, lse_undropped));
-      EXPECT_GT(max_abs_diff(got, plain), 1e-3) << "dropout changed nothing";
+      EXPECT_TRUE(test::differ_by_more_than(got, plain, 1e-3)) << "dropout changed nothing";
     }
   }
 }
@@ -229,8 +229,9 @@ TEST(DropoutForward, TiledEqualsReferenceForEveryTileSize) {
     test::for_each_simd_target("tiled", detail::tiled_target, [&](std::int64_t) {
       for (std::int64_t br = 1; br <= s.sq; br += (br < 4 ? 1 : 4))
         for (std::int64_t bc = 1; bc <= s.sk + 1; ++bc)
-          ASSERT_LE(max_abs_diff(c.tiled(br, bc), want), 1e-12) << "sq " << s.sq << " tiles " << br << "x" << bc;
-      ASSERT_LE(max_abs_diff(c.tiled(s.sq, s.sk), want), 1e-12);
+          ASSERT_LE(max_error(c.tiled(br, bc), want), test::kF64Tolerance)
+              << "sq " << s.sq << " tiles " << br << "x" << bc;
+      ASSERT_LE(max_error(c.tiled(s.sq, s.sk), want), test::kF64Tolerance);
     });
   }
 }
@@ -249,12 +250,11 @@ TEST(DropoutForward, VarlenSequenceBIsBatchIndexB) {
   const std::int64_t batch = 4, tq = cq.back(), tk = ck.back();
   auto q = random_tensor<double>(1, tq, H, D, 1), k = random_tensor<double>(1, tk, HK, D, 2),
        v = random_tensor<double>(1, tk, HK, D, 3);
-  auto packed = [](const Tensor<double>& t) { return TensorView::contiguous(t.data.data(), t.s, t.h, t.d); };
   AttentionOptions o = with_dropout({}, 0.5, 42, 9);
   o.causal = true;
   std::vector<double> out(q.data.size());
-  attention_varlen(packed(q), packed(k), packed(v), TensorView::contiguous(out.data(), tq, H, D), cq.data(), ck.data(),
-                   batch, o);
+  attention_varlen(q.packed(), k.packed(), v.packed(), TensorView::contiguous(out.data(), tq, H, D), cq.data(),
+                   ck.data(), batch, o);
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t nq = cq[b + 1] - cq[b], nk = ck[b + 1] - ck[b];
     if (nq == 0) continue;
@@ -268,34 +268,33 @@ TEST(DropoutForward, VarlenSequenceBIsBatchIndexB) {
     const std::vector<double> want(&ob.at(b, 0, 0, 0), &ob.at(b, 0, 0, 0) + nq * H * D);
     const std::vector<double> got(&out[static_cast<std::size_t>(cq[b] * H * D)],
                                   &out[static_cast<std::size_t>(cq[b] * H * D)] + nq * H * D);
-    EXPECT_TRUE(same_bytes(got, want)) << "sequence " << b << ": " << max_abs_diff(got, want);
+    EXPECT_TRUE(same_bytes(got, want)) << "sequence " << b << ": " << max_error(got, want);
     if (b > 0) {  // and not batch index 0's mask (a sequence with keys)
       const std::vector<double> first(&ob.at(0, 0, 0, 0), &ob.at(0, 0, 0, 0) + nq * H * D);
-      if (nk > 0) EXPECT_GT(max_abs_diff(got, first), 1e-6) << "sequence " << b;
+      if (nk > 0) EXPECT_TRUE(test::differ_by_more_than(got, first, 1e-6)) << "sequence " << b;
     }
   }
 }
 
+// The accuracy rule (common/accuracy.hpp) for the tiled kernel with dropout, on every SIMD target, with
+// `slack` as the floor.
 template <class T>
 void check_precision(double slack) {
   const std::int64_t B = 1, SQ = 130, SK = 257, H = 4, HK = 2, D = 64;
-  auto q = random_tensor<T>(B, SQ, H, D, 31, 2.0), k = random_tensor<T>(B, SK, HK, D, 32, 2.0),
-       v = random_tensor<T>(B, SK, HK, D, 33);
-  auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
+  const auto p = test::random_qkv<T>(B, SQ, SK, H, HK, D, 31);
   for (bool causal : {false, true}) {
     AttentionOptions o = with_dropout({}, 0.25, 8, 1);
     o.causal = causal;
-    std::vector<double> oracle(q.data.size());
-    attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), B, SQ, H, D), o);
-    std::vector<T> book(q.data.size()), out(q.data.size());
-    attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(book.data(), B, SQ, H, D), o);
-    const double base = max_abs_diff(book, oracle);
+    const std::vector<double> oracle = test::oracle_forward(p, o);
+    const double base = max_error(test::textbook_forward(p, o), oracle);
     test::for_each_simd_target("tiled", detail::tiled_target, [&](std::int64_t) {
       TileOptions t;
       t.q_tile = 32;
       t.k_tile = 7;
-      attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), B, SQ, H, D), o, t);
-      EXPECT_LE(max_abs_diff(out, oracle), 2 * base + slack) << "causal " << causal << " base " << base;
+      std::vector<T> out(p.q.data.size());
+      attention_tiled(p.q.view(), p.k.view(), p.v.view(), TensorView::contiguous(out.data(), B, SQ, H, D), o, t);
+      EXPECT_TRUE(test::meets_textbook_rule(max_error(out, oracle), base, test::kForwardFactor, slack))
+          << "causal " << causal;
     });
   }
 }
@@ -329,8 +328,8 @@ TEST(DropoutBackward, ReferenceMatchesFiniteDifferencesOfTheForward) {
     Tensor<double>* inputs[] = {&c.q, &c.k, &c.v};
     const Tensor<double>* grads[] = {&dq, &dk, &dv};
     for (int t = 0; t < 3; ++t) {
-      double err = 0, big = 0;
-      for (std::size_t e = 0; e < inputs[t]->data.size(); ++e) {
+      std::vector<double> fd(inputs[t]->data.size());  // central differences
+      for (std::size_t e = 0; e < fd.size(); ++e) {
         double& x = inputs[t]->data[e];
         const double x0 = x, step = 1e-5;
         x = x0 + step;
@@ -338,12 +337,11 @@ TEST(DropoutBackward, ReferenceMatchesFiniteDifferencesOfTheForward) {
         x = x0 - step;
         const double down = loss();
         x = x0;
-        const double fd = (up - down) / (2 * step);
-        err = std::max(err, std::abs(grads[t]->data[e] - fd));
-        big = std::max(big, std::abs(fd));
+        fd[e] = (up - down) / (2 * step);
       }
-      EXPECT_LE(err, 1e-6 * big) << "gradient "
-                                 << "qkv"[t] << " sq " << s.sq << " causal " << s.causal;
+      const double big = test::max_magnitude(fd);
+      EXPECT_LE(max_error(grads[t]->data, fd), 1e-6 * big) << "gradient "
+                                                           << "qkv"[t] << " sq " << s.sq << " causal " << s.causal;
       EXPECT_GT(big, 1e-3) << "a vanishing gradient tests nothing";
     }
   }
@@ -376,7 +374,6 @@ struct Fixture {
     TensorView dq = TensorView::contiguous(grads.data(), 1, 4, 2, 8),
                dk = TensorView::contiguous(grads.data() + 64, 1, 5, 2, 8),
                dv = TensorView::contiguous(grads.data() + 144, 1, 5, 2, 8);
-    auto packed = [](const Tensor<float>& t) { return TensorView::contiguous(t.data.data(), t.s, t.h, t.d); };
     const TensorView o3 = TensorView::contiguous(out.data(), 4, 2, 8), l3 = TensorView::contiguous(lse.data(), 1, 2, 4);
     expect_rejected(
         "attention_reference", [&] { attention_reference(q.view(), k.view(), v.view(), ov, o, &lv); }, needle);
@@ -384,7 +381,7 @@ struct Fixture {
         "attention_tiled", [&] { attention_tiled(q.view(), k.view(), v.view(), ov, o, {}, &lv); }, needle);
     expect_rejected(
         "attention_varlen",
-        [&] { attention_varlen(packed(q), packed(k), packed(v), o3, cq.data(), ck.data(), 1, o, {}, &l3); }, needle);
+        [&] { attention_varlen(q.packed(), k.packed(), v.packed(), o3, cq.data(), ck.data(), 1, o, {}, &l3); }, needle);
     expect_rejected(
         "attention_backward_reference",
         [&] { attention_backward_reference(q.view(), k.view(), v.view(), ov, dout.view(), lv, dq, dk, dv, o); },

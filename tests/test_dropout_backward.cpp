@@ -69,15 +69,6 @@ struct Case {
   TensorView view_;
 };
 
-double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double scale = 0, err = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    scale = std::max(scale, std::abs(want[i]));
-    err = std::max(err, std::abs(got[i] - want[i]));
-  }
-  return err / std::max(scale, 1e-300);
-}
-
 TEST(DropoutBackward, TiledEqualsTheTextbookForEveryTilingAndTarget) {
   for (bool causal : {false, true}) {
     const Case<double> c(2, 19, 23, 4, 2, 12, dropping(0.3, causal));
@@ -89,7 +80,7 @@ TEST(DropoutBackward, TiledEqualsTheTextbookForEveryTilingAndTarget) {
         t.k_tile = bk;
         const auto got = c.grads(false, t);
         for (int g = 0; g < 3; ++g)
-          EXPECT_LE(relative_error(got[g].data, want[g].data), 1e-12)
+          EXPECT_LE(test::relative_error(got[g].data, want[g].data), test::kF64Tolerance)
               << "grad " << g << " causal " << causal << " tiles " << bq << "x" << bk;
       }
     });
@@ -117,9 +108,9 @@ TEST(DropoutBackward, F32WithinThreeTimesTheTextbookError) {
   const auto want = oracle.grads(true);
   const auto got = c.grads(false), textbook = c.grads(true);
   for (int g = 0; g < 3; ++g) {
-    const double err = test::max_abs_diff(got[g].data, want[g].data),
-                 base = test::max_abs_diff(textbook[g].data, want[g].data);
-    EXPECT_LE(err, 3 * base + 1e-6) << "grad " << g;
+    const double err = test::max_error(got[g].data, want[g].data),
+                 base = test::max_error(textbook[g].data, want[g].data);
+    EXPECT_TRUE(test::meets_textbook_rule(err, base, test::kGradientFactor, 1e-6)) << "grad " << g;
   }
 }
 
@@ -133,11 +124,10 @@ TEST(DropoutBackward, VarlenSequenceBUsesBatchIndexB) {
        v = random_tensor<double>(1, tk, HK, D, 3), dout = random_tensor<double>(1, tq, H, D, 4);
   Tensor<double> out(1, tq, H, D), dq(1, tq, H, D), dk(1, tk, HK, D), dv(1, tk, HK, D);
   std::vector<double> lse(static_cast<std::size_t>(H * tq));
-  auto packed = [](const Tensor<double>& t) { return TensorView::contiguous(t.data.data(), t.s, t.h, t.d); };
   const TensorView lv = TensorView::contiguous(lse.data(), 1, H, tq);
-  attention_varlen(packed(q), packed(k), packed(v), packed(out), cq.data(), ck.data(), batch, o, {}, &lv);
-  attention_varlen_backward(packed(q), packed(k), packed(v), packed(out), packed(dout), lv, packed(dq), packed(dk),
-                            packed(dv), cq.data(), ck.data(), batch, o);
+  attention_varlen(q.packed(), k.packed(), v.packed(), out.packed(), cq.data(), ck.data(), batch, o, {}, &lv);
+  attention_varlen_backward(q.packed(), k.packed(), v.packed(), out.packed(), dout.packed(), lv, dq.packed(),
+                            dk.packed(), dv.packed(), cq.data(), ck.data(), batch, o);
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t nq = cq[b + 1] - cq[b], nk = ck[b + 1] - ck[b];
     if (nq == 0 || nk == 0) continue;
@@ -157,8 +147,8 @@ TEST(DropoutBackward, VarlenSequenceBUsesBatchIndexB) {
         got_q(&dq.at(0, cq[b], 0, 0), &dq.at(0, cq[b], 0, 0) + nq * H * D),
         want_k(&gk.at(b, 0, 0, 0), &gk.at(b, 0, 0, 0) + nk * HK * D),
         got_k(&dk.at(0, ck[b], 0, 0), &dk.at(0, ck[b], 0, 0) + nk * HK * D);
-    EXPECT_LE(relative_error(got_q, want_q), 1e-12) << "sequence " << b;
-    EXPECT_LE(relative_error(got_k, want_k), 1e-12) << "sequence " << b;
+    EXPECT_LE(test::relative_error(got_q, want_q), test::kF64Tolerance) << "sequence " << b;
+    EXPECT_LE(test::relative_error(got_k, want_k), test::kF64Tolerance) << "sequence " << b;
   }
 }
 

@@ -7,10 +7,8 @@
 namespace attn {
 namespace {
 
-using test::max_abs_diff;
+using test::max_error;
 using test::random_tensor;
-
-constexpr double kExact = 1e-12;
 
 struct Case {
   test::Tensor<double> q, k, v;
@@ -39,7 +37,7 @@ TEST(Exactness, TiledEveryKeyTileFrom1ToWholeSequence) {
     t.k_tile = bc;
     attention_tiled(c.q.view(), c.k.view(), c.v.view(), TensorView::contiguous(out.data(), 1, 48, 1, 16), {}, t,
                     nullptr);
-    ASSERT_LE(max_abs_diff(out, c.ref), kExact) << "k_tile " << bc;
+    ASSERT_LE(max_error(out, c.ref), test::kF64Tolerance) << "k_tile " << bc;
   }
 }
 
@@ -55,8 +53,8 @@ TEST(Exactness, TiledEveryQueryAndKeyTileCausalWithLse) {
       t.k_tile = bc;
       TensorView lv = TensorView::contiguous(lse.data(), 1, 2, 37);
       attention_tiled(c.q.view(), c.k.view(), c.v.view(), TensorView::contiguous(out.data(), 1, 37, 2, 8), o, t, &lv);
-      ASSERT_LE(max_abs_diff(out, c.ref), kExact) << "tiles " << br << "x" << bc;
-      ASSERT_LE(test::lse_diff(lse, c.ref_lse), kExact) << "tiles " << br << "x" << bc;
+      ASSERT_LE(max_error(out, c.ref), test::kF64Tolerance) << "tiles " << br << "x" << bc;
+      ASSERT_LE(max_error(lse, c.ref_lse), test::kF64Tolerance) << "tiles " << br << "x" << bc;
     }
 }
 
@@ -68,8 +66,8 @@ TEST(Exactness, SplitKEveryWorkerCountFrom1To1500Over1000Keys) {
     s.num_splits = w;
     TensorView lv = TensorView::contiguous(lse.data(), 1, 1, 1);
     attention_splitk(c.q.view(), c.k.view(), c.v.view(), TensorView::contiguous(out.data(), 1, 1, 1, 16), {}, s, &lv);
-    ASSERT_LE(max_abs_diff(out, c.ref), kExact) << "splits " << w;
-    ASSERT_LE(std::abs(lse[0] - c.ref_lse[0]), kExact) << "splits " << w;
+    ASSERT_LE(max_error(out, c.ref), test::kF64Tolerance) << "splits " << w;
+    ASSERT_LE(std::abs(lse[0] - c.ref_lse[0]), test::kF64Tolerance) << "splits " << w;
   }
 }
 
@@ -87,7 +85,7 @@ TEST(Exactness, SplitKPartialsMergeToTheOutput) {
   }
   std::vector<double> out(16);
   finalize(all.view(), out.data());
-  EXPECT_LE(max_abs_diff(out, c.ref), kExact);
+  EXPECT_LE(max_error(out, c.ref), test::kF64Tolerance);
 }
 
 TEST(Exactness, SplitKIsBitwiseIdenticalForAnyThreadCount) {
@@ -102,7 +100,7 @@ TEST(Exactness, SplitKIsBitwiseIdenticalForAnyThreadCount) {
     attention_splitk(c.q.view(), c.k.view(), c.v.view(), TensorView::contiguous(out.data(), 1, 3, 4, 32), o, s);
     if (threads == 1) first = out;
     EXPECT_EQ(out, first) << threads << " threads";
-    EXPECT_LE(max_abs_diff(out, c.ref), kExact);
+    EXPECT_LE(max_error(out, c.ref), test::kF64Tolerance);
   }
 }
 
@@ -117,7 +115,7 @@ TEST(Exactness, TiledAgreesForAnyThreadCount) {
     t.q_tile = 16;
     t.k_tile = 8;
     attention_tiled(c.q.view(), c.k.view(), c.v.view(), TensorView::contiguous(out.data(), 1, 100, 3, 24), o, t);
-    EXPECT_LE(max_abs_diff(out, c.ref), kExact) << threads << " threads";
+    EXPECT_LE(max_error(out, c.ref), test::kF64Tolerance) << threads << " threads";
   }
 }
 

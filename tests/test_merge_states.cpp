@@ -78,10 +78,10 @@ TEST(MergeStates, ChunksMergeToTheWholeAttention) {
       for (std::int64_t i = 0; i < c.S; ++i)
         for (std::int64_t h = 0; h < c.H; ++h) {
           EXPECT_NEAR(lse[static_cast<std::size_t>(i * c.H + h)], c.whole_lse[static_cast<std::size_t>(h * c.S + i)],
-                      1e-12);
+                      test::kF64Tolerance);
           for (std::int64_t x = 0; x < c.D; ++x)
             EXPECT_NEAR(out[static_cast<std::size_t>((i * c.H + h) * c.D + x)],
-                        c.whole[static_cast<std::size_t>((i * c.H + h) * c.D + x)], 1e-12)
+                        c.whole[static_cast<std::size_t>((i * c.H + h) * c.D + x)], test::kF64Tolerance)
                 << "causal " << causal << " cuts " << cuts.size();
         }
     }

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -285,56 +287,50 @@ void expect_confined(const char* what, const std::function<void(Tensor<T>&, Tens
   }
 }
 
-TYPED_TEST(Edges, NanOrInfInAQueryRowStaysInThatRow) {
-  using T = TypeParam;
-  for (double bad : {double(NAN), double(INFINITY), -double(INFINITY)}) {
-    AttentionOptions o;
-    o.causal = true;
+// expect_confined for each value of `bads` written at entry `at` ([b, s, h, d]) of q, k or v (`input`), under
+// a causal mask with a left window of `window_left` (-1: none).
+template <class T>
+void expect_entry_confined(char input, std::array<std::int64_t, 4> at, std::initializer_list<double> bads,
+                           const std::function<bool(std::int64_t b, std::int64_t i, std::int64_t h)>& may_change,
+                           std::int64_t window_left = -1) {
+  AttentionOptions o;
+  o.causal = true;
+  o.window_left = window_left;
+  const std::string what = std::string("a non-finite ") + input + " entry";
+  for (const double bad : bads)
     expect_confined<T>(
-        "a non-finite q entry", [bad](auto& q, auto&, auto&) { q.at(1, 2, 3, 1) = detail::store<T>(bad); },
-        [](auto b, auto i, auto h) { return b == 1 && i == 2 && h == 3; }, o);
-  }
+        what.c_str(),
+        [&](Tensor<T>& q, Tensor<T>& k, Tensor<T>& v) {
+          Tensor<T>& t = input == 'q' ? q : input == 'k' ? k : v;
+          t.at(at[0], at[1], at[2], at[3]) = detail::store<T>(bad);
+        },
+        may_change, o);
+}
+
+TYPED_TEST(Edges, NanOrInfInAQueryRowStaysInThatRow) {
+  expect_entry_confined<TypeParam>('q', {1, 2, 3, 1}, {NAN, INFINITY, -INFINITY},
+                                   [](auto b, auto i, auto h) { return b == 1 && i == 2 && h == 3; });
 }
 
 // Key j = 3 of (batch 0, kv head 1) is seen, under the causal mask, only by query rows i >= 3 of query
 // heads 2 and 3 in batch 0.
+bool sees_key_3(std::int64_t b, std::int64_t i, std::int64_t h) { return b == 0 && i >= 3 && h >= 2; }
+
 TYPED_TEST(Edges, NanOrInfInAKeyRowStaysInTheRowsThatSeeIt) {
-  using T = TypeParam;
-  for (double bad : {double(NAN), double(INFINITY)}) {
-    AttentionOptions o;
-    o.causal = true;
-    expect_confined<T>(
-        "a non-finite k entry", [bad](auto&, auto& k, auto&) { k.at(0, 3, 1, 0) = detail::store<T>(bad); },
-        [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; }, o);
-  }
+  expect_entry_confined<TypeParam>('k', {0, 3, 1, 0}, {NAN, INFINITY}, sees_key_3);
 }
 
 TYPED_TEST(Edges, NanOrInfInAValueRowStaysInTheRowsThatSeeIt) {
-  using T = TypeParam;
-  for (double bad : {double(NAN), double(INFINITY)}) {
-    AttentionOptions o;
-    o.causal = true;
-    expect_confined<T>(
-        "a non-finite v entry", [bad](auto&, auto&, auto& v) { v.at(0, 3, 1, 0) = detail::store<T>(bad); },
-        [](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; }, o);
-  }
+  expect_entry_confined<TypeParam>('v', {0, 3, 1, 0}, {NAN, INFINITY}, sees_key_3);
 }
 
 // With a left window of 1 (row i sees keys i - 1 and i), key 3 is seen by rows 3 and 4 only: rows on
 // both sides of it, and in the tiled kernel's 4-row blocks rows whose first visible key differs, so that
 // the keys below every row's window and those past it are both walked with per-row checks.
 TYPED_TEST(Edges, NanOrInfInAKeyOrValueRowStaysInTheWindowThatSeesIt) {
-  using T = TypeParam;
-  for (double bad : {double(NAN), double(INFINITY)}) {
-    AttentionOptions o;
-    o.causal = true;
-    o.window_left = 1;
-    const auto sees = [](auto b, auto i, auto h) { return b == 0 && (i == 3 || i == 4) && h >= 2; };
-    expect_confined<T>(
-        "a non-finite v entry", [bad](auto&, auto&, auto& v) { v.at(0, 3, 1, 2) = detail::store<T>(bad); }, sees, o);
-    expect_confined<T>(
-        "a non-finite k entry", [bad](auto&, auto& k, auto&) { k.at(0, 3, 1, 2) = detail::store<T>(bad); }, sees, o);
-  }
+  const auto sees = [](auto b, auto i, auto h) { return b == 0 && (i == 3 || i == 4) && h >= 2; };
+  expect_entry_confined<TypeParam>('v', {0, 3, 1, 2}, {NAN, INFINITY}, sees, 1);
+  expect_entry_confined<TypeParam>('k', {0, 3, 1, 2}, {NAN, INFINITY}, sees, 1);
 }
 
 // What a row that reads a NaN gets must not depend on the algorithm, the tile size or the split count
@@ -509,9 +505,8 @@ TYPED_TEST(Edges, APlusInfScoreGivesNaNInVarlen) {
     TileOptions t;
     t.q_tile = qt;
     t.k_tile = kt;
-    attention_varlen(TensorView::contiguous(q.data.data(), TQ, H, D), TensorView::contiguous(kk.data.data(), TK, HK, D),
-                     TensorView::contiguous(v.data.data(), TK, HK, D), TensorView::contiguous(out.data(), TQ, H, D),
-                     cu_q.data(), cu_k.data(), 2, o, t, &lv);
+    attention_varlen(q.packed(), kk.packed(), v.packed(), TensorView::contiguous(out.data(), TQ, H, D), cu_q.data(),
+                     cu_k.data(), 2, o, t, &lv);
     std::vector<double> o64(out.size()), l64(lse.begin(), lse.end());
     for (std::size_t i = 0; i < out.size(); ++i) o64[i] = detail::load<double>(out[i]);
     return std::pair{o64, l64};

@@ -32,13 +32,6 @@ struct Problem {
   std::vector<float> grads = std::vector<float>(3 * q.data.size(), kUntouched);
   std::vector<std::int32_t> cu = {0, kSeq, 2 * kSeq}, seqlens = {kSeq, kSeq};
 
-  TensorView packed(const test::Tensor<float>& t, std::int64_t heads) const {
-    TensorView p = t.view();
-    p.rank = 3;
-    p.shape = {kBatch * kSeq, heads, kDim};
-    p.strides = {heads * kDim, kDim, 1};
-    return p;
-  }
   TensorView out4() { return TensorView::contiguous(out.data(), kBatch, kSeq, kHeads, kDim); }
   TensorView out3() {
     TensorView o = out4();
@@ -69,8 +62,7 @@ std::vector<std::pair<const char*, Call>> entry_points() {
        }},
       {"attention_varlen",
        [](Problem& p, const AttentionOptions& o) {
-         attention_varlen(p.packed(p.q, kHeads), p.packed(p.k, kKvHeads), p.packed(p.v, kKvHeads), p.out3(),
-                          p.cu.data(), p.cu.data(), kBatch, o);
+         attention_varlen(p.q.packed(), p.k.packed(), p.v.packed(), p.out3(), p.cu.data(), p.cu.data(), kBatch, o);
        }},
       {"attention_decode",
        [](Problem& p, const AttentionOptions& o) {

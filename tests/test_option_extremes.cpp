@@ -21,15 +21,7 @@ namespace {
 
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using test::invalid_argument_message;
 
 struct Outputs {
   std::vector<double> out, lse;
@@ -103,7 +95,8 @@ TEST(OptionExtremes, AnExtentAtTheInt64LimitIsRejectedNamingTheArgument) {
   const TensorView k = TensorView::strided(buf.data() + 8, {1, 2, 1, 4}, {0, kMax, 0, 0});
   const TensorView v = TensorView::contiguous(buf.data() + 16, 1, 2, 1, 4);
   std::vector<double> o(8);
-  const std::string msg = error_of([&] { attention_tiled(q, k, v, TensorView::contiguous(o.data(), 1, 2, 1, 4)); });
+  const std::string msg =
+      invalid_argument_message([&] { attention_tiled(q, k, v, TensorView::contiguous(o.data(), 1, 2, 1, 4)); });
   EXPECT_NE(msg.find("k: sizes overflow"), std::string::npos) << msg;
   for (double x : o) EXPECT_EQ(x, 0.0);
 }
@@ -123,11 +116,13 @@ TEST(OptionExtremes, SoftcapAndScaleBeyondTheF32RangeAreNamedErrors) {
     neg_scale.softmax_scale = -bad;
     for (const auto& [o, arg] : {std::pair{cap, "softcap"}, {scale, "softmax_scale"}, {neg_scale, "softmax_scale"}}) {
       const std::string want = std::string(arg) + ": must be finite";
-      EXPECT_NE(error_of([&] { attention_tiled(q.view(), k.view(), v.view(), ov, o); }).find(want), std::string::npos);
-      EXPECT_NE(error_of([&] { attention_reference(q.view(), k.view(), v.view(), ov, o); }).find(want),
+      EXPECT_NE(invalid_argument_message([&] { attention_tiled(q.view(), k.view(), v.view(), ov, o); }).find(want),
                 std::string::npos);
-      EXPECT_NE(error_of([&] { attention_splitk(q.view(), k.view(), v.view(), ov, o); }).find(want), std::string::npos);
-      EXPECT_NE(error_of([&] {
+      EXPECT_NE(invalid_argument_message([&] { attention_reference(q.view(), k.view(), v.view(), ov, o); }).find(want),
+                std::string::npos);
+      EXPECT_NE(invalid_argument_message([&] { attention_splitk(q.view(), k.view(), v.view(), ov, o); }).find(want),
+                std::string::npos);
+      EXPECT_NE(invalid_argument_message([&] {
                   attention_decode(q.view(), KVCache{k.view(), v.view(), seqlens.data()}, ov, o);
                 }).find(want),
                 std::string::npos);
@@ -143,18 +138,22 @@ TEST(OptionExtremes, SoftcapAndScaleBeyondTheF32RangeAreNamedErrors) {
 
 // Finding 6: splitk_slice(10, 0, 0) died with SIGFPE; the helpers overflowed on huge arguments.
 TEST(OptionExtremes, PublicHelpersValidateTheirArguments) {
-  EXPECT_NE(error_of([] { splitk_slice(10, 0, 0); }).find("num_splits: must be >= 1"), std::string::npos);
-  EXPECT_NE(error_of([] { splitk_slice(-1, 2, 0); }).find("keys: must be >= 0"), std::string::npos);
-  EXPECT_NE(error_of([] { splitk_slice(10, 2, 2); }).find("w: must be in [0, num_splits)"), std::string::npos);
-  EXPECT_NE(error_of([] { splitk_slice(10, 2, -1); }).find("w: must be in"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { splitk_slice(10, 0, 0); }).find("num_splits: must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { splitk_slice(-1, 2, 0); }).find("keys: must be >= 0"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { splitk_slice(10, 2, 2); }).find("w: must be in [0, num_splits)"),
+            std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { splitk_slice(10, 2, -1); }).find("w: must be in"), std::string::npos);
   const KeyRange last = splitk_slice(kMax, kMax, kMax - 1);
   EXPECT_EQ(last.begin, kMax - 1);
   EXPECT_EQ(last.end, kMax);
 
-  EXPECT_NE(error_of([] { decode_num_splits(100, 0, 8, 128, DType::f32); }).find("batch: must be >= 1"),
+  EXPECT_NE(invalid_argument_message([] { decode_num_splits(100, 0, 8, 128, DType::f32); }).find("batch: must be >= 1"),
             std::string::npos);
-  EXPECT_NE(error_of([] { decode_num_splits(100, 1, 0, 128, DType::f32); }).find("kv_heads"), std::string::npos);
-  EXPECT_NE(error_of([] { decode_num_splits(100, 1, 8, 0, DType::f32); }).find("head_dim"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { decode_num_splits(100, 1, 0, 128, DType::f32); }).find("kv_heads"),
+            std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { decode_num_splits(100, 1, 8, 0, DType::f32); }).find("head_dim"),
+            std::string::npos);
   for (std::int64_t keys : {std::int64_t{1}, std::int64_t{1} << 40, kMax})
     for (std::int64_t big : {std::int64_t{1}, kMax}) {
       const std::int64_t n = decode_num_splits(keys, big, big, big, DType::f64);
@@ -162,8 +161,10 @@ TEST(OptionExtremes, PublicHelpersValidateTheirArguments) {
       EXPECT_LE(n, keys);
     }
 
-  EXPECT_NE(error_of([] { plan_tiles(-1, 4, 8, DType::f32); }).find("seqlen_q: must be >= 0"), std::string::npos);
-  EXPECT_NE(error_of([] { plan_tiles(4, -1, 8, DType::f32); }).find("seqlen_k: must be >= 0"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { plan_tiles(-1, 4, 8, DType::f32); }).find("seqlen_q: must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(invalid_argument_message([] { plan_tiles(4, -1, 8, DType::f32); }).find("seqlen_k: must be >= 0"),
+            std::string::npos);
   for (std::int64_t d : {std::int64_t{1}, kMax / 2, kMax}) {
     const TilePlan p = plan_tiles(kMax, kMax, d, DType::f64);
     EXPECT_GE(p.q_tile, 1);

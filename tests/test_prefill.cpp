@@ -16,7 +16,7 @@
 namespace attn {
 namespace {
 
-using test::max_abs_diff;
+using test::max_error;
 using test::random_tensor;
 
 // f(target) on each SIMD target of the tiled kernel, the dispatch pinned to it.
@@ -41,28 +41,10 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
             << (c.alibi ? " alibi" : "") << " tiles " << c.q_tile << "x" << c.k_tile << " thr" << c.threads;
 }
 
-// Slack for the case where the textbook error happens to be ~0 (as in check_precision).
-template <class T>
-double slack();
-template <>
-double slack<float>() {
-  return 2e-7;
-}
-template <>
-double slack<bf16_t>() {
-  return 1e-3;
-}
-template <>
-double slack<f16_t>() {
-  return 1e-4;
-}
-
 template <class T>
 void expect_accurate(const Case& c) {
   SCOPED_TRACE(::testing::Message() << c << " dtype " << dtype_name(dtype_of<T>()));
-  auto q = random_tensor<T>(c.b, c.sq, c.h, c.d, 11, 2.0), k = random_tensor<T>(c.b, c.sk, c.hk, c.d, 12, 2.0),
-       v = random_tensor<T>(c.b, c.sk, c.hk, c.d, 13);
-  auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
+  const auto p = test::random_qkv<T>(c.b, c.sq, c.sk, c.h, c.hk, c.d, 11);
   std::vector<float> slopes;
   AttentionOptions o =
       test::options_of({c.b, c.sq, c.sk, c.h, c.hk, c.d, c.causal, c.left, c.right, c.softcap, c.alibi}, 0.5f, slopes);
@@ -72,35 +54,23 @@ void expect_accurate(const Case& c) {
   if (c.k_tile) t.k_tile = c.k_tile;
   const std::size_t nl = static_cast<std::size_t>(c.b * c.h * c.sq);
 
-  std::vector<double> oracle(q.data.size()), oracle_lse(nl);
-  TensorView ol = TensorView::contiguous(oracle_lse.data(), c.b, c.h, c.sq);
-  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.b, c.sq, c.h, c.d), o,
-                      &ol);
-  std::vector<T> textbook(q.data.size());
-  std::vector<float> textbook_lse(nl);
-  TensorView tl = TensorView::contiguous(textbook_lse.data(), c.b, c.h, c.sq);
-  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(textbook.data(), c.b, c.sq, c.h, c.d), o,
-                      &tl);
-  const double base = max_abs_diff(textbook, oracle);
-  double lse_base = 0;
-  for (std::size_t i = 0; i < nl; ++i)
-    if (!std::isinf(oracle_lse[i])) lse_base = std::max(lse_base, std::abs(textbook_lse[i] - oracle_lse[i]));
+  std::vector<double> oracle_lse;
+  const std::vector<double> oracle = test::oracle_forward(p, o, &oracle_lse);
+  std::vector<float> textbook_lse;
+  const double base = max_error(test::textbook_forward(p, o, &textbook_lse), oracle);
+  const double lse_base = max_error(textbook_lse, oracle_lse);
 
   on_every_target([&](std::int64_t) {
-    std::vector<T> got(q.data.size());
+    std::vector<T> got(p.q.data.size());
     std::vector<float> got_lse(nl, 42.0f);
     TensorView gl = TensorView::contiguous(got_lse.data(), c.b, c.h, c.sq);
-    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), c.b, c.sq, c.h, c.d), o, t, &gl);
-    EXPECT_LE(max_abs_diff(got, oracle), 2 * base + slack<T>()) << "textbook error " << base;
-    double lse_err = 0;
-    for (std::size_t i = 0; i < nl; ++i) {
-      if (std::isinf(oracle_lse[i])) {  // a row that sees no key: -inf, and out = 0
-        EXPECT_EQ(got_lse[i], -INFINITY) << "row " << i;
-        continue;
-      }
-      lse_err = std::max(lse_err, std::abs(got_lse[i] - oracle_lse[i]));
-    }
-    EXPECT_LE(lse_err, 2 * lse_base + 1e-5) << "lse; textbook error " << lse_base;
+    attention_tiled(p.q.view(), p.k.view(), p.v.view(), TensorView::contiguous(got.data(), c.b, c.sq, c.h, c.d), o, t,
+                    &gl);
+    EXPECT_TRUE(
+        test::meets_textbook_rule(max_error(got, oracle), base, test::kForwardFactor, test::textbook_floor<T>()));
+    // A row that sees no key has lse -inf (and out 0), as the oracle's.
+    EXPECT_TRUE(test::meets_textbook_rule(max_error(got_lse, oracle_lse), lse_base, test::kForwardFactor, 1e-5))
+        << "lse";
   });
 }
 
@@ -164,7 +134,7 @@ TEST(PrefillF64, ExactToTheReferenceForEveryHeadDimBlock) {
     on_every_target([&](std::int64_t) {
       std::vector<double> got(q.data.size());
       attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), 1, 37, 4, d), o);
-      EXPECT_LE(max_abs_diff(got, want), 1e-12) << "d=" << d;
+      EXPECT_LE(max_error(got, want), test::kF64Tolerance) << "d=" << d;
     });
   }
 }
@@ -201,9 +171,10 @@ TEST(PrefillF64, ExactOnEveryTargetForEveryMaskAndTileSize) {
         const TensorView gl = TensorView::contiguous(lse.data(), s.b, s.h, s.sq);
         attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), s.b, s.sq, s.h, s.d), o, t,
                         &gl);
-        EXPECT_LE(max_abs_diff(got, want), 1e-12) << "shape " << s.b << "x" << s.sq << "x" << s.sk << " h" << s.h << "/"
-                                                  << s.hk << " d" << s.d << " tiles " << qt << "x" << kt;
-        EXPECT_LE(test::lse_diff(lse, want_lse), 1e-12) << "lse, tiles " << qt << "x" << kt;
+        EXPECT_LE(max_error(got, want), test::kF64Tolerance)
+            << "shape " << s.b << "x" << s.sq << "x" << s.sk << " h" << s.h << "/" << s.hk << " d" << s.d << " tiles "
+            << qt << "x" << kt;
+        EXPECT_LE(max_error(lse, want_lse), test::kF64Tolerance) << "lse, tiles " << qt << "x" << kt;
       }
     });
   }
@@ -225,7 +196,7 @@ TEST(PrefillStrides, StridedBf16MatchesContiguous) {
     std::vector<bf16_t> want(q.data.size()), got(q.data.size());
     attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), 1, S, H, D));
     attention_tiled(spread(q, qb), spread(k, kb), spread(v, vb), TensorView::contiguous(got.data(), 1, S, H, D));
-    EXPECT_EQ(max_abs_diff(got, want), 0.0);
+    EXPECT_EQ(max_error(got, want), 0.0);
   });
 }
 

@@ -73,9 +73,8 @@ class RingF64 : public ::testing::TestWithParam<RingCase> {};
 TEST_P(RingF64, EveryRankMatchesTheWholeSequence) {
   const RingCase& c = GetParam();
   const Shape& s = c.shape;
-  std::vector<float> slopes, sinks = sinks_for(s.h);
-  AttentionOptions opts = options_of(s, 0.3f, slopes);
-  if (s.sinks) opts.sinks = sinks;
+  const ShapeOptions options(s, 0.3f);
+  const AttentionOptions& opts = options.opts;
   const auto q = random_tensor<double>(s.b, c.sq, s.h, s.d, 1), k = random_tensor<double>(s.b, c.sk, s.hk, s.d, 2);
   const auto v = random_tensor<double>(s.b, c.sk, s.hk, c.dv, 3);
   Tensor<double> whole(s.b, c.sq, s.h, c.dv);
@@ -86,8 +85,8 @@ TEST_P(RingF64, EveryRankMatchesTheWholeSequence) {
   const auto ranks = run_ring(c, q, k, v, opts);
   for (int r = 0; r < c.ranks; ++r) {
     const RankResult& rr = ranks[static_cast<std::size_t>(r)];
-    EXPECT_LE(max_abs_diff(rr.out, rank_rows(whole, rr.segs).data), 1e-12) << "rank " << r;
-    EXPECT_LE(lse_diff(rr.lse, rank_lse(whole_lse, s.b, s.h, c.sq, rr.segs)), 1e-12) << "rank " << r;
+    EXPECT_LE(max_error(rr.out, rank_rows(whole, rr.segs).data), test::kF64Tolerance) << "rank " << r;
+    EXPECT_LE(max_error(rr.lse, rank_lse(whole_lse, s.b, s.h, c.sq, rr.segs)), test::kF64Tolerance) << "rank " << r;
   }
 }
 
@@ -145,15 +144,12 @@ TEST(RingBlocks, Bf16WithinTwiceTheTextbookError) {
     RingCase c{3, true, false, 96, 96, {1, 0, 0, 4, 2, 16, causal}, 16};
     std::vector<float> slopes;
     const AttentionOptions opts = options_of(c.shape, 0, slopes);
-    const auto q = random_tensor<bf16_t>(1, 96, 4, 16, 7, 2.0), k = random_tensor<bf16_t>(1, 96, 2, 16, 8, 2.0),
-               v = random_tensor<bf16_t>(1, 96, 2, 16, 9);
+    const auto p = random_qkv<bf16_t>(1, 96, 96, 4, 2, 16, 7);
     Tensor<double> oracle(1, 96, 4, 16);
-    attention_reference(to_f64(q).view(), to_f64(k).view(), to_f64(v).view(), oracle.view(), opts);
-    Tensor<bf16_t> textbook(1, 96, 4, 16);
-    attention_reference(q.view(), k.view(), v.view(), textbook.view(), opts);
-    const double base = max_abs_diff(textbook.data, oracle.data);
-    for (const RankResult& rr : run_ring(c, q, k, v, opts))
-      EXPECT_LE(max_abs_diff(rr.out, rank_rows(oracle, rr.segs).data), 2 * base) << "causal " << causal;
+    oracle.data = oracle_forward(p, opts);
+    const double base = max_error(textbook_forward(p, opts), oracle.data);
+    for (const RankResult& rr : run_ring(c, p.q, p.k, p.v, opts))
+      EXPECT_TRUE(meets_textbook_rule(max_error(rr.out, rank_rows(oracle, rr.segs).data), base)) << "causal " << causal;
   }
 }
 

@@ -20,7 +20,6 @@
 namespace attn {
 namespace {
 
-using test::random_tensor;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 TEST(Sinks, FoldingTheSinkIsFoldingAKeyWithAZeroValueRow) {
@@ -102,9 +101,8 @@ std::vector<float> sinks_for(std::int64_t H) {
 
 TEST(Sinks, TheReferenceIsTheTextbookWithTheSinkAsALogit) {
   for (const Case c : {Case{}, Case{1, 40, 9, 4, 4, 16, 2}}) {  // the second: rows that see no key
-    const auto q = random_tensor<double>(c.B, c.SQ, c.H, c.D, 1, 2.0),
-               k = random_tensor<double>(c.B, c.SK, c.HK, c.D, 2, 2.0),
-               v = random_tensor<double>(c.B, c.SK, c.HK, c.D, 3);
+    const auto in = test::random_qkv<double>(c.B, c.SQ, c.SK, c.H, c.HK, c.D, 1);
+    const test::Tensor<double>&q = in.q, &k = in.k, &v = in.v;
     const std::vector<float> sinks = sinks_for(c.H);
     std::vector<double> want_lse;
     const std::vector<double> want = textbook(q, k, v, sinks, c.left, want_lse);
@@ -115,8 +113,8 @@ TEST(Sinks, TheReferenceIsTheTextbookWithTheSinkAsALogit) {
     std::vector<double> out(q.data.size()), lse(want_lse.size());
     TensorView lv = TensorView::contiguous(lse.data(), c.B, c.H, c.SQ);
     attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), c.B, c.SQ, c.H, c.D), o, &lv);
-    EXPECT_LE(test::max_abs_diff(out, want), 1e-12);
-    EXPECT_LE(test::lse_diff(lse, want_lse), 1e-12);
+    EXPECT_LE(test::max_error(out, want), test::kF64Tolerance);
+    EXPECT_LE(test::max_error(lse, want_lse), test::kF64Tolerance);
     if (c.left >= 0)  // row 0 of head 0 sees no key: out 0, lse = the sink
       EXPECT_EQ(lse[0], double(sinks[0]));
   }
@@ -125,9 +123,8 @@ TEST(Sinks, TheReferenceIsTheTextbookWithTheSinkAsALogit) {
 // f64: every CPU algorithm against the reference, to 1e-12, on every SIMD target.
 TEST(Sinks, EveryAlgorithmIsExactInF64) {
   const Case c{2, 37, 53, 4, 2, 24, 5};
-  const auto q = random_tensor<double>(c.B, c.SQ, c.H, c.D, 4, 2.0),
-             k = random_tensor<double>(c.B, c.SK, c.HK, c.D, 5, 2.0),
-             v = random_tensor<double>(c.B, c.SK, c.HK, c.D, 6);
+  const auto in = test::random_qkv<double>(c.B, c.SQ, c.SK, c.H, c.HK, c.D, 4);
+  const test::Tensor<double>&q = in.q, &k = in.k, &v = in.v;
   const std::vector<float> sinks = sinks_for(c.H);
   AttentionOptions o;
   o.causal = true;
@@ -138,8 +135,8 @@ TEST(Sinks, EveryAlgorithmIsExactInF64) {
   TensorView wl = TensorView::contiguous(want_lse.data(), c.B, c.H, c.SQ);
   attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), c.B, c.SQ, c.H, c.D), o, &wl);
   auto expect_exact = [&](const std::vector<double>& out, const std::vector<double>& lse, const char* what) {
-    EXPECT_LE(test::max_abs_diff(out, want), 1e-12) << what;
-    EXPECT_LE(test::lse_diff(lse, want_lse), 1e-12) << what;
+    EXPECT_LE(test::max_error(out, want), test::kF64Tolerance) << what;
+    EXPECT_LE(test::max_error(lse, want_lse), test::kF64Tolerance) << what;
   };
   test::for_each_simd_target("tiled", detail::tiled_target, [&](std::int64_t) {
     for (std::int64_t qt : {1, 7, 64})
@@ -167,8 +164,8 @@ TEST(Sinks, VarlenAndDecodeFoldTheSinkOnce) {
   o.causal = true;
   o.sinks = sinks;
   // Two sequences of one batch: varlen over them packed equals the reference on each alone.
-  const auto q = random_tensor<double>(2, SQ, H, D, 7, 2.0), k = random_tensor<double>(2, SK, HK, D, 8, 2.0),
-             v = random_tensor<double>(2, SK, HK, D, 9);
+  const auto in = test::random_qkv<double>(2, SQ, SK, H, HK, D, 7);
+  const test::Tensor<double>&q = in.q, &k = in.k, &v = in.v;
   std::vector<double> want(q.data.size()), want_lse(static_cast<std::size_t>(2 * H * SQ));
   TensorView wl = TensorView::contiguous(want_lse.data(), 2, H, SQ);
   attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(want.data(), 2, SQ, H, D), o, &wl);
@@ -179,12 +176,12 @@ TEST(Sinks, VarlenAndDecodeFoldTheSinkOnce) {
                    TensorView::contiguous(k.data.data(), 2 * SK, HK, D),
                    TensorView::contiguous(v.data.data(), 2 * SK, HK, D),
                    TensorView::contiguous(out.data(), 2 * SQ, H, D), cu_q.data(), cu_k.data(), 2, o, {}, &lv);
-  EXPECT_LE(test::max_abs_diff(out, want), 1e-12);
+  EXPECT_LE(test::max_error(out, want), test::kF64Tolerance);
   for (std::int64_t b = 0; b < 2; ++b)
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t i = 0; i < SQ; ++i)
         EXPECT_NEAR(lse[static_cast<std::size_t>(h * 2 * SQ + b * SQ + i)],
-                    want_lse[static_cast<std::size_t>((b * H + h) * SQ + i)], 1e-12);
+                    want_lse[static_cast<std::size_t>((b * H + h) * SQ + i)], test::kF64Tolerance);
   // Decode over the same keys as a cache, at several split counts.
   const std::vector<std::int32_t> seqlens{SK, SK};
   KVCache cache;
@@ -198,32 +195,26 @@ TEST(Sinks, VarlenAndDecodeFoldTheSinkOnce) {
       DecodeOptions dec;
       dec.num_splits = splits;
       attention_decode(q.view(), cache, TensorView::contiguous(dout.data(), 2, SQ, H, D), o, dec, &dl);
-      EXPECT_LE(test::max_abs_diff(dout, want), 1e-12) << splits << " splits";
-      EXPECT_LE(test::lse_diff(dlse, want_lse), 1e-12) << splits << " splits";
+      EXPECT_LE(test::max_error(dout, want), test::kF64Tolerance) << splits << " splits";
+      EXPECT_LE(test::max_error(dlse, want_lse), test::kF64Tolerance) << splits << " splits";
     }
   });
 }
 
 TEST(Sinks, F32IsWithinTwiceTheTextbookError) {
   const Case c{1, 130, 200, 4, 1, 64, -1};
-  const auto q = random_tensor<float>(c.B, c.SQ, c.H, c.D, 10, 2.0),
-             k = random_tensor<float>(c.B, c.SK, c.HK, c.D, 11, 2.0),
-             v = random_tensor<float>(c.B, c.SK, c.HK, c.D, 12);
-  const std::vector<float> sinks = sinks_for(c.H);
+  const auto in = test::random_qkv<float>(c.B, c.SQ, c.SK, c.H, c.HK, c.D, 10);
   AttentionOptions o;
   o.causal = true;
+  const std::vector<float> sinks = sinks_for(c.H);
   o.sinks = sinks;
-  const auto q64 = test::to_f64(q), k64 = test::to_f64(k), v64 = test::to_f64(v);
-  std::vector<double> oracle(q.data.size());
-  attention_reference(q64.view(), k64.view(), v64.view(), TensorView::contiguous(oracle.data(), c.B, c.SQ, c.H, c.D),
-                      o);
-  std::vector<float> book(q.data.size());
-  attention_reference(q.view(), k.view(), v.view(), TensorView::contiguous(book.data(), c.B, c.SQ, c.H, c.D), o);
-  const double base = test::max_abs_diff(book, oracle);
+  const std::vector<double> oracle = test::oracle_forward(in, o);
+  const double base = test::max_error(test::textbook_forward(in, o), oracle);
   test::for_each_simd_target("tiled", detail::tiled_target, [&](std::int64_t) {
-    std::vector<float> got(q.data.size());
-    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(got.data(), c.B, c.SQ, c.H, c.D), o);
-    EXPECT_LE(test::max_abs_diff(got, oracle), 2 * base + 2e-7);
+    std::vector<float> got(in.q.data.size());
+    attention_tiled(in.q.view(), in.k.view(), in.v.view(), TensorView::contiguous(got.data(), c.B, c.SQ, c.H, c.D), o);
+    EXPECT_TRUE(test::meets_textbook_rule(test::max_error(got, oracle), base, test::kForwardFactor,
+                                          test::textbook_floor<float>()));
   });
 }
 

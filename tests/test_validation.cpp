@@ -1,8 +1,11 @@
 // Bad input: each rule gets an std::invalid_argument naming the argument, and the output stays untouched.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <limits>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "support.hpp"
 
@@ -23,14 +26,15 @@ struct Fixture {
 };
 
 // Runs every entry point on the fixture and expects each to throw a message containing all `needles`,
-// with out and lse untouched.
-void expect_rejected(const Fixture& f, std::initializer_list<std::string> needles) {
+// with out and lse untouched and the inputs unchanged.
+void expect_rejected(const Fixture& f, const std::vector<std::string>& needles) {
   using Call = std::function<void()>;
   const std::pair<const char*, Call> calls[] = {
       {"reference", [&] { attention_reference(f.qv, f.kv, f.vv, f.ov, f.opts, &f.lv); }},
       {"tiled", [&] { attention_tiled(f.qv, f.kv, f.vv, f.ov, f.opts, f.tiles, &f.lv); }},
       {"splitk", [&] { attention_splitk(f.qv, f.kv, f.vv, f.ov, f.opts, f.split, &f.lv); }},
   };
+  const auto q0 = f.q.data, k0 = f.k.data, v0 = f.v.data;
   for (const auto& [algo, call] : calls) {
     try {
       call();
@@ -42,6 +46,7 @@ void expect_rejected(const Fixture& f, std::initializer_list<std::string> needle
     if (f.ov.data == f.out.data())
       for (float x : f.out) ASSERT_EQ(x, 123.0f) << algo << " wrote out";
     for (float x : f.lse) ASSERT_EQ(x, 456.0f) << algo << " wrote lse";
+    EXPECT_TRUE(f.q.data == q0 && f.k.data == k0 && f.v.data == v0) << algo << " wrote an input";
   }
 }
 
@@ -51,114 +56,65 @@ TEST(Validation, TheFixtureIsValid) {
   EXPECT_NE(f.out[0], 123.0f);
 }
 
-TEST(Validation, KBatchMismatch) {
+// One rule: how it breaks the valid fixture, and what the message must name.
+struct Rule {
+  const char* name;
+  std::function<void(Fixture&)> breaks;
+  std::vector<std::string> needles;
+};
+void PrintTo(const Rule& r, std::ostream* os) { *os << r.name; }
+
+const Rule kRules[] = {
+    {"KBatchMismatch", [](Fixture& f) { f.kv.shape[0] = f.vv.shape[0] = 2; }, {"k", "batch"}},
+    {"HeadDimMismatch", [](Fixture& f) { f.kv.shape[3] = 4; }, {"k", "head_dim"}},
+    {"VShapeMismatch", [](Fixture& f) { f.vv.shape[1] = 4; }, {"v", "seqlen"}},
+    {"OutShapeMismatch", [](Fixture& f) { f.ov.shape[1] = 3; }, {"out", "seqlen"}},
+    {"LseShapeMismatch", [](Fixture& f) { f.lv.shape[2] = 5; }, {"lse", "seqlen_q"}},
+    {"HeadsNotDivisible",
+     [](Fixture& f) {
+       static const auto k3 = random_tensor<float>(1, 5, 3, 8, 2), v3 = random_tensor<float>(1, 5, 3, 8, 3);
+       f.kv = k3.view();
+       f.vv = v3.view();
+     },
+     {"heads", "multiple of"}},
+    {"ZeroSize", [](Fixture& f) { f.qv.shape[3] = 0; }, {"q", "head_dim", ">= 1"}},
+    {"NegativeSize", [](Fixture& f) { f.qv.shape[0] = -1; }, {"q", "batch"}},
+    {"NegativeStride", [](Fixture& f) { f.kv.strides[1] = -16; }, {"k", "stride[1]"}},
+    {"WrongRank", [](Fixture& f) { f.vv.rank = 3; }, {"v", "rank"}},
+    {"NullQ", [](Fixture& f) { f.qv.data = nullptr; }, {"q", "null"}},
+    {"NullOut", [](Fixture& f) { f.ov.data = nullptr; }, {"out", "null"}},
+    {"DtypeMismatch", [](Fixture& f) { f.vv.dtype = DType::f64; }, {"v", "dtype"}},
+    {"LseDtype", [](Fixture& f) { f.lv.dtype = DType::f64; }, {"lse", "dtype", "f32"}},
+    {"OutOverlapsQ",  // same shape, q's memory moved by one element
+     [](Fixture& f) {
+       f.ov = f.qv;
+       f.ov.data = f.q.data.data() + 1;
+     },
+     {"out", "overlaps", "q"}},
+    {"LseOverlapsOut", [](Fixture& f) { f.lv.data = f.out.data() + 60; }, {"lse", "overlaps"}},
+    {"OutStridesAlias", [](Fixture& f) { f.ov.strides[1] = 0; }, {"out", "alias"}},
+    {"SizesOverflow",
+     [](Fixture& f) {
+       f.kv.shape[1] = f.vv.shape[1] = std::int64_t(1) << 40;
+       f.kv.strides[1] = std::int64_t(1) << 40;
+     },
+     {"k", "overflow"}},
+    {"NonFiniteScale",
+     [](Fixture& f) { f.opts.softmax_scale = std::numeric_limits<double>::quiet_NaN(); },
+     {"softmax_scale", "finite"}},
+    {"NegativeThreads", [](Fixture& f) { f.opts.num_threads = -2; }, {"num_threads"}},
+};
+
+class ValidationRule : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(ValidationRule, EveryEntryPointRejectsItAndWritesNothing) {
   Fixture f;
-  f.kv.shape[0] = 2;
-  f.vv.shape[0] = 2;
-  expect_rejected(f, {"k", "batch"});
+  GetParam().breaks(f);
+  expect_rejected(f, GetParam().needles);
 }
-TEST(Validation, HeadDimMismatch) {
-  Fixture f;
-  f.kv.shape[3] = 4;
-  expect_rejected(f, {"k", "head_dim"});
-}
-TEST(Validation, VShapeMismatch) {
-  Fixture f;
-  f.vv.shape[1] = 4;
-  expect_rejected(f, {"v", "seqlen"});
-}
-TEST(Validation, OutShapeMismatch) {
-  Fixture f;
-  f.ov.shape[1] = 3;
-  expect_rejected(f, {"out", "seqlen"});
-}
-TEST(Validation, LseShapeMismatch) {
-  Fixture f;
-  f.lv.shape[2] = 5;
-  expect_rejected(f, {"lse", "seqlen_q"});
-}
-TEST(Validation, HeadsNotDivisible) {
-  Fixture f;
-  auto k3 = random_tensor<float>(1, 5, 3, 8, 2), v3 = random_tensor<float>(1, 5, 3, 8, 3);
-  f.kv = k3.view();
-  f.vv = v3.view();
-  expect_rejected(f, {"heads", "multiple of"});
-}
-TEST(Validation, ZeroSize) {
-  Fixture f;
-  f.qv.shape[3] = 0;
-  expect_rejected(f, {"q", "head_dim", ">= 1"});
-}
-TEST(Validation, NegativeSize) {
-  Fixture f;
-  f.qv.shape[0] = -1;
-  expect_rejected(f, {"q", "batch"});
-}
-TEST(Validation, NegativeStride) {
-  Fixture f;
-  f.kv.strides[1] = -16;
-  expect_rejected(f, {"k", "stride[1]"});
-}
-TEST(Validation, WrongRank) {
-  Fixture f;
-  f.vv.rank = 3;
-  expect_rejected(f, {"v", "rank"});
-}
-TEST(Validation, NullQ) {
-  Fixture f;
-  f.qv.data = nullptr;
-  expect_rejected(f, {"q", "null"});
-}
-TEST(Validation, NullOut) {
-  Fixture f;
-  f.ov.data = nullptr;
-  expect_rejected(f, {"out", "null"});
-}
-TEST(Validation, DtypeMismatch) {
-  Fixture f;
-  f.vv.dtype = DType::f64;
-  expect_rejected(f, {"v", "dtype"});
-}
-TEST(Validation, LseDtype) {
-  Fixture f;
-  f.lv.dtype = DType::f64;
-  expect_rejected(f, {"lse", "dtype", "f32"});
-}
-TEST(Validation, OutOverlapsQ) {
-  Fixture f;
-  f.ov = f.qv;  // same shape, same memory
-  f.ov.data = f.q.data.data() + 1;
-  auto before = f.q.data;
-  expect_rejected(f, {"out", "overlaps", "q"});
-  EXPECT_EQ(f.q.data, before);
-}
-TEST(Validation, LseOverlapsOut) {
-  Fixture f;
-  f.lv.data = f.out.data() + 60;
-  expect_rejected(f, {"lse", "overlaps"});
-}
-TEST(Validation, OutStridesAlias) {
-  Fixture f;
-  f.ov.strides[1] = 0;
-  expect_rejected(f, {"out", "alias"});
-}
-TEST(Validation, SizesOverflow) {
-  Fixture f;
-  f.kv.shape[1] = std::int64_t(1) << 40;
-  f.vv.shape[1] = std::int64_t(1) << 40;
-  f.kv.strides[1] = std::int64_t(1) << 40;
-  expect_rejected(f, {"k", "overflow"});
-}
-TEST(Validation, NonFiniteScale) {
-  Fixture f;
-  f.opts.softmax_scale = std::numeric_limits<double>::quiet_NaN();
-  expect_rejected(f, {"softmax_scale", "finite"});
-}
-TEST(Validation, NegativeThreads) {
-  Fixture f;
-  f.opts.num_threads = -2;
-  expect_rejected(f, {"num_threads"});
-}
+
+INSTANTIATE_TEST_SUITE_P(Rules, ValidationRule, ::testing::ValuesIn(kRules),
+                         [](const ::testing::TestParamInfo<Rule>& i) { return std::string(i.param.name); });
 
 TEST(Validation, TileSizeZero) {
   Fixture f;

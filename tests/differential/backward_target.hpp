@@ -61,10 +61,9 @@ std::string check_backward(Config c) {
       return y;
     };
     auto qT = to_t(q64), kT = to_t(k64), vT = to_t(v64), dT = to_t(do64), oT = to_t(read<T>(out));
-    const auto lse_vals = lt == DType::f64 ? read<double>(lse) : read<float>(lse);
+    const auto lse_vals = read_values(lse);
     std::vector<detail::Acc<T>> lT(lse_vals.begin(), lse_vals.end());
-    for (double l : lse_vals)
-      if (std::isfinite(l)) lse_mag = std::max(lse_mag, std::abs(l));
+    lse_mag = test::max_magnitude(lse_vals);
     std::vector<T> g[3] = {std::vector<T>(qT.size()), std::vector<T>(kT.size()), std::vector<T>(vT.size())};
     attention_backward_reference(dense(qs, qT.data()), dense(ks, kT.data()), dense(vs, vT.data()), dense(os, oT.data()),
                                  dense(os, dT.data()), TensorView::contiguous(lT.data(), B, H, SQ),
@@ -86,18 +85,16 @@ std::string check_backward(Config c) {
   run(c.opts.num_threads, grads);
   run(c.alt_threads, again);
 
-  std::string fail;
-  auto note = [&](const std::string& s) { fail += (fail.empty() ? "" : "; ") + s; };
+  Notes fail;
   if (std::vector{q.bytes, k.bytes, v.bytes, out.bytes, dout.bytes, lse.bytes} != inputs_before)
-    note("an input was written");
+    fail.add("an input was written");
   const char* names[3] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; ++i) {
-    if (auto n = stray_writes(grads[i])) note("wrote " + std::to_string(n) + " bytes outside " + names[i] + "'s view");
-    if (again[i].bytes != grads[i].bytes)
-      note(std::string(names[i]) + ": num_threads " + std::to_string(c.alt_threads) + " gives different bits than " +
-           std::to_string(c.opts.num_threads));
-    const double err = max_err(read<T>(grads[i]), oracle[i]), base = max_err(textbook[i], oracle[i]);
-    const double mag = max_abs(oracle[i]);
+    if (auto n = stray_writes(grads[i]))
+      fail.add("wrote " + std::to_string(n) + " bytes outside " + names[i] + "'s view");
+    fail.thread_bits(again[i].bytes == grads[i].bytes, c, std::string(names[i]) + ": ");
+    const double err = test::max_error(read<T>(grads[i]), oracle[i]), base = test::max_error(textbook[i], oracle[i]);
+    const double mag = test::max_magnitude(oracle[i]);
     // The logits the kernel recomputes differ from those behind the forward's lse by rounding (the
     // textbook backward recomputes them in the forward's own order, so its S - lse cancels exactly): an
     // error of logit_slack in S moves P by that fraction, and dq = dS K, dk = dS^T Q, dv = P^T dO by up to
@@ -112,35 +109,30 @@ std::string check_backward(Config c) {
     const double dropout_gain = 1 / (1 - c.opts.dropout_p);
     const double logit_err = logit_slack(c) + (t == DType::f64 ? 0 : std::ldexp(1.0, -23) * lse_mag);
     const double logit_term = logit_err * std::max(mag, 2 * c.amplitude) * dropout_gain;
-    double tol = 0;
-    switch (t) {
-      case DType::f64:
-        // Plus a floor for gradients that vanish in exact arithmetic (one key: dS = P (dP - D) = 0), whose
-        // computed values are rounding noise of the size of the terms (about amplitude x 1e-16). The kernel
-        // sums D as it sums dP, so without dropout they cancel; with it, D = dO . O reads the dropped O (v
-        // times 1 / (1 - p), rounded) and dP is dropped after its sum, and the noise grows by that factor
-        // (f64, one key, dropout 0.9: dk 5.2e-14 against 3e-14, seed 14216294960386278293).
-        tol = 1e-12 * mag + 1e-14 * c.amplitude * dropout_gain;
-        break;
-      case DType::f32:
-        tol = 3 * base + std::ldexp(1.0, -23) * mag + logit_term;
-        break;
-      case DType::bf16:
-        tol = 3 * base + std::ldexp(1.0, -8) * mag + logit_term;
-        break;
-      case DType::f16:
-        tol = 3 * base + std::ldexp(1.0, -11) * mag + logit_term;
-        break;
-    }
-    if (!(err <= tol)) {
+    // The floor beyond kGradientFactor x the textbook's error: one unit in the last place of the largest
+    // element, and the logits' rounding.
+    const double ulp = t == DType::f32    ? std::ldexp(1.0, -23)
+                       : t == DType::bf16 ? std::ldexp(1.0, -8)
+                                          : std::ldexp(1.0, -11);
+    const double floor = ulp * mag + logit_term;
+    // In f64, kF64Tolerance relative to the largest element, plus a floor for gradients that vanish in
+    // exact arithmetic (one key: dS = P (dP - D) = 0), whose computed values are rounding noise of the size
+    // of the terms (about amplitude x 1e-16). The kernel sums D as it sums dP, so without dropout they
+    // cancel; with it, D = dO . O reads the dropped O (v times 1 / (1 - p), rounded) and dP is dropped after
+    // its sum, and the noise grows by that factor (f64, one key, dropout 0.9: dk 5.2e-14 against 3e-14,
+    // seed 14216294960386278293).
+    const double tol = t == DType::f64 ? test::kF64Tolerance * mag + 1e-14 * c.amplitude * dropout_gain
+                                       : test::textbook_bound(base, test::kGradientFactor, floor);
+    const bool ok = t == DType::f64 ? err <= tol : test::within_textbook_rule(err, base, test::kGradientFactor, floor);
+    if (!ok) {
       char msg[200];
       std::snprintf(msg, sizeof msg,
                     "%s error %.3g > tolerance %.3g (textbook error %.3g, largest element %.3g, largest lse %.3g)",
                     names[i], err, tol, base, mag, lse_mag);
-      note(msg);
+      fail.add(msg);
     }
   }
-  return fail;
+  return fail.text;
 }
 
 inline std::string check_backward_any(const Config& c) {

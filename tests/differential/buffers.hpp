@@ -1,12 +1,15 @@
-// Strided buffers for the differential test's views: each surrounded by sentinel bytes so that a
-// write outside a view's elements is seen, with the logical elements' offsets for reading back.
+// Strided buffers for the differential test's views of any dtype, rank and layout: each surrounded by
+// sentinel bytes so that a write outside a view's elements is seen, with the logical elements' offsets
+// for reading their values back (which are then compared with test::max_error, common/error.hpp).
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "case.hpp"
+#include "common/error.hpp"
 
 namespace attn::fuzz {
 
@@ -60,6 +63,13 @@ inline std::vector<double> read(const Buffer& b) {
   return v;
 }
 
+// The logical elements as double, whatever the buffer's dtype.
+inline std::vector<double> read_values(const Buffer& b) {
+  std::vector<double> v;
+  detail::dispatch_dtype(b.view.dtype, [&]<class U>() { v = read<U>(b); });
+  return v;
+}
+
 // Bytes of `b` outside its view's elements that no longer hold the sentinel.
 inline std::int64_t stray_writes(const Buffer& b) {
   std::vector<char> mine(b.bytes.size(), 0);
@@ -71,24 +81,25 @@ inline std::int64_t stray_writes(const Buffer& b) {
   return n;
 }
 
-// Max |a - b|; NaN or a mismatched infinity counts as infinite error, equal infinities as none.
-inline double max_err(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return INFINITY;
-      continue;
-    }
-    m = std::max(m, std::abs(a[i] - b[i]));
+// What went wrong with one configuration, as "; "-separated notes ("" when nothing did).
+struct Notes {
+  std::string text;
+  void add(const std::string& s) {
+    if (!s.empty()) text += (text.empty() ? "" : "; ") + s;
   }
-  return m;
-}
-inline double max_abs(const std::vector<double>& a) {
-  double m = 0;
-  for (double x : a)
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  return m;
-}
+  // A forward call wrote nothing outside out's and lse's elements, and nothing to lse unless asked to.
+  void writes(const Buffer& out, const Buffer& lse, bool want_lse) {
+    if (auto n = stray_writes(out)) add("wrote " + std::to_string(n) + " bytes outside out's view");
+    if (auto n = stray_writes(lse)) add("wrote " + std::to_string(n) + " bytes outside lse's view");
+    if (!want_lse && std::any_of(lse.bytes.begin(), lse.bytes.end(), [](unsigned char x) { return x != kSentinel; }))
+      add("wrote lse although none was requested");
+  }
+  // A run with c.alt_threads threads gave the same bits as one with c.opts.num_threads (`same`).
+  void thread_bits(bool same, const Config& c, const std::string& what = "") {
+    if (!same)
+      add(what + "num_threads " + std::to_string(c.alt_threads) + " gives different bits than " +
+          std::to_string(c.opts.num_threads));
+  }
+};
 
 }  // namespace attn::fuzz

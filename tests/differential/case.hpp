@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attn/attention.hpp"
+#include "common/accuracy.hpp"
 #include "core/element.hpp"
 
 namespace attn::fuzz {
@@ -209,6 +210,31 @@ inline void bind_arrays(Config& c) {
 inline double logit_slack(const Config& c) {
   const double scale = std::abs(c.opts.softmax_scale.value_or(1 / std::sqrt(double(c.head_dim))));
   return 1e-6 + std::ldexp(1.0, -24) * c.amplitude * c.amplitude * double(c.head_dim) * scale;
+}
+
+// The floor of the forward rule at precision t beyond kForwardFactor x the textbook's error
+// (common/accuracy.hpp), in the output: about one unit in the last place of a 16-bit output type (the
+// kernel and the textbook may round a value to either side), plus the logits' rounding.
+inline double out_floor(const Config& c, DType t) {
+  const double ulp = t == DType::bf16 ? std::ldexp(1.0, -8) : t == DType::f16 ? std::ldexp(1.0, -11) : 0;
+  return ulp + logit_slack(c);
+}
+
+// The same in the lse, which is f32 for every reduced precision: 1e-6 (f32 inputs) or 1e-5 (16-bit
+// inputs, whose logits are coarser) of its size lse_mag, plus the logits' rounding.
+inline double lse_floor(const Config& c, DType t, double lse_mag) {
+  return (t == DType::f32 ? 1e-6 : 1e-5) * lse_mag + logit_slack(c);
+}
+
+// "" when `err` meets the accuracy rule at precision t, else what failed: in f64, within kF64Tolerance x
+// f64_scale of the oracle; otherwise test::within_textbook_rule(err, textbook_err, factor, floor).
+inline std::string rule_verdict(const std::string& what, DType t, double err, double textbook_err, double f64_scale,
+                                double floor, double factor = test::kForwardFactor) {
+  const bool f64 = t == DType::f64;
+  const double tol = f64 ? test::kF64Tolerance * f64_scale : test::textbook_bound(textbook_err, factor, floor);
+  if (f64 ? err <= tol : test::within_textbook_rule(err, textbook_err, factor, floor)) return "";
+  return what + " error " + std::to_string(err) + " > tolerance " + std::to_string(tol) + " (textbook error " +
+         std::to_string(textbook_err) + ")";
 }
 
 // Strides for a view of `shape` (rank dims) in layout `l`, and the extent (elements) they span.

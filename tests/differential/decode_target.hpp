@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -137,21 +138,11 @@ std::string check_decode(Config c, bool paged) {
     attention_reference(TensorView::contiguous(qT.data(), 1, SQ, H, D), TensorView::contiguous(kT.data(), 1, n, HK, D),
                         TensorView::contiguous(vT.data(), 1, n, HK, D),
                         TensorView::contiguous(text.data(), 1, SQ, H, D), o);
-    double err = 0, base = 0;
-    for (std::size_t i = 0; i < oracle.size(); ++i) {
-      const double g = detail::load<double>(out[static_cast<std::size_t>(b * SQ * H * D) + i]);
-      err = std::isnan(g) ? INFINITY : std::max(err, std::abs(g - oracle[i]));
-      base = std::max(base, std::abs(detail::load<double>(text[i]) - oracle[i]));
-      if (std::isinf(err)) break;
-    }
-    const double slack = dtype_of<U>() == DType::f64    ? 0
-                         : dtype_of<U>() == DType::f32  ? logit_slack(c)
-                         : dtype_of<U>() == DType::bf16 ? std::ldexp(1.0, -8) + logit_slack(c)
-                                                        : std::ldexp(1.0, -11) + logit_slack(c);
-    const double tol = dtype_of<U>() == DType::f64 ? 1e-12 : 2 * base + slack;
-    if (!(err <= tol))
-      fail += "sequence " + std::to_string(b) + " (" + std::to_string(n) + " keys): out error " + std::to_string(err) +
-              " > " + std::to_string(tol) + "; ";
+    const std::span<const Q> got(out.data() + b * SQ * H * D, oracle.size());
+    if (auto v = rule_verdict("out", dtype_of<U>(), test::max_error(got, oracle), test::max_error(text, oracle), 1,
+                              out_floor(c, dtype_of<U>()));
+        !v.empty())
+      fail += "sequence " + std::to_string(b) + " (" + std::to_string(n) + " keys): " + v + "; ";
   }
   return fail;
 }

@@ -1,5 +1,6 @@
 // Randomised differential test: random valid configurations (tests/differential/case.hpp) run through every
-// entry point ("target") and checked against the f64 oracle with the accuracy rule of docs/STANDARDS.md:
+// entry point ("target") and checked against the f64 oracle with the accuracy rule of docs/STANDARDS.md
+// (tests/common/accuracy.hpp):
 //   f64: within 1e-12 of the oracle;  f32/bf16/f16: error <= 2 x the textbook method's error at the
 //   same precision (+ a rounding slack of about one unit in the last place of the output type).
 // Besides accuracy, each run checks: no NaN where the oracle is finite; fully masked rows give out = 0,
@@ -33,8 +34,8 @@
 #include "backward_target.hpp"
 #include "buffers.hpp"
 #include "case.hpp"
-#include "core/amx.hpp"
-#include "core/dpbf16.hpp"
+#include "amx/amx.hpp"
+#include "cpu/dpbf16.hpp"
 #include "decode_quant_target.hpp"
 #include "decode_target.hpp"
 #include "varlen_target.hpp"
@@ -86,60 +87,31 @@ std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
     attention_reference(dense(B, SQ, H, D, qT.data()), dense(B, SK, HK, D, kT.data()), dense(B, SK, HK, DV, vT.data()),
                         dense(B, SQ, H, DV, text.data()), c.opts, &tl);
   }
-  std::vector<double> text64(text.size()), text_lse64(nrows);
+  std::vector<double> text64(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) text64[i] = detail::load<double>(text[i]);
-  for (std::size_t i = 0; i < nrows; ++i) text_lse64[i] = text_lse[i];
 
   auto run_into = [&](int threads, Buffer& out, Buffer& lse) {
     run(c, q.view, k.view, v.view, out.view, c.want_lse ? &lse.view : nullptr, threads);
   };
   Buffer out = make_buffer(t, {B, SQ, H, DV}, 4, c.lout), lse = make_buffer(lt, {B, H, SQ, 1}, 3, c.llse);
   run_into(c.opts.num_threads, out, lse);
-  std::string fail;
-  auto note = [&](const std::string& s) { fail += (fail.empty() ? "" : "; ") + s; };
-  if (auto n = stray_writes(out)) note("wrote " + std::to_string(n) + " bytes outside out's view");
-  if (auto n = stray_writes(lse)) note("wrote " + std::to_string(n) + " bytes outside lse's view");
-  if (!c.want_lse && std::any_of(lse.bytes.begin(), lse.bytes.end(), [](unsigned char x) { return x != kSentinel; }))
-    note("wrote lse although none was requested");
+  Notes fail;
+  fail.writes(out, lse, c.want_lse);
   const auto got = read<T>(out);
-  const auto got_lse = lt == DType::f64 ? read<double>(lse) : read<float>(lse);
-  const double err = max_err(got, oracle), lse_err = c.want_lse ? max_err(got_lse, oracle_lse) : 0;
-  const double base_err = max_err(text64, oracle), base_lse = max_err(text_lse64, oracle_lse);
-  const double lse_mag = 1 + max_abs(oracle_lse);
-  double tol = 0, lse_tol = 0;
-  switch (t) {
-    case DType::f64:
-      tol = 1e-12 * std::max(1.0, max_abs(oracle));
-      lse_tol = 1e-12 * lse_mag;
-      break;
-    case DType::f32:
-      tol = 2 * base_err + logit_slack(c);
-      lse_tol = 2 * base_lse + 1e-6 * lse_mag + logit_slack(c);
-      break;
-    case DType::bf16:
-      tol = 2 * base_err + std::ldexp(1.0, -8) + logit_slack(c);
-      lse_tol = 2 * base_lse + 1e-5 * lse_mag + logit_slack(c);
-      break;
-    case DType::f16:
-      tol = 2 * base_err + std::ldexp(1.0, -11) + logit_slack(c);
-      lse_tol = 2 * base_lse + 1e-5 * lse_mag + logit_slack(c);
-      break;
+  fail.add(rule_verdict("out", t, test::max_error(got, oracle), test::max_error(text64, oracle),
+                        std::max(1.0, test::max_magnitude(oracle)), out_floor(c, t)));
+  if (c.want_lse) {
+    const double lse_mag = 1 + test::max_magnitude(oracle_lse);
+    fail.add(rule_verdict("lse", t, test::max_error(read_values(lse), oracle_lse),
+                          test::max_error(text_lse, oracle_lse), lse_mag, lse_floor(c, t, lse_mag)));
   }
-  if (!(err <= tol))
-    note("out error " + std::to_string(err) + " > tolerance " + std::to_string(tol) + " (textbook error " +
-         std::to_string(base_err) + ")");
-  if (!(lse_err <= lse_tol))
-    note("lse error " + std::to_string(lse_err) + " > tolerance " + std::to_string(lse_tol) + " (textbook error " +
-         std::to_string(base_lse) + ")");
   if (bitwise_textbook && std::memcmp(got.data(), text64.data(), got.size() * sizeof(double)) != 0)
-    note("strided result differs from the dense result");
+    fail.add("strided result differs from the dense result");
   // The thread count must not change a single bit.
   Buffer out2 = make_buffer(t, {B, SQ, H, DV}, 4, c.lout), lse2 = make_buffer(lt, {B, H, SQ, 1}, 3, c.llse);
   run_into(c.alt_threads, out2, lse2);
-  if (out2.bytes != out.bytes || lse2.bytes != lse.bytes)
-    note("num_threads " + std::to_string(c.alt_threads) + " gives different bits than " +
-         std::to_string(c.opts.num_threads));
-  return fail;
+  fail.thread_bits(out2.bytes == out.bytes && lse2.bytes == lse.bytes, c);
+  return fail.text;
 }
 
 std::string check(const Config& c, const Runner& run, bool bitwise_textbook) {
@@ -251,7 +223,7 @@ void fuzz_target(const char* name) {
   auto run_one = [&](std::uint64_t seed) -> bool {
     const Config c = generate(seed);
     // On a CPU with AVX512-BF16 the bf16 kernels run on the dot products or widened, drawn from the
-    // seed (a replay takes the same path), whatever the CPU's default (core/dpbf16.hpp).
+    // seed (a replay takes the same path), whatever the CPU's default (cpu/dpbf16.hpp).
     const int dots = detail::cpu_has_avx512bf16() ? static_cast<int>(mix(seed ^ 0xd07) & 1) : -1;
     detail::force_bf16_dots(dots);
     std::string verdict;

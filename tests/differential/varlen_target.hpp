@@ -8,46 +8,18 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "attn/varlen.hpp"
+#include "buffers.hpp"
 #include "case.hpp"
 
 namespace attn::fuzz {
 
-// A rank-3 strided view over a sentinel-filled buffer (4 spare elements on each side).
-struct PackedBuffer {
-  std::vector<unsigned char> bytes;
-  TensorView view;
-  std::vector<std::int64_t> offsets;  // row-major over the shape
-  std::int64_t stray(unsigned char sentinel) const {
-    std::vector<char> mine(bytes.size(), 0);
-    const std::size_t es = dtype_size(view.dtype);
-    for (auto off : offsets) std::memset(&mine[(4 + static_cast<std::size_t>(off)) * es], 1, es);
-    std::int64_t n = 0;
-    for (std::size_t i = 0; i < bytes.size(); ++i) n += !mine[i] && bytes[i] != sentinel;
-    return n;
-  }
-};
-
-inline PackedBuffer make_packed(DType t, std::int64_t n0, std::int64_t n1, std::int64_t n2, const Layout& l) {
-  PackedBuffer b;
-  std::int64_t extent = 0;
-  const auto st = strides_for({n0, n1, n2, 1}, 3, l, &extent);
-  const std::size_t es = dtype_size(t);
-  b.bytes.assign(static_cast<std::size_t>(extent + 8) * es, 0xA5);
-  b.view.data = b.bytes.data() + 4 * es;
-  b.view.dtype = t;
-  b.view.rank = 3;
-  b.view.shape = {n0, n1, n2, 1};
-  b.view.strides = st;
-  for (std::int64_t i = 0; i < n0; ++i)
-    for (std::int64_t j = 0; j < n1; ++j)
-      for (std::int64_t k = 0; k < n2; ++k) b.offsets.push_back(i * st[0] + j * st[1] + k * st[2]);
-  return b;
+// A packed [n0, n1, n2] tensor in layout l (buffers.hpp).
+inline Buffer make_packed(DType t, std::int64_t n0, std::int64_t n1, std::int64_t n2, const Layout& l) {
+  return make_buffer(t, {n0, n1, n2, 1}, 3, l);
 }
 
 template <class T>
@@ -69,9 +41,9 @@ std::string check_varlen(Config c) {
   if (cu_q[B] == 0)
     for (std::int64_t b = 1; b <= B; ++b) cu_q[b] += 1;
   const std::int64_t TQ = cu_q[B], TK = cu_k[B];
-  PackedBuffer q = make_packed(t, TQ, H, D, pick_layout(r, 3, false)),
-               k = make_packed(t, TK, HK, D, pick_layout(r, 3, false)),
-               v = make_packed(t, TK, HK, D, pick_layout(r, 3, false));
+  Buffer q = make_packed(t, TQ, H, D, pick_layout(r, 3, false)),
+         k = make_packed(t, TK, HK, D, pick_layout(r, 3, false)),
+         v = make_packed(t, TK, HK, D, pick_layout(r, 3, false));
   const Layout lout = pick_layout(r, 3, false), llse = pick_layout(r, 3, false);
   for (auto* p : {&q, &k, &v})
     for (auto off : p->offsets)
@@ -80,45 +52,32 @@ std::string check_varlen(Config c) {
   const auto q_in = q.bytes, k_in = k.bytes, v_in = v.bytes;
   const auto cu_q0 = cu_q, cu_k0 = cu_k;
 
-  auto run = [&](int threads, PackedBuffer& out, PackedBuffer& lse) {
+  auto run = [&](int threads, Buffer& out, Buffer& lse) {
     AttentionOptions o = c.opts;
     o.num_threads = threads;
     attention_varlen(q.view, k.view, v.view, out.view, VarlenBatch{cu_q.data(), cu_k.data(), B}, o, c.tiles,
                      c.want_lse ? &lse.view : nullptr);
   };
-  PackedBuffer out = make_packed(t, TQ, H, D, lout), lse = make_packed(lt, 1, H, TQ, llse);
-  PackedBuffer out2 = make_packed(t, TQ, H, D, lout), lse2 = make_packed(lt, 1, H, TQ, llse);
+  Buffer out = make_packed(t, TQ, H, D, lout), lse = make_packed(lt, 1, H, TQ, llse);
+  Buffer out2 = make_packed(t, TQ, H, D, lout), lse2 = make_packed(lt, 1, H, TQ, llse);
   run(c.opts.num_threads, out, lse);
   run(c.alt_threads, out2, lse2);
-  std::string fail;
-  auto note = [&](const std::string& s) { fail += (fail.empty() ? "" : "; ") + s; };
-  if (auto n = out.stray(0xA5)) note("wrote " + std::to_string(n) + " bytes outside out's view");
-  if (auto n = lse.stray(0xA5)) note("wrote " + std::to_string(n) + " bytes outside lse's view");
-  if (!c.want_lse && std::any_of(lse.bytes.begin(), lse.bytes.end(), [](unsigned char x) { return x != 0xA5; }))
-    note("wrote lse although none was requested");
+  Notes fail;
+  fail.writes(out, lse, c.want_lse);
   if (q.bytes != q_in || k.bytes != k_in || v.bytes != v_in || cu_q != cu_q0 || cu_k != cu_k0)
-    note("an input was written");
-  if (out2.bytes != out.bytes || lse2.bytes != lse.bytes)
-    note("num_threads " + std::to_string(c.alt_threads) + " gives different bits than " +
-         std::to_string(c.opts.num_threads));
+    fail.add("an input was written");
+  fail.thread_bits(out2.bytes == out.bytes && lse2.bytes == lse.bytes, c);
 
-  auto val = [](const PackedBuffer& p, std::size_t i) {  // logical element i, as double
-    double x = 0;
-    detail::dispatch_dtype(
-        p.view.dtype, [&]<class U>() { x = detail::load<double>(static_cast<const U*>(p.view.data)[p.offsets[i]]); });
-    return x;
-  };
+  // The logical elements, as double.
+  const auto q_all = read_values(q), k_all = read_values(k), v_all = read_values(v), out_all = read_values(out),
+             lse_all = read_values(lse);
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t q0 = cu_q[b], nq = cu_q[b + 1] - q0, k0 = cu_k[b], nk = cu_k[b + 1] - k0;
     if (nq == 0) continue;
     // The sequence alone, dense, in f64 and in T.
-    std::vector<double> q64(static_cast<std::size_t>(nq * H * D)), k64(static_cast<std::size_t>(nk * HK * D)),
-        v64 = k64;
-    for (std::size_t i = 0; i < q64.size(); ++i) q64[i] = val(q, static_cast<std::size_t>(q0 * H * D) + i);
-    for (std::size_t i = 0; i < k64.size(); ++i) {
-      k64[i] = val(k, static_cast<std::size_t>(k0 * HK * D) + i);
-      v64[i] = val(v, static_cast<std::size_t>(k0 * HK * D) + i);
-    }
+    const std::vector<double> q64(q_all.begin() + q0 * H * D, q_all.begin() + (q0 + nq) * H * D),
+        k64(k_all.begin() + k0 * HK * D, k_all.begin() + (k0 + nk) * HK * D),
+        v64(v_all.begin() + k0 * HK * D, v_all.begin() + (k0 + nk) * HK * D);
     std::vector<T> qT(q64.size()), kT(k64.size()), vT(v64.size()), text(q64.size());
     for (std::size_t i = 0; i < q64.size(); ++i) qT[i] = detail::store<T>(q64[i]);
     for (std::size_t i = 0; i < k64.size(); ++i) {
@@ -137,55 +96,23 @@ std::string check_varlen(Config c) {
     attention_reference(TensorView::contiguous(qT.data(), 1, nq, H, D), TensorView::contiguous(kT.data(), 1, nk, HK, D),
                         TensorView::contiguous(vT.data(), 1, nk, HK, D),
                         TensorView::contiguous(text.data(), 1, nq, H, D), o, &tl);
-    // Errors: NaN, or an infinity the oracle does not have, counts as infinite.
-    auto err_of = [](double g, double want) -> double {
-      if (std::isnan(g) || std::isnan(want)) return INFINITY;
-      if (std::isinf(g) || std::isinf(want)) return g == want ? 0.0 : INFINITY;
-      return std::abs(g - want);
-    };
-    double err = 0, base = 0, lerr = 0, lbase = 0, omax = 0, lmax = 0;
-    for (std::size_t i = 0; i < oracle.size(); ++i) {
-      err = std::max(err, err_of(val(out, static_cast<std::size_t>(q0 * H * D) + i), oracle[i]));
-      base = std::max(base, err_of(detail::load<double>(text[i]), oracle[i]));
-      omax = std::max(omax, std::abs(oracle[i]));
-    }
+    // The sequence's rows of out and lse.
+    const std::vector<double> got(out_all.begin() + q0 * H * D, out_all.begin() + (q0 + nq) * H * D);
+    std::vector<double> got_lse(oracle_lse.size());
     for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t i = 0; i < nq; ++i) {
-        const std::size_t j = static_cast<std::size_t>(h * nq + i);
-        if (c.want_lse)
-          lerr = std::max(lerr, err_of(val(lse, static_cast<std::size_t>(h * TQ + q0 + i)), oracle_lse[j]));
-        lbase = std::max(lbase, err_of(text_lse[j], oracle_lse[j]));
-        if (std::isfinite(oracle_lse[j])) lmax = std::max(lmax, std::abs(oracle_lse[j]));
-      }
-    double tol = 0, ltol = 0;
-    switch (t) {
-      case DType::f64:
-        tol = 1e-12 * std::max(1.0, omax);
-        ltol = 1e-12 * (1 + lmax);
-        break;
-      case DType::f32:
-        tol = 2 * base + logit_slack(c);
-        ltol = 2 * lbase + 1e-6 * (1 + lmax) + logit_slack(c);
-        break;
-      case DType::bf16:
-        tol = 2 * base + std::ldexp(1.0, -8) + logit_slack(c);
-        ltol = 2 * lbase + 1e-5 * (1 + lmax) + logit_slack(c);
-        break;
-      case DType::f16:
-        tol = 2 * base + std::ldexp(1.0, -11) + logit_slack(c);
-        ltol = 2 * lbase + 1e-5 * (1 + lmax) + logit_slack(c);
-        break;
-    }
+      for (std::int64_t i = 0; i < nq; ++i)
+        got_lse[static_cast<std::size_t>(h * nq + i)] = lse_all[static_cast<std::size_t>(h * TQ + q0 + i)];
     const std::string seq = "sequence " + std::to_string(b) + " of " + std::to_string(B) + " (" + std::to_string(nq) +
                             " queries, " + std::to_string(nk) + " keys): ";
-    if (!(err <= tol))
-      note(seq + "out error " + std::to_string(err) + " > " + std::to_string(tol) + " (textbook " +
-           std::to_string(base) + ")");
-    if (!(lerr <= ltol))
-      note(seq + "lse error " + std::to_string(lerr) + " > " + std::to_string(ltol) + " (textbook " +
-           std::to_string(lbase) + ")");
+    fail.add(rule_verdict(seq + "out", t, test::max_error(got, oracle), test::max_error(text, oracle),
+                          std::max(1.0, test::max_magnitude(oracle)), out_floor(c, t)));
+    if (c.want_lse) {
+      const double lse_mag = 1 + test::max_magnitude(oracle_lse);
+      fail.add(rule_verdict(seq + "lse", t, test::max_error(got_lse, oracle_lse), test::max_error(text_lse, oracle_lse),
+                            lse_mag, lse_floor(c, t, lse_mag)));
+    }
   }
-  return fail;
+  return fail.text;
 }
 
 inline std::string check_varlen_any(const Config& c) {
