@@ -17,8 +17,8 @@ inline float round_bf16(float x) { return detail::load<float>(detail::store<bf16
 // PyTorch's math attention in bf16 (softmax(q k^T scale) v with bf16 tensors): each matmul accumulates in
 // f32 and rounds its output to bf16, the score rule's result is rounded to bf16, the softmax runs in f32
 // and rounds P to bf16. Sinks join the softmax's denominator.
-inline std::vector<bf16_t> math_reference_bf16(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k, const Tensor<bf16_t>& v,
-                                        const AttentionOptions& o) {
+inline std::vector<bf16_t> math_reference_bf16(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k,
+                                               const Tensor<bf16_t>& v, const AttentionOptions& o) {
   std::vector<bf16_t> out(static_cast<std::size_t>(q.b * q.s * q.h * v.d));
   const detail::Problem p = detail::validate("math_reference_bf16", q.view(), k.view(), v.view(), nullptr, o, nullptr);
   const detail::Mask mask = p.mask();

@@ -173,8 +173,7 @@ Tensor<T> convert(const Tensor<bf16_t>& t) {
 // The textbook method's output and lse of sequence b, in T.
 template <class T>
 void textbook(const Decode& dc, std::int64_t b, std::vector<T>& out, std::vector<T>& lse) {
-  const Tensor<T> q = convert<T>(dc.query(b)), k = convert<T>(dc.keys[b]),
-                  v = convert<T>(dc.values[b]);
+  const Tensor<T> q = convert<T>(dc.query(b)), k = convert<T>(dc.keys[b]), v = convert<T>(dc.values[b]);
   out.assign(static_cast<std::size_t>(dc.c.sq * dc.c.h * dc.c.dv), T(0));
   lse.assign(static_cast<std::size_t>(dc.c.h * dc.c.sq), T(0));
   const TensorView l = TensorView::contiguous(lse.data(), 1, dc.c.h, dc.c.sq);
@@ -182,33 +181,20 @@ void textbook(const Decode& dc, std::int64_t b, std::vector<T>& out, std::vector
                       dc.options_of(b), &l);
 }
 
-// Max |got - want| over finite pairs, infinity where one is not finite and the other differs.
-template <class T, class U>
-double max_err(const T* got, const std::vector<U>& want) {
-  double m = 0;
-  for (std::size_t e = 0; e < want.size(); ++e) {
-    const double g = detail::load<double>(got[e]), w = static_cast<double>(want[e]);
-    if (g == w) continue;
-    m = std::max(m, std::isfinite(g) && std::isfinite(w) ? std::abs(g - w) : INFINITY);
-  }
-  return m;
-}
-
 void expect_flash_attn_rule(const Decode& dc, const Decode::Result& r) {
   const Case& c = dc.c;
+  const auto rows = static_cast<std::ptrdiff_t>(c.sq * c.h), dv = static_cast<std::ptrdiff_t>(c.dv);
   for (std::int64_t b = 0; b < c.b; ++b) {
     std::vector<double> out64, lse64;
     std::vector<float> out32, lse32;
     textbook(dc, b, out64, lse64);
     textbook(dc, b, out32, lse32);
-    const std::vector<bf16_t> math =
-        test::math_reference_bf16(dc.query(b), dc.keys[b], dc.values[b], dc.options_of(b));
-    const std::size_t rows = static_cast<std::size_t>(c.sq * c.h);
-    const double err = max_err(r.out.data() + b * rows * c.dv, out64);
-    const double bound = 2 * max_err(math.data(), out64) + 1e-6;
-    EXPECT_LE(err, bound) << "out of sequence " << b;
-    const double lse_err = max_err(r.lse.data() + b * rows, lse64);
-    EXPECT_LE(lse_err, 2 * max_err(lse32.data(), lse64) + 1e-5) << "lse of sequence " << b;
+    const std::vector<bf16_t> math = test::math_reference_bf16(dc.query(b), dc.keys[b], dc.values[b], dc.options_of(b));
+    const std::vector<bf16_t> out(r.out.begin() + b * rows * dv, r.out.begin() + (b + 1) * rows * dv);
+    const std::vector<float> lse(r.lse.begin() + b * rows, r.lse.begin() + (b + 1) * rows);
+    EXPECT_TRUE(test::meets_textbook_rule(test::max_error(out, out64), test::max_error(math, out64))) << "out of " << b;
+    EXPECT_TRUE(test::meets_textbook_rule(test::max_error(lse, lse64), test::max_error(lse32, lse64), 2, 1e-6))
+        << "lse of " << b;
   }
 }
 
@@ -221,9 +207,9 @@ bool same_bits(const Decode::Result& a, const Decode::Result& b) {
 bool takes_amx_path(const Decode& dc) {
   const ScopedAmxEnv env{std::string("emulate")};
   std::vector<bf16_t> out(static_cast<std::size_t>(dc.c.b * dc.c.sq * dc.c.h * dc.c.dv));
-  const detail::DecodeProblem p = detail::validate_decode(
-      "test", dc.q.view(), dc.cache(), TensorView::contiguous(out.data(), dc.c.b, dc.c.sq, dc.c.h, dc.c.dv), dc.o, {},
-      nullptr);
+  const detail::DecodeProblem p =
+      detail::validate_decode("test", dc.q.view(), dc.cache(),
+                              TensorView::contiguous(out.data(), dc.c.b, dc.c.sq, dc.c.h, dc.c.dv), dc.o, {}, nullptr);
   return detail::amx_decode_takes(p);
 }
 
@@ -241,9 +227,62 @@ TEST_P(AmxDecode, FlashAttnRuleAndTheSameBitsOnEveryUnitAndThreadCount) {
 const Case kCases[] = {
     {"mla_576_512", 1, 1, 128, 1, 576, 512, {700}, true},
     {"mla_batch_paged", 2, 1, 128, 1, 576, 512, {300, 1100}, true, 64},
-    {"mla_split_sinks_softcap", 1, 1, 128, 1, 576, 512, {1500}, true, 0, false, false, false, -1, 30.0, false, true, 256},
+    {"mla_split_sinks_softcap",
+     1,
+     1,
+     128,
+     1,
+     576,
+     512,
+     {1500},
+     true,
+     0,
+     false,
+     false,
+     false,
+     -1,
+     30.0,
+     false,
+     true,
+     256},
     {"gqa_speculative_causal", 2, 4, 8, 2, 128, 128, {90, 257}, false, 0, true, true, true},
     {"gqa_window_alibi_paged", 2, 3, 16, 2, 64, 64, {500, 33}, false, 16, false, false, true, 40, 0, true},
+    {"slices_causal_alibi_window",
+     2,
+     4,
+     8,
+     2,
+     64,
+     64,
+     {300, 130},
+     false,
+     0,
+     false,
+     false,
+     true,
+     100,
+     0,
+     true,
+     false,
+     48},
+    {"paged_slices_causal_leftover",
+     1,
+     2,
+     16,
+     1,
+     64,
+     64,
+     {333},
+     false,
+     16,
+     false,
+     false,
+     true,
+     -1,
+     5.0,
+     true,
+     true,
+     40},
     {"odd_dims", 1, 2, 16, 1, 72, 40, {129}, false, 0, false, false, false, -1, 0, false, true},
 };
 INSTANTIATE_TEST_SUITE_P(Cases, AmxDecode, ::testing::ValuesIn(kCases),

@@ -376,6 +376,7 @@ void run(const DecodeProblem& p) {
 }  // namespace
 
 void run_decode(const DecodeProblem& p) {
+  if (amx_decode_takes(p)) return run_decode_amx(p);
   if (p.cache_dtype == DType::f64)
     run<double>(p);
   else

@@ -13,6 +13,13 @@ namespace attn::detail {
 // Nothing here throws.
 void run_decode(const DecodeProblem& p);
 
+// Whether the decode runs on the AMX tiles (decode_amx.cpp): bf16 q and cache, not quantized, no
+// rotary, and at least a tile's 16 query rows per kv head (group x seqlen_q: MLA's 128 heads, GQA with
+// several query tokens), where amx_backend() names a tile unit.
+bool amx_decode_takes(const DecodeProblem& p);
+// That decode: the tiled forward on the tiles over slices of each sequence's keys, merged in slice order.
+void run_decode_amx(const DecodeProblem& p);
+
 // The merged state of query row `row` (= hk * R + hh * seqlen_q + i: query head hk * group + hh,
 // query i) of sequence b, with head h's sink folded in once, finalised into out and lse. `tmp` holds
 // head_dim_v values.

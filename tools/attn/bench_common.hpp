@@ -55,7 +55,8 @@ inline std::string machine_name() {
 }
 
 // The kernel paths this CPU gets: the Highway target that runtime dispatch picks, whether the bf16
-// forward runs on AMX tiles (amx/amx.hpp: ATTN_AMX, --amx), and whether the bf16 vector kernels take
+// forward and the bf16 decodes with 16 or more query rows per kv head ("wide": MLA) run on AMX tiles
+// (amx/amx.hpp: ATTN_AMX, --amx), and whether the bf16 vector kernels take
 // the VDPBF16PS dot products (AVX512-BF16, where they pay or --bf16-dots says so: cpu/dpbf16.hpp;
 // otherwise they are widened to f32).
 inline std::string kernel_paths() {
@@ -65,8 +66,8 @@ inline std::string kernel_paths() {
       detail::bf16_dots() && !targets.empty() && (targets.front() == HWY_AVX3 || targets.front() == HWY_AVX3_DL);
   const bool has = detail::cpu_has_avx512bf16();
   const detail::amx::TileBackend tiles = detail::amx_backend();
-  s += tiles == detail::amx::TileBackend::hardware   ? ", bf16 forward on AMX tiles"
-       : tiles == detail::amx::TileBackend::emulated ? ", bf16 forward on the AMX emulator (slow)"
+  s += tiles == detail::amx::TileBackend::hardware   ? ", bf16 forward and wide decode on AMX tiles"
+       : tiles == detail::amx::TileBackend::emulated ? ", bf16 forward and wide decode on the AMX emulator (slow)"
                                                      : "";
   return s + (dp    ? ", bf16 dot products (AVX512-BF16)"
               : has ? ", bf16 widened to f32 (AVX512-BF16 not used)"
