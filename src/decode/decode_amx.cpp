@@ -26,7 +26,7 @@
 namespace attn::detail {
 namespace {
 
-constexpr std::int64_t kTileRows = 16;     // a tile's rows: fewer query rows per kv head leave it mostly empty
+constexpr std::int64_t kTileRows = 16;  // a tile's rows: fewer query rows per kv head leave it mostly empty
 // Default slices: a sixteenth of the sequence's keys, within [kMinSliceKeys, kMaxSliceKeys]: 8k keys give
 // 8 slices to share the cores, a longer cache pays for fewer merges (MLA at 32k keys on 2 threads: 12.3 ms
 // in 16 slices, 14.6 ms in 32), and a slice's packed K and V (9 MB of MLA at 4k keys) stay a few
@@ -114,7 +114,8 @@ std::int64_t slices_per_group(const DecodeProblem& p, const std::vector<Slice>& 
   std::int64_t longest = 1;
   for (const Slice& s : slices) longest = std::max(longest, s.end - s.begin);
   const std::int64_t pack_bytes = longest * (p.head_dim + p.head_dim_v + 64) * 2;
-  std::int64_t group = std::min(items_per_group(kBudget, per_slice, n), std::max<std::int64_t>(1, kPackBudgetBytes / pack_bytes));
+  std::int64_t group =
+      std::min(items_per_group(kBudget, per_slice, n), std::max<std::int64_t>(1, kPackBudgetBytes / pack_bytes));
   if (group >= threads && group < n) group = group / threads * threads;
   return group;
 }
@@ -128,7 +129,7 @@ bool amx_decode_takes(const DecodeProblem& p) {
 
 void run_decode_amx(const DecodeProblem& p) {
   const std::int64_t rows = p.heads * p.seqlen_q, dv = p.head_dim_v;  // per sequence; row = h * seqlen_q + i
-  const std::int64_t per_slice = rows * (dv + 1);                     // out [seqlen_q][heads][dv], lse [heads][seqlen_q]
+  const std::int64_t per_slice = rows * (dv + 1);  // out [seqlen_q][heads][dv], lse [heads][seqlen_q]
   const std::vector<Slice> slices = plan_slices(p);
   const auto n = static_cast<std::int64_t>(slices.size());
   const int threads = resolve_threads(p.num_threads);
