@@ -163,17 +163,11 @@ struct Decode {
   }
 };
 
-template <class T>
-Tensor<T> convert(const Tensor<bf16_t>& t) {
-  Tensor<T> r(t.b, t.s, t.h, t.d);
-  for (std::size_t e = 0; e < t.data.size(); ++e) r.data[e] = detail::load<T>(t.data[e]);
-  return r;
-}
-
 // The textbook method's output and lse of sequence b, in T.
 template <class T>
 void textbook(const Decode& dc, std::int64_t b, std::vector<T>& out, std::vector<T>& lse) {
-  const Tensor<T> q = convert<T>(dc.query(b)), k = convert<T>(dc.keys[b]), v = convert<T>(dc.values[b]);
+  const Tensor<T> q = test::convert<T>(dc.query(b)), k = test::convert<T>(dc.keys[b]),
+                  v = test::convert<T>(dc.values[b]);
   out.assign(static_cast<std::size_t>(dc.c.sq * dc.c.h * dc.c.dv), T(0));
   lse.assign(static_cast<std::size_t>(dc.c.h * dc.c.sq), T(0));
   const TensorView l = TensorView::contiguous(lse.data(), 1, dc.c.h, dc.c.sq);

@@ -9,6 +9,9 @@ call alone on preallocated outputs (attn._C.time_forward, no Python in the loop)
 
     python -m attn.bench --vs torch --seq 1024,4096 --head-dim 64,128 --dtype f32 --threads 2
     python -m attn.bench --vs cpp --seq 128,4096 --heads 8 --head-dim 64 --causal 0
+
+python -m attn.bench --model llama|qwen2|gemma2: a small random transformers model's prefill and decode
+tokens per second with attn_implementation="attn" against "sdpa", same run (attn/bench_models.py).
 """
 import argparse
 import time
@@ -107,10 +110,20 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--model", choices=["llama", "qwen2", "gemma2"], help="time a small transformers model instead")
+    p.add_argument("--prompt", type=int, default=1024, help="--model: prompt tokens")
+    p.add_argument("--new-tokens", type=int, default=16, help="--model: generated tokens")
+    p.add_argument("--layers", type=int, default=4, help="--model: layers")
+    p.add_argument("--hidden", type=int, default=1024, help="--model: hidden size (head dim = hidden / heads)")
+    p.add_argument("--kv-heads", type=int, default=4, help="--model: kv heads")
+    p.add_argument("--reps", type=int, default=3, help="--model: repetitions per median")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     attn.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
+    if args.model:
+        from . import bench_models
+        return bench_models.run(args, dtype)
     if args.vs == "cpp":
         return vs_cpp(args, dtype)
     print(f"attn {attn.__version__} vs torch {torch.__version__}: dtype {args.dtype}, batch {args.batch}, "

@@ -2,6 +2,7 @@
 attn._C.last_forward_seconds: it must be that call's, not a stale or a whole-call figure."""
 import time
 
+import pytest
 import torch
 
 import attn
@@ -36,3 +37,12 @@ def test_per_call_overhead_runs_before_untimed():
     per_call_overhead(q, k, v, False, 1, lambda: attn.flash_attn_func(q, k, v), min_total=0.01, block=5,
                       before=lambda: seen.append(1))
     assert len(seen) >= 25  # once per timed call: five blocks of five at least
+
+
+def test_model_bench_times_attn_beside_the_baseline():
+    pytest.importorskip("transformers")
+    from attn import bench
+    best = bench.main(["--model", "llama", "--prompt", "32", "--new-tokens", "3", "--layers", "1", "--hidden", "64",
+                       "--heads", "4", "--kv-heads", "2", "--reps", "1", "--threads", "1"])
+    assert set(best) == {"sdpa", "attn"}
+    assert all(prefill > 0 for prefill, _ in best.values())

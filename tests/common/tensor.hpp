@@ -55,12 +55,18 @@ Tensor<T> random_tensor(std::int64_t b, std::int64_t s, std::int64_t h, std::int
   return t;
 }
 
+// The same values in another element type (rounded to it where it is narrower).
+template <class To, class From>
+Tensor<To> convert(const Tensor<From>& t) {
+  Tensor<To> r(t.b, t.s, t.h, t.d);
+  for (std::size_t i = 0; i < t.data.size(); ++i) r.data[i] = detail::store<To>(detail::load<double>(t.data[i]));
+  return r;
+}
+
 // The same values, converted exactly to double (every f32/bf16/f16 value is a double).
 template <class T>
 Tensor<double> to_f64(const Tensor<T>& t) {
-  Tensor<double> r(t.b, t.s, t.h, t.d);
-  for (std::size_t i = 0; i < t.data.size(); ++i) r.data[i] = detail::load<double>(t.data[i]);
-  return r;
+  return convert<double>(t);
 }
 
 // The inputs of one attention problem: q [b, sq, h, d] and k [b, sk, hk, d] with entries in [-2, 2] (logits
