@@ -120,7 +120,7 @@ TEST(DecodeValidation, EveryRuleThrowsNamesTheArgumentAndWritesNothing) {
       {"null seqlens", [](Valid& v) { v.cache.seqlens = nullptr; }, "cache.seqlens: data pointer is null"},
       {"negative seqlen", [](Valid& v) { v.cache.seqlens = neg.data(); }, "cache.seqlens: must be >= 0"},
       {"over capacity", [](Valid& v) { v.cache.seqlens = big.data(); },
-       "exceeds the cache capacity (12 = max_pages x page_size)"},
+       "exceeds the cache capacity (12 = block_table's max_pages x page_size)"},
       {"contiguous capacity", [](Valid& v) { v.contiguous_cache(2, 5); },
        "exceeds the cache capacity (5 = max_seqlen)"},
       {"contiguous batch", [](Valid& v) { v.contiguous_cache(3, 16); }, "cache.k: batch must equal q's"},

@@ -4,6 +4,7 @@
 // size and thread count, the reference backward against finite differences, and the validation rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -440,6 +441,51 @@ TEST(DropoutValidation, TheMaskViewFollowsTheViewRules) {
   negative.strides[1] = -20;
   f.expect_rejected(
       "dropout_mask", [&] { dropout_mask(negative, o); }, "mask: stride[1] must be >= 0");
+}
+
+// softmax_weights: normalised by their row sums and applied to v they are the textbook output; each row's
+// largest weight is 1 (its maximum's); hidden keys and rows that see nothing get 0.
+TEST(SoftmaxWeights, NormalisedTheyAreTheTextbookAttention) {
+  const Shape s{2, 9, 13, 4, 2, 8, true, 3, -1, 2.5, true};
+  std::vector<float> slopes;
+  const AttentionOptions o = test::options_of(s, 0.4f, slopes);
+  const Tensor<double> q = random_tensor<double>(s.b, s.sq, s.h, s.d, 61),
+                       k = random_tensor<double>(s.b, s.sk, s.hk, s.d, 62),
+                       v = random_tensor<double>(s.b, s.sk, s.hk, s.d, 63);
+  std::vector<double> w(static_cast<std::size_t>(s.b * s.h * s.sq * s.sk), 42.0);
+  softmax_weights(q.view(), k.view(), TensorView::contiguous(w.data(), s.b, s.h, s.sq, s.sk), o);
+  Tensor<double> want(s.b, s.sq, s.h, s.d), got(s.b, s.sq, s.h, s.d);
+  attention_reference(q.view(), k.view(), v.view(), want.view(), o);
+  for (std::int64_t b = 0; b < s.b; ++b)
+    for (std::int64_t h = 0; h < s.h; ++h)
+      for (std::int64_t i = 0; i < s.sq; ++i) {
+        const double* row = &w[static_cast<std::size_t>(((b * s.h + h) * s.sq + i) * s.sk)];
+        double sum = 0, top = 0;
+        for (std::int64_t j = 0; j < s.sk; ++j) sum += row[j], top = std::max(top, row[j]);
+        EXPECT_EQ(top, 1.0) << "b " << b << " h " << h << " i " << i;
+        for (std::int64_t e = 0; e < s.d; ++e) {
+          double x = 0;
+          for (std::int64_t j = 0; j < s.sk; ++j)
+            x += row[j] / sum * v.data[static_cast<std::size_t>(((b * s.sk + j) * s.hk + h / 2) * s.d + e)];
+          got.at(b, i, h, e) = x;
+        }
+      }
+  EXPECT_LE(max_error(got, want), 1e-12);
+}
+
+TEST(SoftmaxWeights, BadWeightsAreNamedAndUntouched) {
+  const Tensor<float> q = random_tensor<float>(1, 4, 2, 8, 1), k = random_tensor<float>(1, 5, 2, 8, 2);
+  std::vector<float> w(40, 7.0f);
+  for (const TensorView& bad :
+       {TensorView::contiguous(w.data(), 1, 2, 5, 4), TensorView::contiguous(w.data(), 2, 4, 5)}) {
+    try {
+      softmax_weights(q.view(), k.view(), bad, {});
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("attn::softmax_weights: weights: "), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](float x) { return x == 7.0f; }));
 }
 
 }  // namespace

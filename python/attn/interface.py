@@ -51,24 +51,61 @@ def _options(who, dropout_p, softmax_scale, causal, window_size, softcap, alibi_
                             sinks=sinks)
 
 
-def _result(out, lse, return_attn_probs, opts, mask_shape):
-    """out, or (out, lse, S_dmask). S_dmask is empty without dropout (as flash-attn); with dropout it is
-    the factor (0 or 1 / (1 - dropout_p)) each softmax weight was multiplied by, (batch, nheads,
-    seqlen_q, seqlen_k), f32 (f64 for f64)."""
+# flash-attn pads S_dmask's sequence dims to multiples of this (its seqlen_q_rounded, seqlen_k_rounded).
+S_DMASK_ROUND = 128
+
+
+def _result(out, lse, return_attn_probs, opts, mask_shape, weights_into=None):
+    """out, or (out, lse, S_dmask). S_dmask is empty without dropout, as flash-attn's; with dropout it is
+    flash-attn's: (batch, nheads, seqlen_q_rounded, seqlen_k_rounded), in out's dtype, the softmax weights
+    exp(s_ij - m_i) before the normalisation (m_i the row's largest visible logit: flash-attn's content
+    for a single key block, which _get_block_size_n reports), negated where dropout drops them, 0 for
+    the keys a row does not see and in the padding. weights_into(w) writes those weights into w of
+    mask_shape (attn::softmax_weights)."""
     if not return_attn_probs:
         return out
     dropout_p = opts.dropout_p
-    if type(out).__module__ == "numpy":
+    numpy = type(out).__module__ == "numpy"
+    if numpy:
         import numpy as np
-        mask = np.empty(mask_shape if dropout_p else (0,), dtype=np.float64 if out.dtype == np.float64 else np.float32)
+        acc = np.float64 if out.dtype == np.float64 else np.float32
+        new = lambda shape, dtype=acc: np.zeros(shape, dtype=dtype)
     else:
         import torch
-        mask = torch.empty(mask_shape if dropout_p else (0,),
-                           dtype=torch.float64 if out.dtype == torch.float64 else torch.float32)
+        acc = torch.float64 if out.dtype == torch.float64 else torch.float32
+        new = lambda shape, dtype=acc: torch.zeros(shape, dtype=dtype)
     if dropout_p == 0:
-        return out, lse, mask
-    _C.dropout_mask(mask, dropout_p, opts.seed)
-    return out, lse, mask
+        return out, lse, new((0,), out.dtype)
+    factors, weights = new(mask_shape), new(mask_shape)
+    _C.dropout_mask(factors, dropout_p, opts.seed)
+    weights_into(weights)
+    b, h, sq, sk = mask_shape
+    rounded = lambda n: -(-n // S_DMASK_ROUND) * S_DMASK_ROUND
+    s_dmask = new((b, h, rounded(sq), rounded(sk)), out.dtype)
+    signed = np.where(factors > 0, weights, -weights) if numpy else torch.where(factors > 0, weights, -weights)
+    s_dmask[:, :, :sq, :sk] = signed
+    return out, lse, s_dmask
+
+
+def _dense_weights(q, k, opts):
+    """weights_into for q (batch, seqlen_q, nheads, d), k (batch, seqlen_k, nheads_k, d)."""
+    if type(q).__module__ == "numpy":
+        return lambda w: _C.softmax_weights(q, k, w, **opts._asdict())
+    ops = _torch_ops()
+    return lambda w: _C.softmax_weights(ops._dl(q.detach()), ops._dl(k.detach()), ops._dl(w), **ops._kw(*opts))
+
+
+def _varlen_weights(q, k, cu_seqlens_q, cu_seqlens_k, opts):
+    """weights_into for packed q (total_q, nheads, d), k (total_k, nheads_k, d): sequence by sequence
+    into w[b, :, :n_q, :n_k], each with its row of [batch, nheads] ALiBi slopes."""
+    def into(w):
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        for b in range(len(cq) - 1):
+            slopes = opts.alibi_slopes
+            o = opts._replace(alibi_slopes=slopes[b] if slopes is not None and slopes.dim() == 2 else slopes)
+            _dense_weights(q[cq[b]:cq[b + 1]].unsqueeze(0), k[ck[b]:ck[b + 1]].unsqueeze(0), o)(
+                w[b:b + 1, :, :cq[b + 1] - cq[b], :ck[b + 1] - ck[b]])
+    return into
 
 
 def _other_dlpack(x) -> bool:
@@ -123,7 +160,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         out, lse = _numpy_forward(q, k, v, opts)
     else:
         out, lse = _torch_ops().attention(q, k, v, opts, with_lse=return_attn_probs)
-    return _result(out, lse, return_attn_probs, opts, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
+    return _result(out, lse, return_attn_probs, opts, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]),
+                   _dense_weights(q, k, opts))
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -158,7 +196,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     else:
         out, lse = _ops.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, opts)
     batch = len(cu_seqlens_q) - 1
-    return _result(out, lse, return_attn_probs, opts, (batch, q.shape[1], int(max_seqlen_q), int(max_seqlen_k)))
+    return _result(out, lse, return_attn_probs, opts, (batch, q.shape[1], int(max_seqlen_q), int(max_seqlen_k)),
+                   _varlen_weights(q, k, cu_seqlens_q, cu_seqlens_k, opts))
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,

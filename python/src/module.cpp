@@ -288,6 +288,20 @@ void dropout_mask(const Array& mask, double dropout_p, std::uint64_t seed, std::
   attn::dropout_mask(mv, o);
 }
 
+// attn::softmax_weights into weights [batch, heads, seqlen_q, seqlen_k]: exp(s_ij - m_i) for the keys
+// query i sees, 0 elsewhere (flash-attn's S_dmask, one key block).
+void softmax_weights(const InArray& q, const InArray& k, const Array& weights, std::optional<double> scale, bool causal,
+                     std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
+                     std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks) {
+  const char* who = "attn.softmax_weights";
+  const attn::AttentionOptions o =
+      Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
+          .resolve(who, q);
+  const TensorView qv = view_of(who, "q", q, 4), kv = view_of(who, "k", k, 4), wv = view_of(who, "weights", weights, 4);
+  nb::gil_scoped_release unlocked;
+  attn::softmax_weights(qv, kv, wv, o);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -351,6 +365,8 @@ NB_MODULE(_C, m) {
         "attn::io::model: the traffic of the three schedules (dict).");
   m.def("io_count", &io_count, nb::arg("schedule"), nb::arg("n"), nb::arg("d"), nb::arg("m"), nb::arg("seed") = 1,
         "attn::io::count_algorithm1 / count_fa2: the counted simulation (dict).");
+  m.def("softmax_weights", &softmax_weights, nb::arg("q"), nb::arg("k"), nb::arg("weights"), ATTN_OPTION_ARGS,
+        "attn::softmax_weights: exp(s_ij - m_i) into weights [batch, heads, seqlen_q, seqlen_k].");
   m.def("dropout_mask", &dropout_mask, nb::arg("mask"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset") = 0,
         "attn::dropout_mask: the forward's dropout factors into mask [batch, heads, seqlen_q, seqlen_k].");
 }

@@ -147,3 +147,20 @@ def test_keys_per_split_makes_decode_batch_invariant():
         alone = attn.flash_attn_with_kvcache(q[b:b + 1], k_cache[b:b + 1], v_cache[b:b + 1],
                                              cache_seqlens=lens[b:b + 1], keys_per_split=128)
         assert torch.equal(alone, together[b:b + 1])
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_past_the_block_tables_capacity_is_a_runtime_error_naming_block_table(append):
+    """flash-attn's test_flash_attn_kvcache_paged_block_table_bounds: a sequence longer than its block
+    table row can hold raises RuntimeError naming block_table; exactly at capacity does not."""
+    page = 256
+    k_cache, v_cache = (torch.randn(4, page, 1, 64, dtype=torch.float16) for _ in range(2))
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    q = torch.randn(1, 1, 1, 64, dtype=torch.float16)
+    new = dict(k=torch.randn(1, 1, 1, 64, dtype=torch.float16), v=torch.randn(1, 1, 1, 64, dtype=torch.float16))
+    seqlens = torch.full((1,), page if append else page + 1, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="block_table"):
+        attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                     **(new if append else {}))
+    attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.full((1,), page, dtype=torch.int32),
+                                 block_table=table)

@@ -12,7 +12,7 @@
 //   k_new and v_new: both or neither; with cache.v viewing cache.k's rows (MLA: the same data and
 //       strides), cache.v's head_dim <= cache.k's, k_new alone (and not into a quantized cache), no rotary
 //   cache.seqlens: not null; each >= 0 and seqlens[b] + seqlen_new <= capacity (max_seqlen, or
-//       max_pages x page_size)
+//       block_table's max_pages x page_size)
 //   cache.batch_idx / cache.leftpad: contiguous caches only; batch_idx entries in [0, cache rows), distinct
 //       when appending (the cache's batch may then differ from q's); 0 <= leftpad[b] <= seqlens[b]
 //   cache.block_table: max_pages >= 1, block_table_stride >= max_pages; the entries of the pages that
@@ -256,7 +256,7 @@ CacheExtent check_sequences(std::string_view who, const KVCache& cache, const De
       fail(who, "cache.seqlens",
            "seqlens[" + std::to_string(b) + "] + seqlen_new (" + std::to_string(len) + " + " +
                std::to_string(n.seqlen_new) + ") exceeds the cache capacity (" + std::to_string(e.capacity) +
-               (paged ? " = max_pages x page_size)" : " = max_seqlen)"));
+               (paged ? " = block_table's max_pages x page_size)" : " = max_seqlen)"));
     if (paged)  // len + seqlen_new <= capacity: no overflow
       check_block_table_entries(who, "cache.block_table", cache.block_table, e.bt_stride, b, len + n.seqlen_new,
                                 e.page_size, e.num_pages);

@@ -138,7 +138,7 @@ Problem validate_packed_paged(std::string_view who, const TensorView& q, const T
     if (keys > table.capacity)
       fail(who, "cu_seqlens_k",
            "sequence " + std::to_string(b) + " has " + std::to_string(keys) + " keys, more than the cache holds (" +
-               std::to_string(table.capacity) + " = max_pages x page_size)");
+               std::to_string(table.capacity) + " = block_table's max_pages x page_size)");
     check_block_table_entries(who, "pages.block_table", pages.block_table, table.stride, b, keys, page_size, num_pages);
     max_keys = std::max(max_keys, keys);
   }

@@ -8,8 +8,18 @@ from .._threads import get_num_threads
 from ..interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,  # noqa: F401
                           flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                           flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
+from ..interface import _dense_weights, _result, _varlen_weights
 
 _WHO = "attn.flash_attn.flash_attn_interface."
+
+# flash-attn's module flag for its Triton (AMD) backend, which its tests import: not this one.
+USE_TRITON_ROCM = False
+
+
+def _get_block_size_n(device, head_dim, is_dropout, is_causal):
+    """The key block of S_dmask's weights (flash-attn's tests rebuild the softmax from them block by block):
+    attn's S_dmask holds every row's weights against the row's overall maximum, one block of any length."""
+    return 1 << 30
 
 
 def _options(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap, alibi_slopes,
@@ -26,11 +36,12 @@ def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_l
     """-> (out, softmax_lse, S_dmask, rng_state); rng_state holds the dropout seed for the backward."""
     _ops.require_tensors(_WHO + "_flash_attn_forward", q=q, k=k, v=v)
     seed = 0 if dropout_p == 0 else int(torch.randint(0, 2**62, (1,)).item())
-    out, lse = _ops._fwd_eager(q.detach(), k.detach(), v.detach(),
-                               *_options(dropout_p, softmax_scale, causal, window_size_left, window_size_right,
-                                         softcap, alibi_slopes, seed))
+    opts = _options(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap, alibi_slopes, seed)
+    out, lse = _ops._fwd_eager(q.detach(), k.detach(), v.detach(), *opts)
     rng_state = torch.tensor([seed, 0], dtype=torch.int64)
-    return out, lse, out.new_empty((0,)), rng_state
+    shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    s_dmask = _result(out, lse, True, opts, shape, _dense_weights(q, k, opts))[2] if return_softmax else out.new_empty((0,))
+    return out, lse, s_dmask, rng_state
 
 
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal,
@@ -67,7 +78,11 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     else:
         out, lse = _ops._varlen_paged_eager(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, block_table,
                                             *opts)
-    return out, lse, out.new_empty((0,)), torch.tensor([seed, 0], dtype=torch.int64)
+    s_dmask = out.new_empty((0,))
+    if return_softmax and block_table is None:
+        shape = (len(cu_seqlens_q) - 1, q.shape[1], int(max_seqlen_q), int(max_seqlen_k))
+        s_dmask = _result(out, lse, True, opts, shape, _varlen_weights(q, k, cu_seqlens_q, cu_seqlens_k, opts))[2]
+    return out, lse, s_dmask, torch.tensor([seed, 0], dtype=torch.int64)
 
 
 def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
