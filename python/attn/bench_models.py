@@ -43,7 +43,8 @@ def run(args, dtype):
     torch.manual_seed(0)
     config = config_of(args.model, args.layers, args.hidden, args.heads, args.kv_heads, args.hidden // args.heads)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    prompt = torch.randint(0, config.vocab_size, (args.batch, args.prompt))
+    # Tokens from 1: generate() would take token 0, the pad token below, for padding and mask it.
+    prompt = torch.randint(1, config.vocab_size, (args.batch, args.prompt))
     print(f"{args.model}: {args.layers} layers, hidden {args.hidden}, heads {args.heads}/{args.kv_heads}, "
           f"{args.dtype}, batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens, "
           f"threads {args.threads}; tokens/s")

@@ -91,6 +91,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                                           block_table=block_table.to(torch.int32), **options)
         return out.view(batch, -1, *out.shape[-2:]), None
 
+    if attention_mask is not None and bool(attention_mask.all()):
+        attention_mask = None  # generate() passes an all-ones mask: nothing to unpad
     if attention_mask is not None:  # padded: unpad queries and keys into one varlen call, then pad back
         valid_k = attention_mask.bool()
         valid_q = valid_k if seq_q == seq_k else (
@@ -113,6 +115,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         rows = _varlen(*flat, cu_q, cu_k, max_q, max_k, **options)
         return rows.view(batch, -1, *rows.shape[-2:]), None
 
+    if seq_q == 1 and not options["dropout_p"] and not torch.is_grad_enabled():
+        # A decode step: attn's decode kernel (split-K over the keys, each kv head's rows read once for
+        # its query heads) reads generate()'s cache in place.
+        options.pop("dropout_p")
+        return _fa.flash_attn_with_kvcache(q, k, v, **options), None
     out = _fa.flash_attn_func(q, k, v, **options)
     return (out[0] if isinstance(out, tuple) else out), None
 
