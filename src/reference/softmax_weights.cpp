@@ -45,13 +45,15 @@ void write_weights(const detail::Problem& p, const TensorView& w) {
         for (std::int64_t j = lo; j < hi; ++j) m = std::max(m, s[static_cast<std::size_t>(j)]);
         A* row = static_cast<A*>(w.data) + b * w.strides[0] + h * w.strides[1] + i * w.strides[2];
         for (std::int64_t j = 0; j < p.seqlen_k; ++j)
-          row[j * w.strides[3]] = j < lo || j >= hi ? A(0) : static_cast<A>(std::exp(s[static_cast<std::size_t>(j)] - m));
+          row[j * w.strides[3]] =
+              j < lo || j >= hi ? A(0) : static_cast<A>(std::exp(s[static_cast<std::size_t>(j)] - m));
       }
 }
 
 }  // namespace
 
-void softmax_weights(const TensorView& q, const TensorView& k, const TensorView& weights, const AttentionOptions& opts) {
+void softmax_weights(const TensorView& q, const TensorView& k, const TensorView& weights,
+                     const AttentionOptions& opts) {
   const char* who = "attn::softmax_weights";
   const detail::Problem p = detail::validate(who, q, k, k, nullptr, opts, nullptr);
   if (weights.rank != 4) detail::fail(who, "weights", "rank must be 4, got " + std::to_string(weights.rank));
@@ -60,9 +62,9 @@ void softmax_weights(const TensorView& q, const TensorView& k, const TensorView&
   const std::int64_t want[] = {p.batch, p.heads, p.seqlen_q, p.seqlen_k};
   for (int i = 0; i < 4; ++i)
     if (weights.shape[i] != want[i])
-      detail::fail(who, "weights",
-                   std::string(kDims[i]) + " must be " + std::to_string(want[i]) + ", got " +
-                       std::to_string(weights.shape[i]));
+      detail::fail(
+          who, "weights",
+          std::string(kDims[i]) + " must be " + std::to_string(want[i]) + ", got " + std::to_string(weights.shape[i]));
   detail::check_view(who, "weights", weights, 4, false);
   detail::check_no_self_alias(who, "weights", weights);
   detail::dispatch_dtype(p.dtype, [&]<class T>() {
