@@ -28,7 +28,7 @@ FUZZ_RUNS        ?= 2000
 FUZZ_RUN_SECONDS ?= 5
 SAN_JOBS         ?= $(JOBS)
 ATTN_CUDA        ?= AUTO
-FUZZERS          := reference tiled tiled_amx splitk splitk_partials varlen decode decode_quantized backward
+FUZZERS          := reference tiled tiled_amx splitk splitk_partials varlen decode decode_quantized backward backward_amx
 LSAN_ENV         := LSAN_OPTIONS=suppressions=$(CURDIR)/tests/differential/lsan-libomp.supp
 AARCH64_FUZZ_RUNS ?= 60
 
@@ -107,7 +107,7 @@ test-tsan: $(call after,deps) build-tsan/CMakeCache.txt
 	  ctest --output-on-failure -j$(JOBS) --timeout 600 -L '^threaded$$'
 
 # libFuzzer: FUZZ_RUN_SECONDS per target from the seed corpus (new inputs go to build-asan/corpus/);
-# tiled_amx (attention_tiled on the AMX tile emulator) starts from tiled's seeds, the same input format.
+# tiled_amx and backward_amx (on the AMX tile emulator) start from tiled's and backward's seeds, the same input formats.
 test-fuzz: $(call after,asan-build)
 	@for f in $(FUZZERS); do \
 	  mkdir -p build-asan/corpus/$$f; \

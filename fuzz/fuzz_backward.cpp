@@ -1,5 +1,6 @@
 // libFuzzer harness for attention_backward (include/attn/backward.hpp), built with
-// -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt).
+// -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt); built again as fuzz_backward_amx
+// (ATTN_FUZZ_AMX): bf16 only, on the AMX tile emulator.
 //
 // The bytes decide the dtype, shapes, the layouts of all nine tensors, options (dropout on about 1
 // input in 6), tile sizes, the data, and whether one argument is deliberately made invalid: the shared
@@ -86,7 +87,14 @@ void check_against_textbook(const View& q, const View& k, const View& v, const V
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
   const std::uint8_t flags = in.u8();
+#if defined(ATTN_FUZZ_AMX)
+  // fuzz_backward_amx: the backward's AMX path (backward/amx_backward.cpp) on the tile emulator, bf16 only.
+  static const bool emulated_tiles = setenv("ATTN_AMX", "emulate", 1) == 0;
+  if (!emulated_tiles) die("setenv ATTN_AMX failed");
+  const DType dt = DType::bf16;
+#else
   const DType dt = static_cast<DType>(flags & 3);
+#endif
   const bool causal = flags & 4, use_alibi = flags & 16, use_scale = flags & 32, use_softcap = flags & 64,
              specials = flags & 128;
   const int corrupt = draw_corruption(in, kCount);

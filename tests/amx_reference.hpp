@@ -1,5 +1,6 @@
-// PyTorch's bf16 math attention, the reference of flash-attn's accuracy rule for kernels that round P to
-// bf16 (the AMX forward and decode): their error against the f64 oracle at most twice this one's.
+// PyTorch's bf16 math attention and its backward, the references of flash-attn's accuracy rule for kernels
+// that round P to bf16 (the AMX forward, decode and backward): their error against the f64 oracle at most
+// twice this one's (forward), three times (gradients).
 #pragma once
 
 #include <algorithm>
@@ -49,6 +50,61 @@ inline std::vector<bf16_t> math_reference_bf16(const Tensor<bf16_t>& q, const Te
           out[((b * q.s + i) * q.h + h) * v.d + x] = detail::store<bf16_t>(hi > lo ? acc[x] : 0.0f);
       }
   return out;
+}
+
+// The gradients of math_reference_bf16's attention as PyTorch's autograd computes them with bf16 tensors:
+// each matmul accumulates in f32 and rounds its output to bf16 (S, P, dP = dO V^T, and dV, dQ, dK at the
+// end), the softmax's backward dS = P (dP - sum P dP) runs in f32 and rounds to bf16, and so does its
+// product with d logit / d dot.
+struct Bf16Grads {
+  std::vector<bf16_t> dq, dk, dv;
+};
+inline Bf16Grads math_reference_backward_bf16(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k, const Tensor<bf16_t>& v,
+                                              const Tensor<bf16_t>& dout, const AttentionOptions& o) {
+  const detail::Problem p =
+      detail::validate("math_reference_backward_bf16", q.view(), k.view(), v.view(), nullptr, o, nullptr);
+  const detail::Mask mask = p.mask();
+  auto f = [](bf16_t x) { return detail::load<float>(x); };
+  std::vector<float> dq(q.data.size()), dk(k.data.size()), dv(v.data.size());
+  std::vector<float> s(static_cast<std::size_t>(k.s)), pr(s.size()), dp(s.size()), dot(s.size());
+  for (std::int64_t b = 0; b < q.b; ++b)
+    for (std::int64_t h = 0; h < q.h; ++h)
+      for (std::int64_t i = 0; i < q.s; ++i) {
+        const std::int64_t kh = p.kv_head_of(h), lo = mask.first_key(i), hi = mask.end_key(i);
+        const float slope = p.rule.alibi_slope(b, h), sink = p.rule.sink(h);
+        float m = sink;
+        for (std::int64_t j = lo; j < hi; ++j) {
+          float acc = 0;
+          for (std::int64_t x = 0; x < q.d; ++x) acc += f(q.at(b, i, h, x)) * f(k.at(b, j, kh, x));
+          dot[j] = round_bf16(acc);
+          s[j] = round_bf16(mask.score(dot[j], i, j, slope));
+          m = std::max(m, s[j]);
+        }
+        float l = std::exp(sink - m), sum_pdp = 0;
+        for (std::int64_t j = lo; j < hi; ++j) l += std::exp(s[j] - m);
+        for (std::int64_t j = lo; j < hi; ++j) {
+          pr[j] = round_bf16(std::exp(s[j] - m) / l);
+          float acc = 0;
+          for (std::int64_t x = 0; x < v.d; ++x) acc += f(dout.at(b, i, h, x)) * f(v.at(b, j, kh, x));
+          dp[j] = round_bf16(acc);
+          sum_pdp += pr[j] * dp[j];
+        }
+        for (std::int64_t j = lo; j < hi; ++j) {
+          const float ds = round_bf16(round_bf16(pr[j] * (dp[j] - sum_pdp)) * p.rule.logit_grad(dot[j]));
+          for (std::int64_t x = 0; x < q.d; ++x) {
+            dq[static_cast<std::size_t>(((b * q.s + i) * q.h + h) * q.d + x)] += ds * f(k.at(b, j, kh, x));
+            dk[static_cast<std::size_t>(((b * k.s + j) * k.h + kh) * k.d + x)] += ds * f(q.at(b, i, h, x));
+          }
+          for (std::int64_t x = 0; x < v.d; ++x)
+            dv[static_cast<std::size_t>(((b * v.s + j) * v.h + kh) * v.d + x)] += pr[j] * f(dout.at(b, i, h, x));
+        }
+      }
+  auto rounded = [](const std::vector<float>& a) {
+    std::vector<bf16_t> r(a.size());
+    for (std::size_t e = 0; e < a.size(); ++e) r[e] = detail::store<bf16_t>(a[e]);
+    return r;
+  };
+  return {rounded(dq), rounded(dk), rounded(dv)};
 }
 
 }  // namespace attn::test

@@ -36,6 +36,20 @@ struct RowGrads {
   const A *lse, *D;
 };
 
+// The soft-capped logit cap tanh(u) of x = dot * scale, u = x / cap, as the forward's epilogue makes it
+// (tiled_score-inl.h), and its derivative by the dot into `grad`: scale 4e / (1 + e)^2 with
+// e = exp(-2|u|) (ScoreRule::softcap_slope), exact at saturation. It needs u itself: recovering tanh(u)
+// from a logit (ALiBi-biased, or rounded) would cancel.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V SoftcapLogit(D d, V x, V cap, V scale, V& grad) {
+  using A = hn::TFromD<D>;
+  const V u = hn::Div(x, cap);
+  const V e = hn::Exp(d, hn::Mul(hn::Set(d, A(-2)), hn::Abs(u)));
+  const V one_e = hn::Add(hn::Set(d, A(1)), e);
+  grad = hn::Mul(scale, hn::Div(hn::Mul(hn::Set(d, A(4)), e), hn::Mul(one_e, one_e)));
+  return hn::Mul(cap, hn::Tanh(d, u));
+}
+
 // In place over one (key tile, query tile) pair, lane-wise over queries:
 //   s[c][r]  = S^T (the logit from the score epilogue; soft-capped, its argument: below)  ->  P^T  = exp(S - lse)
 //   dp[c][r] = dP^T = (V dO^T)                          ->  dX^T = P (dP - D) d logit / d dot
@@ -49,7 +63,6 @@ HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t
   const bool softcap = rule.softcap > 0, alibi = rule.alibi_slopes != nullptr;
   const auto scale = hn::Set(d, static_cast<A>(rule.scale));
   const auto cap = hn::Set(d, static_cast<A>(rule.softcap));
-  const auto one = hn::Set(d, A(1)), four = hn::Set(d, A(4)), minus_two = hn::Set(d, A(-2));
   for (std::size_t r = r_begin; r < r_end; r += N) {
     const auto lse = hn::Load(d, g.lse + r), dsum = hn::Load(d, g.D + r);
     const auto lo = hn::Load(d, rows.lo + r), hi = hn::Load(d, rows.hi + r);
@@ -61,15 +74,8 @@ HWY_INLINE void GradStep(D d, A* HWY_RESTRICT s, A* HWY_RESTRICT dp, std::size_t
       auto dpv = hn::Load(d, dc);
       auto grad = scale;
       if (softcap) {
-        // With the cap, the score block holds x = dot * scale (Pair's rule leaves the cap and ALiBi out):
-        // the derivative needs u = x / cap itself, not cap tanh(u) (ScoreRule::softcap_slope), and
-        // recovering tanh(u) from a biased logit would cancel. The logit is made here as the forward's
-        // epilogue makes it (tiled_score-inl.h): cap tanh(x / cap), then ALiBi.
-        const auto u = hn::Div(logit, cap);
-        logit = hn::Mul(cap, hn::Tanh(d, u));
-        const auto e = hn::Exp(d, hn::Mul(minus_two, hn::Abs(u)));
-        const auto one_e = hn::Add(one, e);
-        grad = hn::Mul(scale, hn::Div(hn::Mul(four, e), hn::Mul(one_e, one_e)));
+        // With the cap, the score block holds x = dot * scale (Pair's rule leaves the cap and ALiBi out).
+        logit = SoftcapLogit(d, logit, cap, scale, grad);
         if (alibi) logit = hn::NegMulAdd(slope, hn::Abs(hn::Sub(dist, hn::Set(d, static_cast<A>(c)))), logit);
       }
       // A NaN score (also -inf - -inf, a row that sees no key) gives p = NaN: it must poison its row.

@@ -40,6 +40,8 @@
 
 #include <omp.h>
 
+#include "amx/amx.hpp"
+#include "backward/amx_backward.hpp"
 #include "backward/backward_kernel.hpp"
 #include "backward/backward_scratch.hpp"
 #include "core/dropout.hpp"
@@ -309,20 +311,6 @@ void Pair(D d, const BackwardProblem& p, const QueryTile& qt, Scratch<A>& w, std
   GradProduct<false>(d, masked, w.dpt, R, r0, r1, 0, nn, w.kdp, dp, wq, w.dq, w.rows);
 }
 
-// Gradients are stored as T, or in the accumulator type when the view has it (a ring block's partial
-// gradients, summed later: src/distributed/ring_grad.cpp).
-template <class T, class A>
-void StoreRows(const TensorView& t, const A* src, std::size_t ld, std::int64_t b, std::int64_t s0, std::int64_t n,
-               std::int64_t h, std::size_t dim) {
-  if constexpr (!std::is_same_v<T, A>)
-    if (t.dtype != dtype_of<T>()) return StoreRows<A, A>(t, src, ld, b, s0, n, h, dim);
-  for (std::int64_t r = 0; r < n; ++r) {
-    T* dst = row_ptr<T>(t, b, s0 + r, h);
-    const A* row = src + static_cast<std::size_t>(r) * ld;
-    for (std::size_t x = 0; x < dim; ++x) dst[x * t.strides[3]] = store<T>(row[x]);
-  }
-}
-
 // One task: the query tiles of chunk `w` of (b, kv head hk), into this task's dK, dV partials.
 template <class T, class D, class A = hn::TFromD<D>>
 void RunTask(D d, const BackwardProblem& p, const BackwardPlan& plan, std::int64_t b, std::int64_t hk,
@@ -345,7 +333,7 @@ void RunTask(D d, const BackwardProblem& p, const BackwardPlan& plan, std::int64
         const std::int64_t n = std::min(plan.k_tile, k_end - j0);
         Pair<T>(d, p, qt, w, j0, n, std::clamp<std::int64_t>(k_end - j0 - n, 0, plan.k_tile), dk_acc, dv_acc);
       }
-      StoreRows<T>(p.dq, w.dq, dp, b, qt.i0, qt.rows, h, static_cast<std::size_t>(p.head_dim));
+      store_gradient_rows<T>(p.dq, w.dq, dp, b, qt.i0, qt.rows, h, static_cast<std::size_t>(p.head_dim));
     }
 }
 
@@ -373,24 +361,12 @@ void RunAll(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPl
       const BackwardLayout::Task task = layout.task(plans, ps, t);
       const BackwardProblem& p = ps[task.problem];
       A* dk_acc = partials.data() + layout.partial_offset(plans, ps, task);
-      RunTask<T>(d, p, plans[task.problem], task.b, task.hk, task.chunk, w, dk_acc,
-                 dk_acc + static_cast<std::size_t>(p.seqlen_k) * dp);
+      RunTask<T>(d, p, plans[task.problem], task.b, task.hk, task.chunk, w, dk_acc, dk_acc + layout.keys(p) * dp);
     }
     // dK, dV: each (problem, b, kv head)'s chunk partials summed in chunk order.
     const std::int64_t heads = layout.first_head.back();
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t e = 0; e < heads; ++e) {
-      BackwardLayout::Task task = layout.head(ps, e);
-      const BackwardProblem& p = ps[task.problem];
-      A* first = partials.data() + layout.partial_offset(plans, ps, task);
-      const std::size_t half = static_cast<std::size_t>(p.seqlen_k) * dp;
-      for (task.chunk = 1; task.chunk < plans[task.problem].chunks; ++task.chunk) {
-        const A* part = partials.data() + layout.partial_offset(plans, ps, task);
-        for (std::size_t x = 0; x < 2 * half; ++x) first[x] += part[x];
-      }
-      StoreRows<T>(p.dk, first, dp, task.b, 0, p.seqlen_k, task.hk, static_cast<std::size_t>(p.head_dim));
-      StoreRows<T>(p.dv, first + half, dp, task.b, 0, p.seqlen_k, task.hk, static_cast<std::size_t>(p.head_dim_v));
-    }
+    for (std::int64_t e = 0; e < heads; ++e) store_key_gradients<T>(ps, plans, layout, partials.data(), e);
   }
 }
 
@@ -430,10 +406,21 @@ std::int64_t backward_target() {
   return HWY_DYNAMIC_DISPATCH(Target)();
 }
 
+// bf16 problems go to the tiles when amx_backend() names a tile unit (the CPU's or the emulator) and the
+// AMX kernel takes all of them (amx_backward.hpp).
+bool backward_on_tiles(const std::vector<BackwardProblem>& problems) {
+  if (problems[0].dtype != DType::bf16 || amx_backend() == amx::TileBackend::none) return false;
+  return std::all_of(problems.begin(), problems.end(), amx_backward_takes);
+}
+
 void run_backward(const std::vector<BackwardProblem>& problems, const TileOptions& tiles, int threads) {
   if (problems.empty()) return;
   std::vector<BackwardPlan> plans;
   plans.reserve(problems.size());
+  if (backward_on_tiles(problems)) {
+    for (const BackwardProblem& p : problems) plans.push_back(amx_backward_plan(p, tiles));
+    return run_backward_amx(problems, plans, threads, amx_backend());
+  }
   for (const BackwardProblem& p : problems) plans.push_back(plan_backward(p, tiles));
   using namespace backward_simd;
   switch (problems[0].dtype) {

@@ -41,6 +41,7 @@
 
 #include "attn/online_softmax.hpp"
 #include "amx/amx_emulator.hpp"
+#include "amx/amx_round-inl.h"
 #include "amx/amx_tiles.hpp"
 #include "core/element.hpp"
 #include "cpu/exp_simd-inl.h"
@@ -90,46 +91,6 @@ struct AmxScratch {
     lo = reinterpret_cast<std::int32_t*>(tmp + dvp), hi = lo + R;
   }
 };
-
-// f32 lanes rounded to bf16, to nearest even (NaN stays NaN), as the 32-bit patterns of the bf16 values
-// (the low 16 bits zero): both what P V multiplies and what l sums.
-template <class D>
-HWY_INLINE hn::Vec<D> RoundToBf16(D /*d*/, hn::Vec<D> x) {
-  const hn::RebindToUnsigned<D> du;
-  const auto bits = hn::BitCast(du, x);
-  const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded = hn::And(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), odd)), hn::Set(du, 0xFFFF0000u));
-  const auto quiet_nan = hn::Or(bits, hn::Set(du, 0x00400000u));
-  return hn::BitCast(
-      D(), hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), hn::And(quiet_nan, hn::Set(du, 0xFFFF0000u)), rounded));
-}
-
-// Stores the high halves of x's lanes (bf16 patterns from RoundToBf16) as N 16-bit values.
-template <class D>
-HWY_INLINE void StoreBf16(D /*d*/, hn::Vec<D> x, std::uint16_t* dst) {
-  const hn::RebindToUnsigned<D> du;
-  const hn::RebindToSigned<D> di;
-  const hn::Rebind<std::uint16_t, D> d16;  // the values are < 2^16: the saturating demotion keeps them
-  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, x)))), d16, dst);
-}
-
-// RoundToBf16 and StoreBf16 in one instruction where the CPU's tiles run: VCVTNEPS2BF16 (AVX512-BF16,
-// which every AMX CPU has) rounds to nearest even as RoundToBf16 does, except that it reads a subnormal
-// p as zero, which TDPBF16PS then does with RoundToBf16's subnormal too: P V is the same bit for bit.
-// Inline assembly, so that the kernel needs no avx512bf16 attribute (its emulated instance runs on CPUs
-// without it).
-template <bool kNative, class D>
-HWY_INLINE void StoreRoundedBf16(D d, hn::Vec<D> x, std::uint16_t* dst) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if constexpr (kNative) {
-    __m256i packed;
-    __asm__("vcvtneps2bf16 %1, %0" : "=v"(packed) : "v"(x.raw));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), packed);
-    return;
-  }
-#endif
-  StoreBf16(d, RoundToBf16(d, x), dst);
-}
 
 // The task's queries as bf16 rows [R][dq], zero past d and past the real rows; the row states reset.
 HWY_INLINE void PackQueries(const Problem& p, const AmxTask& t, const AmxScratch& w) {

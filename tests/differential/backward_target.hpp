@@ -7,22 +7,34 @@
 //   lse the kernel gets), plus a slack of about one unit in the last place.
 // Also: nothing written outside the gradients' elements, no input written, and a second thread count
 // gives identical bits.
+// With `amx` (the backward_amx target: bf16, on the CPU's AMX tiles where usable, else on the emulator) the
+// kernel rounds P and dS to bf16, and the rule is flash-attn's for such a path: 3 x the error of PyTorch's
+// bf16 math backward (math_reference_backward_bf16), or of the textbook's where that is larger. The math
+// backward sums D = P . dP from its own P; the kernel, like the textbook and FlashAttention-2, takes
+// D = dO . O from the forward's bf16 out, whose rounding dominates where dP - D cancels (one key nearly
+// all the weight: dk at 6x the math backward's error, 0.4x the textbook's; seed 51384128129680). Dropout
+// runs on the vector kernel (the tiles do not take it) and keeps the textbook rule.
 #pragma once
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attn/attention.hpp"
 #include "attn/backward.hpp"
+#include "amx/amx.hpp"
+#include "amx_reference.hpp"
 #include "buffers.hpp"
 #include "case.hpp"
 
 namespace attn::fuzz {
 
 template <class T>
-std::string check_backward(Config c) {
+std::string check_backward(Config c, bool amx = false) {
   const DType t = dtype_of<T>(), lt = t == DType::f64 ? DType::f64 : DType::f32;
   bind_arrays(c);
   Rng r(mix(c.seed) ^ 0xbac4);
@@ -52,7 +64,7 @@ std::string check_backward(Config c) {
   attention_backward_reference(dense(qs, q64.data()), dense(ks, k64.data()), dense(vs, v64.data()),
                                dense(os, o64.data()), dense(os, do64.data()), l64v, dense(qs, oracle[0].data()),
                                dense(ks, oracle[1].data()), dense(vs, oracle[2].data()), c.opts);
-  std::vector<double> textbook[3];
+  std::vector<double> textbook[3], math[3];
   double lse_mag = 0;  // the largest finite |lse|: the magnitude at which a recomputed logit rounds
   {
     auto to_t = [](const std::vector<double>& x) {
@@ -70,10 +82,30 @@ std::string check_backward(Config c) {
                                  dense(qs, g[0].data()), dense(ks, g[1].data()), dense(vs, g[2].data()), c.opts);
     for (int i = 0; i < 3; ++i)
       for (const T& x : g[i]) textbook[i].push_back(detail::load<double>(x));
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (amx && !(c.opts.dropout_p > 0)) {  // the baseline of a path that rounds P: PyTorch's bf16 math backward
+        auto tensor = [](const std::array<std::int64_t, 4>& sh, const std::vector<T>& x) {
+          test::Tensor<T> t(sh[0], sh[1], sh[2], sh[3]);
+          t.data = x;
+          return t;
+        };
+        const test::Bf16Grads m =
+            test::math_reference_backward_bf16(tensor(qs, qT), tensor(ks, kT), tensor(vs, vT), tensor(os, dT), c.opts);
+        const std::vector<T>* mg[3] = {&m.dq, &m.dk, &m.dv};
+        for (int i = 0; i < 3; ++i)
+          for (const T& x : *mg[i]) math[i].push_back(detail::load<double>(x));
+      }
+    }
   }
 
   const Layout lg[3] = {pick_layout(r, 4, false), pick_layout(r, 4, false), pick_layout(r, 4, false)};
   auto run = [&](int threads, Buffer* g) {
+    std::optional<test::ScopedAmxEnv> tiles;
+    if (amx) {
+      const char* mode = std::getenv("ATTN_AMX");
+      const bool hardware = detail::amx_support().usable() && !(mode && std::string(mode) == "emulate");
+      tiles.emplace(std::string(hardware ? "on" : "emulate"));
+    }
     AttentionOptions o = c.opts;
     o.num_threads = threads;
     attention_backward(q.view, k.view, v.view, out.view, dout.view, lse.view, g[0].view, g[1].view, g[2].view, o,
@@ -93,7 +125,9 @@ std::string check_backward(Config c) {
     if (auto n = stray_writes(grads[i]))
       fail.add("wrote " + std::to_string(n) + " bytes outside " + names[i] + "'s view");
     fail.thread_bits(again[i].bytes == grads[i].bytes, c, std::string(names[i]) + ": ");
-    const double err = test::max_error(read<T>(grads[i]), oracle[i]), base = test::max_error(textbook[i], oracle[i]);
+    const double err = test::max_error(read<T>(grads[i]), oracle[i]);
+    const double base =
+        std::max(test::max_error(textbook[i], oracle[i]), math[i].empty() ? 0.0 : test::max_error(math[i], oracle[i]));
     const double mag = test::max_magnitude(oracle[i]);
     // The logits the kernel recomputes differ from those behind the forward's lse by rounding (the
     // textbook backward recomputes them in the forward's own order, so its S - lse cancels exactly): an
@@ -137,6 +171,13 @@ std::string check_backward(Config c) {
 
 inline std::string check_backward_any(const Config& c) {
   return detail::dispatch_dtype(c.dtype, [&]<class T>() { return check_backward<T>(c); });
+}
+
+// The backward on AMX tiles (backward/amx_backward.cpp): every configuration as bf16.
+inline std::string check_backward_amx(const Config& c) {
+  Config b = c;
+  b.dtype = DType::bf16;
+  return check_backward<bf16_t>(b, true);
 }
 
 }  // namespace attn::fuzz

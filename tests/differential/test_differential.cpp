@@ -195,6 +195,7 @@ std::vector<Target> targets() {
       {"decode_quant_paged", [](const Config& c) { return check_decode_quantized_any(without_dropout(c), true); }});
   // The backward pass: dq, dk, dv against the f64 textbook backward (tests/differential/backward_target.hpp).
   t.push_back({"backward", [](const Config& c) { return check_backward_any(c); }});
+  t.push_back({"backward_amx", [](const Config& c) { return check_backward_amx(c); }});
   return t;
 }
 
@@ -271,6 +272,7 @@ TEST(Differential, DecodePaged) { fuzz_target("decode_paged"); }
 TEST(Differential, DecodeQuantized) { fuzz_target("decode_quant"); }
 TEST(Differential, DecodeQuantizedPaged) { fuzz_target("decode_quant_paged"); }
 TEST(Differential, Backward) { fuzz_target("backward"); }
+TEST(Differential, BackwardAmx) { fuzz_target("backward_amx"); }
 
 // The test can fail: a kernel whose scale is off by 0.1 % is caught on most configurations.
 TEST(Differential, CatchesABrokenKernel) {

@@ -66,9 +66,10 @@ inline std::string kernel_paths() {
       detail::bf16_dots() && !targets.empty() && (targets.front() == HWY_AVX3 || targets.front() == HWY_AVX3_DL);
   const bool has = detail::cpu_has_avx512bf16();
   const detail::amx::TileBackend tiles = detail::amx_backend();
-  s += tiles == detail::amx::TileBackend::hardware   ? ", bf16 forward and wide decode on AMX tiles"
-       : tiles == detail::amx::TileBackend::emulated ? ", bf16 forward and wide decode on the AMX emulator (slow)"
-                                                     : "";
+  s += tiles == detail::amx::TileBackend::hardware ? ", bf16 forward, backward and wide decode on AMX tiles"
+       : tiles == detail::amx::TileBackend::emulated
+           ? ", bf16 forward, backward and wide decode on the AMX emulator (slow)"
+           : "";
   return s + (dp    ? ", bf16 dot products (AVX512-BF16)"
               : has ? ", bf16 widened to f32 (AVX512-BF16 not used)"
                     : ", bf16 widened to f32");

@@ -30,7 +30,8 @@ void add_bench_command(CLI::App& app) {
   bench
       ->add_option_function<std::string>(
           "--amx", [](const std::string& v) { setenv("ATTN_AMX", v.c_str(), 1); },
-          "bf16 forward and wide decode (MLA) on AMX tiles (on: insist, a named error where AMX cannot run), on the "
+          "bf16 forward, backward and wide decode (MLA) on AMX tiles (on: insist, a named error where AMX cannot run), "
+          "on the "
           "vector kernels "
           "(off), where usable (auto), or on the tile emulator (emulate); as ATTN_AMX (docs/prefill.md)")
       ->check(CLI::IsMember({"on", "off", "auto", "emulate"}))

@@ -1,6 +1,7 @@
 // `attn bench backward`: the backward pass (attention_backward) over long sequences against the
-// machine's FMA peak measured in the same run, and with --step the whole training step (the forward
-// with lse, then the backward). One table row, or with --json one JSON object per line, per case.
+// machine's FMA peak measured in the same run (bf16 on the AMX tiles: their AMX-BF16 peak), and with
+// --step the whole training step (the forward with lse, then the backward). One table row, or with --json one JSON
+// object per line, per case.
 //
 // GFLOP/s counts the backward as 2.5x the forward's useful work: 10 seq_q seq_k head_dim heads (the
 // five matrix products of FlashAttention-2's Algorithm 2), halved for causal; the step counts 14 (the
@@ -8,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -15,6 +17,7 @@
 
 #include "attn/attention.hpp"
 #include "attn/backward.hpp"
+#include "amx/amx.hpp"
 #include "bench_common.hpp"
 #include "bench_inputs.hpp"
 #include "bench_shapes.hpp"
@@ -71,7 +74,11 @@ struct Case {
 
 void print_header(const Args& args, const Shapes& s) {
   print_intro("backward", s);
-  std::printf("  GFLOP/s: backward 10 sq sk d heads, step (forward with lse + backward) 14, halved for causal\n\n");
+  std::printf("  GFLOP/s: backward 10 sq sk d heads, step (forward with lse + backward) 14, halved for causal\n");
+  if (detail::amx_backend() == detail::amx::TileBackend::hardware &&
+      std::find(s.dtypes.begin(), s.dtypes.end(), DType::bf16) != s.dtypes.end())
+    std::printf("  peak = GFLOP/s / f32 FMA peak; bf16 rows run on the AMX tiles: GFLOP/s / AMX-BF16 peak\n");
+  std::printf("\n");
   print_case_heads();
   std::printf(" %3s %10s", "thr", "bwd s");
   print_rate_heads();
@@ -89,7 +96,11 @@ struct Row {
 };
 
 void print_row(const Args& args, const Shapes& s, const BenchCase& c, const Row& r) {
-  const double peak = s.peak.at(static_cast<int>(c.threads));
+  // bf16 on the AMX tiles against their own ceiling (the forward and the backward both run there).
+  const int t = static_cast<int>(c.threads);
+  const bool tiles =
+      c.dtype == DType::bf16 && detail::amx_backend() == detail::amx::TileBackend::hardware && s.amx_peak.at(t) > 0;
+  const double peak = (tiles ? s.amx_peak : s.peak).at(t);
   if (args.shape.json) {
     nlohmann::json j = case_json("backward", s, c, r.bwd, r.gflops);
     if (args.step) {
