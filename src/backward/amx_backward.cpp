@@ -122,64 +122,102 @@ struct QueryTile {
   std::size_t R;
 };
 
-// Query i's elements x and x + 1 of a row as one pair word (zero past dim).
-inline std::uint32_t PairAlong(const bf16_t* row, std::int64_t stride, std::size_t x, std::size_t dim) {
-  const std::uint32_t lo = x < dim ? row[x * static_cast<std::size_t>(stride)].bits : 0u;
-  const std::uint32_t hi = x + 1 < dim ? row[(x + 1) * static_cast<std::size_t>(stride)].bits : 0u;
-  return lo | hi << 16;
-}
-
+// Element x of a row as bf16 bits, zero past dim.
 inline std::uint16_t Bits(const bf16_t* row, std::int64_t stride, std::size_t x, std::size_t dim) {
   return x < dim ? row[x * static_cast<std::size_t>(stride)].bits : std::uint16_t{0};
+}
+
+// dst[x] = the bits of row0[x] | row1[x] << 16 for x < dim (row1 null: zeros), the pairs of two rows; N
+// columns at a time where the rows are contiguous.
+template <class D>
+HWY_INLINE void PairTwoRows(D /*d*/, const bf16_t* row0, const bf16_t* row1, std::int64_t stride, std::size_t dim,
+                            std::uint32_t* dst) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::Rebind<std::uint16_t, decltype(du)> d16;
+  const std::size_t N = hn::Lanes(du);
+  std::size_t x = 0;
+  if (stride == 1)
+    for (; x + N <= dim; x += N) {
+      const auto lo = hn::PromoteTo(du, hn::LoadU(d16, &row0[x].bits));
+      const auto hi = row1 ? hn::PromoteTo(du, hn::LoadU(d16, &row1[x].bits)) : hn::Zero(du);
+      hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), du, dst + x);
+    }
+  for (; x < dim; ++x)
+    dst[x] = std::uint32_t{Bits(row0, stride, x, dim)} | (row1 ? std::uint32_t{Bits(row1, stride, x, dim)} << 16 : 0u);
+}
+
+// A row's pairs along its own elements, (x, x + 1) for even x < dim, into column r of a [dim/2][R] block.
+inline void PairColumn(const bf16_t* row, std::int64_t stride, std::size_t dim, std::size_t R, std::size_t r,
+                       std::uint32_t* dst) {
+  if (stride == 1 && dim % 2 == 0) {  // the row's 32-bit words are its pairs
+    std::uint32_t word;
+    for (std::size_t x = 0; x < dim / 2; ++x) {
+      std::memcpy(&word, row + 2 * x, 4);
+      dst[x * R + r] = word;
+    }
+    return;
+  }
+  for (std::size_t x = 0; x < dim; x += 2)
+    dst[(x / 2) * R + r] = std::uint32_t{Bits(row, stride, x, dim)} | std::uint32_t{Bits(row, stride, x + 1, dim)}
+                                                                          << 16;
+}
+
+// A row's bf16 bits into dst [dim], zero to `width`.
+inline void CopyRow(const bf16_t* row, std::int64_t stride, std::size_t dim, std::size_t width, std::uint16_t* dst) {
+  if (stride == 1)
+    std::memcpy(dst, row, 2 * dim);
+  else
+    for (std::size_t x = 0; x < dim; ++x) dst[x] = row[x * static_cast<std::size_t>(stride)].bits;
+  std::memset(dst + dim, 0, 2 * (width - dim));
 }
 
 // The head's K and V rows and K^T, zero past d, d_v and the last key.
 inline void PackHead(const BackwardProblem& p, std::int64_t b, std::int64_t hk, const Sizes& z, const Scratch& w) {
   const std::size_t dim = static_cast<std::size_t>(p.head_dim), dim_v = static_cast<std::size_t>(p.head_dim_v);
   const std::size_t keys = RoundUp(static_cast<std::size_t>(p.seqlen_k), kBlock);
-  std::memset(w.k, 0, 2 * keys * z.dq);
-  std::memset(w.v, 0, 2 * keys * z.dvp);
-  std::memset(w.kt, 0, 2 * keys * z.dq);
-  for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
-    const bf16_t* kr = row_ptr<const bf16_t>(p.k, b, j, hk);
-    const bf16_t* vr = row_ptr<const bf16_t>(p.v, b, j, hk);
-    const std::size_t c = static_cast<std::size_t>(j);
-    for (std::size_t x = 0; x < dim; ++x) {
-      const std::uint16_t bits = kr[x * static_cast<std::size_t>(p.k.strides[3])].bits;
-      w.k[c * z.dq + x] = bits;
-      w.kt[x * keys + c] = bits;
-    }
-    for (std::size_t x = 0; x < dim_v; ++x) w.v[c * z.dvp + x] = vr[x * static_cast<std::size_t>(p.v.strides[3])].bits;
+  const std::size_t n = static_cast<std::size_t>(p.seqlen_k);
+  std::memset(w.k + n * z.dq, 0, 2 * (keys - n) * z.dq);
+  std::memset(w.v + n * z.dvp, 0, 2 * (keys - n) * z.dvp);
+  std::memset(w.kt + dim * keys, 0, 2 * keys * (z.dq - dim));
+  for (std::size_t c = 0; c < n; ++c) {
+    const auto j = static_cast<std::int64_t>(c);
+    CopyRow(row_ptr<const bf16_t>(p.k, b, j, hk), p.k.strides[3], dim, z.dq, w.k + c * z.dq);
+    CopyRow(row_ptr<const bf16_t>(p.v, b, j, hk), p.v.strides[3], dim_v, z.dvp, w.v + c * z.dvp);
   }
+  // K^T from the packed rows, 32 x 32 blocks so that both sides stay in L1.
+  for (std::size_t c0 = 0; c0 < keys; c0 += kBlock)
+    for (std::size_t x0 = 0; x0 < dim; x0 += kBlock)
+      for (std::size_t x = x0; x < std::min(dim, x0 + kBlock); ++x)
+        for (std::size_t c = c0; c < c0 + kBlock; ++c) w.kt[x * keys + c] = w.k[c * z.dq + x];
 }
 
 // The query tile's operands (padding rows and columns zero), lse, and the row constants of the score rule.
-inline void PackQueryTile(const BackwardProblem& p, const QueryTile& qt, const Sizes& z, const Scratch& w) {
+template <class D>
+void PackQueryTile(D d, const BackwardProblem& p, const QueryTile& qt, const Sizes& z, const Scratch& w) {
   const std::size_t R = qt.R, dim = static_cast<std::size_t>(p.head_dim);
-  const std::size_t dim_v = static_cast<std::size_t>(p.head_dim_v);
+  const std::size_t dim_v = static_cast<std::size_t>(p.head_dim_v), rows = static_cast<std::size_t>(qt.rows);
   std::memset(w.qt, 0, 2 * R * z.dq);
   std::memset(w.dot, 0, 2 * R * z.dvp);
   std::memset(w.qv, 0, 2 * R * z.dq);
   std::memset(w.dov, 0, 2 * R * z.dvp);
-  std::memset(w.o, 0, 2 * R * z.dvp);
+  std::memset(w.o + rows * z.dvp, 0, 2 * (R - rows) * z.dvp);
   const TensorView& l = *p.lse;
   const float slope = p.rule.alibi_slope(qt.b, qt.h);
+  auto row_of = [&](const TensorView& t, std::size_t r) {
+    return r < rows ? row_ptr<const bf16_t>(t, qt.b, qt.i0 + static_cast<std::int64_t>(r), qt.h) : nullptr;
+  };
   for (std::size_t r = 0; r < R; ++r) {
     w.lse[r] = w.dsum[r] = 0.0f;
     w.slope[r] = slope;
-    if (r >= static_cast<std::size_t>(qt.rows)) continue;
+    if (r >= rows) continue;
     const std::int64_t i = qt.i0 + static_cast<std::int64_t>(r);
-    const bf16_t* q = row_ptr<const bf16_t>(p.q, qt.b, i, qt.h);
-    const bf16_t* g = row_ptr<const bf16_t>(p.dout, qt.b, i, qt.h);
-    const bf16_t* o = row_ptr<const bf16_t>(p.out, qt.b, i, qt.h);
-    const std::int64_t qs = p.q.strides[3], gs = p.dout.strides[3], os = p.out.strides[3];
-    for (std::size_t x = 0; x < dim; x += 2) w.qt[(x / 2) * R + r] = PairAlong(q, qs, x, dim);
-    for (std::size_t x = 0; x < dim_v; x += 2) w.dot[(x / 2) * R + r] = PairAlong(g, gs, x, dim_v);
-    const std::size_t shift = 16 * (r & 1);  // rows 2y and 2y + 1 share pair row y
-    for (std::size_t x = 0; x < dim; ++x) w.qv[(r / 2) * z.dq + x] |= std::uint32_t{Bits(q, qs, x, dim)} << shift;
-    for (std::size_t x = 0; x < dim_v; ++x) {
-      w.dov[(r / 2) * z.dvp + x] |= std::uint32_t{Bits(g, gs, x, dim_v)} << shift;
-      w.o[r * z.dvp + x] = Bits(o, os, x, dim_v);
+    const bf16_t *q = row_of(p.q, r), *g = row_of(p.dout, r);
+    PairColumn(q, p.q.strides[3], dim, R, r, w.qt);
+    PairColumn(g, p.dout.strides[3], dim_v, R, r, w.dot);
+    CopyRow(row_of(p.out, r), p.out.strides[3], dim_v, z.dvp, w.o + r * z.dvp);
+    if (r % 2 == 0) {  // rows r and r + 1 share pair row r / 2
+      PairTwoRows(d, q, row_of(p.q, r + 1), p.q.strides[3], dim, w.qv + (r / 2) * z.dq);
+      PairTwoRows(d, g, row_of(p.dout, r + 1), p.dout.strides[3], dim_v, w.dov + (r / 2) * z.dvp);
     }
     w.lse[r] = static_cast<const float*>(l.data)[qt.b * l.strides[0] + qt.h * l.strides[1] + i * l.strides[2]];
   }
@@ -423,7 +461,7 @@ void RunTask(D d, Unit& u, const BackwardProblem& p, const BackwardPlan& plan, c
       // Key tiles start at multiples of kBlock (the packed rows' blocks); keys before a row's first are masked.
       const std::int64_t k_begin = mask.first_key(qt.i0) / block * block, k_end = mask.end_key(qt.i0 + qt.rows - 1);
       if (k_begin < k_end) {
-        PackQueryTile(p, qt, z, w);
+        PackQueryTile(d, p, qt, z, w);
         RowSums(u, z, qt.R, w);
       }
       for (std::int64_t j0 = k_begin; j0 < k_end; j0 += plan.k_tile)
@@ -529,7 +567,7 @@ bool amx_backward_takes(const BackwardProblem& p) {
 
 BackwardPlan amx_backward_plan(const BackwardProblem& p, const TileOptions& tiles) {
   TileOptions t = tiles;
-  t.q_tile = tiles.q_tile.value_or(128);
+  t.q_tile = tiles.q_tile.value_or(256);
   t.k_tile = tiles.k_tile.value_or(128);
   BackwardPlan plan = plan_backward(p, t);
   plan.k_tile = (plan.k_tile + 31) / 32 * 32;  // key tiles are whole blocks of the packed rows

@@ -17,7 +17,7 @@ namespace attn::detail {
 // vector kernel keeps finite; such a call (rare) runs on the vector kernel. Reads q, k and dout once.
 bool amx_backward_takes(const BackwardProblem& p);
 
-// Query rows and keys per tile: the caller's TileOptions where set, else 128 and 128 (docs/backward.md
+// Query rows and keys per tile: the caller's TileOptions where set, else 256 and 128 (docs/backward.md
 // has the sweep), k_tile rounded up to a multiple of 32; the chunks as plan_backward splits them.
 BackwardPlan amx_backward_plan(const BackwardProblem& p, const TileOptions& tiles);
 
