@@ -54,10 +54,13 @@ def run_attn(args, sh):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     key = "step_seconds" if args.mode == "train" else "seconds"
-    if args.mode in ("backward", "train"):  # attn's share of the FMA peak measured in its run
-        frac = rows[0]["step_peak_fraction" if args.mode == "train" else "peak_fraction"]
-        print(f"  (attn: {rows[0][key]:.4g} s, {100 * frac:.0f}% of the {rows[0]['peak_gflops']:.1f} GFLOP/s "
-              f"FMA peak measured in its run)", flush=True)
+    if args.mode in ("backward", "train"):  # attn's share of the FMA (or, on AMX tiles, AMX-BF16) peak in its run
+        row = rows[0]
+        tiles = args.dtype == "bf16" and "AMX tiles" in row.get("kernels", "") and row.get("amx_bf16_peak_gflops", 0) > 0
+        peak = row["amx_bf16_peak_gflops"] if tiles else row["peak_gflops"]
+        gflops = row["step_gflops"] if args.mode == "train" else row["gflops"]
+        print(f"  (attn: {row[key]:.4g} s, {100 * gflops / peak:.0f}% of the {peak:.1f} GFLOP/s "
+              f"{'AMX-BF16' if tiles else 'FMA'} peak measured in its run)", flush=True)
     return rows[0][key], rows[0].get("machine", "")
 
 
