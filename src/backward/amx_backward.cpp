@@ -57,6 +57,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using amx_simd::HWY_NAMESPACE::PairBf16;
 using amx_simd::HWY_NAMESPACE::RoundToBf16;
 using amx_simd::HWY_NAMESPACE::StoreBf16;
+using amx_simd::HWY_NAMESPACE::StoreRoundedBf16;
 using backward_simd::HWY_NAMESPACE::SoftcapLogit;
 
 constexpr std::size_t kBlock = 32;  // rows and columns of a 2 x 2 block of 16 x 16 tiles
@@ -308,55 +309,84 @@ struct StepRule {
   bool plain;  // no soft-cap, no ALiBi: P = 2^(s c1 - lse log2 e) in one multiply-add
 };
 
-// Key c's P and dS (lanes: the query rows r..r + N), hidden pairs exactly 0 by selection.
-template <class D, class V = hn::Vec<D>>
-HWY_INLINE void KeyStep(D d, const StepRule& sr, const Scratch& w, std::size_t R, std::size_t c, std::size_t r, V& p,
-                        V& ds) {
+// One vector of query rows' constants, loaded once for the 32 keys of a block.
+template <class D>
+struct RowVectors {
+  hn::Vec<D> lse, lse2, dsum, lo, hi, dist, slope;  // lse2 = lse log2(e)
+  RowVectors(D d, const Scratch& w, std::size_t r)
+      : lse(hn::Load(d, w.lse + r)),
+        lse2(hn::Mul(lse, hn::Set(d, 1.44269504088896341f))),
+        dsum(hn::Load(d, w.dsum + r)),
+        lo(hn::Load(d, w.lo + r)),
+        hi(hn::Load(d, w.hi + r)),
+        dist(hn::Load(d, w.dist + r)),
+        slope(hn::Load(d, w.slope + r)) {}
+};
+
+// Key c's P and dS (lanes: the query rows r..r + N), hidden pairs exactly 0 by selection (Masked: some
+// row of the vector does not see every key of the block).
+template <bool Masked, class D, class V = hn::Vec<D>>
+HWY_INLINE void KeyStep(D d, const StepRule& sr, const RowVectors<D>& rv, const Scratch& w, std::size_t R,
+                        std::size_t c, std::size_t r, V& p, V& ds) {
   const ScoreRule& rule = *sr.rule;
   const V x = hn::Load(d, w.st + c * R + r), dpv = hn::Load(d, w.dpt + c * R + r);
-  const V lse = hn::Load(d, w.lse + r);
   V grad = hn::Set(d, static_cast<float>(rule.scale));
   if (sr.plain) {
     const V c1 = hn::Set(d, static_cast<float>(rule.scale * 1.4426950408889634));
-    p = exp_simd::HWY_NAMESPACE::Exp2(d, hn::MulSub(x, c1, hn::Mul(lse, hn::Set(d, 1.44269504088896341f))));
+    p = exp_simd::HWY_NAMESPACE::Exp2(d, hn::MulSub(x, c1, rv.lse2));
   } else {
     V logit = hn::Mul(x, grad);
     if (rule.softcap > 0) logit = SoftcapLogit(d, logit, hn::Set(d, static_cast<float>(rule.softcap)), grad, grad);
-    if (rule.alibi_slopes != nullptr) {
-      const V dist = hn::Sub(hn::Load(d, w.dist + r), hn::Set(d, static_cast<float>(c)));
-      logit = hn::NegMulAdd(hn::Load(d, w.slope + r), hn::Abs(dist), logit);
-    }
-    p = exp_simd::HWY_NAMESPACE::ExpDiff(d, logit, lse);
+    if (rule.alibi_slopes != nullptr)
+      logit = hn::NegMulAdd(rv.slope, hn::Abs(hn::Sub(rv.dist, hn::Set(d, static_cast<float>(c)))), logit);
+    p = exp_simd::HWY_NAMESPACE::ExpDiff(d, logit, rv.lse);
   }
-  ds = hn::Mul(hn::Mul(p, hn::Sub(dpv, hn::Load(d, w.dsum + r))), grad);
-  const V key = hn::Set(d, static_cast<float>(c));
-  const auto hidden = hn::Or(hn::Lt(key, hn::Load(d, w.lo + r)), hn::Ge(key, hn::Load(d, w.hi + r)));
-  p = hn::IfThenZeroElse(hidden, p);
-  ds = hn::IfThenZeroElse(hidden, ds);
+  ds = hn::Mul(hn::Mul(p, hn::Sub(dpv, rv.dsum)), grad);
+  if constexpr (Masked) {
+    const V key = hn::Set(d, static_cast<float>(c));
+    const auto hidden = hn::Or(hn::Lt(key, rv.lo), hn::Ge(key, rv.hi));
+    p = hn::IfThenZeroElse(hidden, p);
+    ds = hn::IfThenZeroElse(hidden, ds);
+  }
 }
 
-// The gradient step on the blocks some pair sees, two keys at a time: P^T and dS^T rounded to bf16 as
-// rows, dS^T also as pairs along keys.
-template <class D>
+// One vector of query rows over the 32 keys [c0, c0 + 32), two keys at a time: P^T and dS^T rounded to
+// bf16 as rows (P on VCVTNEPS2BF16 where the CPU's tiles run: StoreRoundedBf16), dS^T also as pairs.
+template <bool kNative, bool Masked, class D>
+HWY_INLINE void BlockStep(D d, const StepRule& sr, const RowVectors<D>& rv, std::size_t c0, std::size_t r,
+                          std::size_t R, const Scratch& w) {
+  const hn::RebindToUnsigned<D> du;
+  for (std::size_t c = c0; c < c0 + kBlock; c += 2) {
+    hn::Vec<D> p0, ds0, p1, ds1;
+    KeyStep<Masked>(d, sr, rv, w, R, c, r, p0, ds0);
+    KeyStep<Masked>(d, sr, rv, w, R, c + 1, r, p1, ds1);
+    StoreRoundedBf16<kNative>(d, p0, w.pt + c * R + r);
+    StoreRoundedBf16<kNative>(d, p1, w.pt + (c + 1) * R + r);
+    ds0 = RoundToBf16(d, ds0);
+    ds1 = RoundToBf16(d, ds1);
+    StoreBf16(d, ds0, w.dst + c * R + r);
+    StoreBf16(d, ds1, w.dst + (c + 1) * R + r);
+    hn::Store(PairBf16(d, ds0, ds1), du, w.dsv + (c / 2) * R + r);
+  }
+}
+
+// The gradient step on the blocks some pair sees; the masks' selections only where some row of a vector
+// does not see the whole block.
+template <bool kNative, class D>
 void GradientStep(D d, const StepRule& sr, std::size_t np, std::size_t R, const Scratch& w) {
   const std::size_t N = hn::Lanes(d), row_blocks = R / kBlock;
-  const hn::RebindToUnsigned<D> du;
-  for (std::size_t c0 = 0; c0 < np; c0 += kBlock)
-    for (std::size_t r0 = 0; r0 < R; r0 += kBlock) {
-      if (!w.seen[(c0 / kBlock) * row_blocks + r0 / kBlock]) continue;
-      for (std::size_t c = c0; c < c0 + kBlock; c += 2)
-        for (std::size_t r = r0; r < r0 + kBlock; r += N) {
-          hn::Vec<D> p0, ds0, p1, ds1;
-          KeyStep(d, sr, w, R, c, r, p0, ds0);
-          KeyStep(d, sr, w, R, c + 1, r, p1, ds1);
-          StoreBf16(d, RoundToBf16(d, p0), w.pt + c * R + r);
-          StoreBf16(d, RoundToBf16(d, p1), w.pt + (c + 1) * R + r);
-          ds0 = RoundToBf16(d, ds0);
-          ds1 = RoundToBf16(d, ds1);
-          StoreBf16(d, ds0, w.dst + c * R + r);
-          StoreBf16(d, ds1, w.dst + (c + 1) * R + r);
-          hn::Store(PairBf16(d, ds0, ds1), du, w.dsv + (c / 2) * R + r);
-        }
+  for (std::size_t r0 = 0; r0 < R; r0 += kBlock)
+    for (std::size_t r = r0; r < r0 + kBlock; r += N) {
+      const RowVectors<D> rv(d, w, r);
+      for (std::size_t c0 = 0; c0 < np; c0 += kBlock) {
+        if (!w.seen[(c0 / kBlock) * row_blocks + r0 / kBlock]) continue;
+        const bool whole = hn::AllTrue(d, hn::And(hn::Le(rv.lo, hn::Set(d, static_cast<float>(c0))),
+                                                  hn::Ge(rv.hi, hn::Set(d, static_cast<float>(c0 + kBlock)))));
+        if (whole)
+          BlockStep<kNative, false>(d, sr, rv, c0, r, R, w);
+        else
+          BlockStep<kNative, true>(d, sr, rv, c0, r, R, w);
+      }
     }
 }
 
@@ -436,7 +466,7 @@ void Pair(D d, Unit& u, const BackwardProblem& p, const QueryTile& qt, std::int6
   const std::size_t keys = RoundUp(static_cast<std::size_t>(p.seqlen_k), kBlock), c = static_cast<std::size_t>(j0);
   KeyRowProduct(u, w.k + c * z.dq, z.dq, w.qt, z.dq, np, R, w, w.st);
   KeyRowProduct(u, w.v + c * z.dvp, z.dvp, w.dot, z.dvp, np, R, w, w.dpt);
-  GradientStep(d, StepRule{&p.rule, !p.rule.transforms_scores()}, np, R, w);
+  GradientStep<Unit::kNativeBf16>(d, StepRule{&p.rule, !p.rule.transforms_scores()}, np, R, w);
   KeyGradient(u, w.pt, w.dov, z.dvp, np, R, z, w, dv_acc + c * z.dp);
   KeyGradient(u, w.dst, w.qv, z.dq, np, R, z, w, dk_acc + c * z.dp);
   QueryGradient(u, j0, np, R, z, keys, w);
