@@ -5,6 +5,7 @@
 #include "attn/backward.hpp"
 #include "attn/decode.hpp"
 #include "attn/dropout.hpp"
+#include "attn/info.hpp"
 #include "attn/io_model.hpp"
 #include "attn/merge.hpp"
 #include "attn/online_softmax.hpp"

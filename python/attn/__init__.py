@@ -6,7 +6,7 @@
 docs/python.md lists every function and what differs from flash-attn.
 """
 from . import check, io
-from ._C import AttnError
+from ._C import AttnError, info
 from ._threads import get_num_threads, set_num_threads
 from .merge import merge_state, merge_state_in_place, merge_states
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
@@ -16,5 +16,5 @@ from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qk
 __all__ = ["AttnError", "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_with_kvcache",
-           "get_num_threads", "merge_state", "merge_state_in_place", "merge_states", "set_num_threads"]
+           "get_num_threads", "info", "merge_state", "merge_state_in_place", "merge_states", "set_num_threads"]
 __version__ = "0.1.0"

@@ -23,6 +23,7 @@
 #include "attn/backward.hpp"
 #include "attn/decode.hpp"
 #include "attn/dropout.hpp"
+#include "attn/info.hpp"
 #include "attn/io_model.hpp"
 #include "attn/merge.hpp"
 #include "attn/varlen.hpp"
@@ -323,6 +324,20 @@ NB_MODULE(_C, m) {
 #else
   m.attr("has_cuda") = false;
 #endif
+  m.def(
+      "info",
+      [] {
+        const attn::KernelInfo k = attn::kernel_info();
+        nb::dict d;
+        d["simd"] = k.simd;
+        d["amx"] = k.amx;
+        d["amx_reason"] = k.amx_reason;
+        d["bf16_dots"] = k.bf16_dots;
+        d["summary"] = k.summary;
+        return d;
+      },
+      "attn::kernel_info(): the SIMD target, where the bf16 kernels run (AMX tiles: hardware, emulated or none, "
+      "and why), the bf16 dot products, and a one-line summary.");
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("algorithm") = "tiled", nb::arg("q_tile") = 0, nb::arg("k_tile") = 0, nb::arg("num_splits") = 1,
         ATTN_OPTION_ARGS,

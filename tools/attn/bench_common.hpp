@@ -11,10 +11,8 @@
 #include <string>
 #include <vector>
 
-#include <hwy/targets.h>
-
 #include "amx/amx.hpp"
-#include "cpu/dpbf16.hpp"
+#include "attn/info.hpp"
 
 namespace attn::cli {
 
@@ -54,25 +52,7 @@ inline std::string machine_name() {
   return model + " (" + std::to_string(cpus) + " logical CPUs)";
 }
 
-// The kernel paths this CPU gets: the Highway target that runtime dispatch picks, whether the bf16
-// forward and the bf16 decodes with 16 or more query rows per kv head ("wide": MLA) run on AMX tiles
-// (amx/amx.hpp: ATTN_AMX, --amx), and whether the bf16 vector kernels take
-// the VDPBF16PS dot products (AVX512-BF16, where they pay or --bf16-dots says so: cpu/dpbf16.hpp;
-// otherwise they are widened to f32).
-inline std::string kernel_paths() {
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();  // best first
-  std::string s = std::string("SIMD ") + (targets.empty() ? "none" : hwy::TargetName(targets.front()));
-  const bool dp =
-      detail::bf16_dots() && !targets.empty() && (targets.front() == HWY_AVX3 || targets.front() == HWY_AVX3_DL);
-  const bool has = detail::cpu_has_avx512bf16();
-  const detail::amx::TileBackend tiles = detail::amx_backend();
-  s += tiles == detail::amx::TileBackend::hardware ? ", bf16 forward, backward and wide decode on AMX tiles"
-       : tiles == detail::amx::TileBackend::emulated
-           ? ", bf16 forward, backward and wide decode on the AMX emulator (slow)"
-           : "";
-  return s + (dp    ? ", bf16 dot products (AVX512-BF16)"
-              : has ? ", bf16 widened to f32 (AVX512-BF16 not used)"
-                    : ", bf16 widened to f32");
-}
+// The kernel paths this CPU gets, in one line (attn::kernel_info, include/attn/info.hpp).
+inline std::string kernel_paths() { return kernel_info().summary; }
 
 }  // namespace attn::cli

@@ -61,8 +61,8 @@ void run_info(const InfoArgs& a) {
   if (!a.json)
     std::printf(
         "attn info: %s\nkernels: %s\nSIMD targets compiled:%s; this CPU runs:%s\n"
-        "AMX: %s (CPU: %s); ATTN_AMX=%s, so the bf16 forward (and a bf16 decode with 16 or more query rows\n"
-        "per kv head) runs on %s\n",
+        "AMX: %s (CPU: %s); ATTN_AMX=%s, so the bf16 forward and backward (and a bf16 decode with 16 or more\n"
+        "query rows per kv head) run on %s\n",
         machine_name().c_str(), kernel_paths().c_str(), compiled.c_str(), supported.c_str(), amx.reason().c_str(),
         amx_features(amx).c_str(), detail::amx_mode_name(mode),
         amx_on                                                        ? "the AMX tiles"

@@ -1,0 +1,24 @@
+"""attn.info(): which kernels this CPU runs, as `attn info` prints it (include/attn/info.hpp)."""
+import attn
+
+
+def test_info_names_the_simd_target_and_the_amx_path(monkeypatch):
+    i = attn.info()
+    assert set(i) == {"simd", "amx", "amx_reason", "bf16_dots", "summary"}
+    assert i["summary"].startswith("SIMD " + i["simd"])
+    assert i["amx"] in ("hardware", "emulated", "none")
+    assert isinstance(i["bf16_dots"], bool) and i["amx_reason"]
+    monkeypatch.setenv("ATTN_AMX", "emulate")  # read at every call
+    assert attn.info()["amx"] == "emulated" and "AMX emulator" in attn.info()["summary"]
+    monkeypatch.setenv("ATTN_AMX", "off")
+    assert attn.info()["amx"] == "none" and "AMX" not in attn.info()["summary"]
+
+
+def test_info_with_amx_forced_where_it_cannot_run_raises_the_reason(monkeypatch):
+    monkeypatch.setenv("ATTN_AMX", "on")
+    try:
+        i = attn.info()
+    except attn.AttnError as e:  # no usable AMX here: the reason, by name
+        assert "ATTN_AMX=on" in str(e)
+    else:
+        assert i["amx"] == "hardware"
