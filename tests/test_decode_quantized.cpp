@@ -428,6 +428,35 @@ TEST(DecodeQuantized, ANonFiniteAppendedValuePoisonsTheRowsThatSeeIt) {
           << "sequence " << b << " head " << h;
 }
 
+// A NaN appended to v_new with bf16 q and out: the row's weights times the key's NaN scale must reach the
+// output on every SIMD target (on AVX512-BF16 CPUs an i8 cache's P V runs on fixed-point weights, which
+// cannot hold NaN, and hands such rows to its bf16 weights, which can); the other rows stay finite.
+TEST(DecodeQuantized, ANonFiniteAppendedValueReachesBf16Outputs) {
+  const std::int64_t HK = QuantCache::HK, D = QuantCache::D;
+  const auto q = random_tensor<float>(2, 1, 4, D, 5);
+  std::vector<bf16_t> qb(q.data.size());
+  for (std::size_t i = 0; i < qb.size(); ++i) qb[i] = detail::float_to_bf16(q.data[i]);
+  for (const Format& f : {kFormats[0], kFormats[1]})
+    test::for_each_simd_target("decode", test::decode_dispatched, [&](std::int64_t) {
+      QuantCache c(f, {70, 8}, 0, 3);  // 70 keys: a full chunk, then a short one
+      test::Tensor<float> kn(2, 1, HK, D), vn(2, 1, HK, D);
+      vn.at(0, 0, 1, 7) = std::numeric_limits<float>::quiet_NaN();
+      const TensorView knv = kn.view(), vnv = vn.view();
+      DecodeOptions dec;
+      dec.k_new = &knv;
+      dec.v_new = &vnv;
+      std::vector<bf16_t> out(qb.size());
+      attention_decode(TensorView::contiguous(qb.data(), 2, 1, 4, D), c.cache(),
+                       TensorView::contiguous(out.data(), 2, 1, 4, D), {}, dec);
+      for (std::int64_t h = 0; h < 4; ++h)
+        for (std::int64_t b = 0; b < 2; ++b)
+          for (std::int64_t x : {std::int64_t{0}, std::int64_t{7}})
+            EXPECT_EQ(std::isnan(detail::bf16_to_float(out[static_cast<std::size_t>((b * 4 + h) * D + x)])),
+                      b == 0 && h >= 2)
+                << f.name << " sequence " << b << " head " << h << " element " << x;
+    });
+}
+
 // ---- Bad input ----
 
 struct BadQuant {

@@ -270,6 +270,14 @@ class ItemWorker {
   template <class S>
   void gather_scales(const S* base, const TensorView& sv, bool keys, std::int64_t b, float* dst) {
     const std::int64_t groups = sv.shape[3], hs = sv.strides[2], xs = sv.strides[3], per_key = p_.kv_heads * groups;
+    if constexpr (std::is_same_v<S, float>)
+      if (groups == 1) {  // one scale per key and kv head: both sides' layout is [g][c]
+        for (std::int64_t c = 0; c < a_.n; ++c) {
+          const S* src = base + p_.key_offset(sv, b, a_.j0 + c);
+          for (std::int64_t g = 0; g < p_.kv_heads; ++g) dst[g * kChunk + c] = src[g * hs];
+        }
+        return;
+      }
     float* conv = conv_.data();
     auto* raw = reinterpret_cast<std::uint16_t*>(conv + kChunk * per_key);
     for (std::int64_t c = 0; c < a_.n; ++c) {
@@ -285,12 +293,12 @@ class ItemWorker {
     }
     if constexpr (std::is_same_v<S, f16_t>) decode_widen_f16(raw, a_.n * per_key, conv);
     for (std::int64_t c = 0; c < a_.n; ++c)
-      for (std::int64_t e = 0; e < per_key; ++e) {  // e = g * groups + x
-        const float v = conv[c * per_key + e];
+      for (std::int64_t g = 0; g < p_.kv_heads; ++g) {
+        const float* v = conv + c * per_key + g * groups;
         if (keys)
-          dst[((e / groups) * kChunk + c) * groups + e % groups] = v;
+          std::copy(v, v + groups, dst + (g * kChunk + c) * groups);
         else
-          dst[e * kChunk + c] = v;
+          for (std::int64_t x = 0; x < groups; ++x) dst[(g * groups + x) * kChunk + c] = v[x];
       }
   }
 

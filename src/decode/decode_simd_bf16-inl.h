@@ -24,7 +24,9 @@
 
 #include <hwy/highway.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "cpu/dpbf16.hpp"
@@ -163,6 +165,83 @@ ATTN_DPBF16_ATTR HWY_INLINE void RoundWeightPairs(const float* p, std::int64_t n
   }
 }
 
+// An i8 cache's P V on integers, for bf16 outputs (where P may be rounded: flash-attn's rule): each
+// row's weights w = p x scale, divided by their largest sigma[r], in 15-bit fixed point (round(w / sigma x
+// 32767), 0 .. 32767 in int16), and the codes sign-extended to int16 (VPMOVSXBW, one instruction per 32
+// codes where bf16 needs five); VPDPWSSD adds two keys' products per 32-bit lane, exactly in int32 (a
+// chunk's sum is below 64 x 2 x 32767 x 128 < 2^29), and o_r += sigma[r] / 32767 x the sum once per
+// chunk. Against bf16 weights (8 significant bits, relative rounding) a weight's error here is at most
+// sigma / 65534, absolute: smaller for every key whose weight is above sigma / 128, and the key that sets
+// the maximum is exact in both; those below add at most kChunk x sigma / 65534 per chunk, a fraction of
+// the bf16 output's own rounding. pw[r][c] holds the fixed-point weight of key c (zero past n), so
+// pw's uint32 word j is the pair of keys 2j, 2j + 1 that one VPDPWSSD takes, interleaved with V rows 2j
+// and 2j + 1 by VPUNPCK{L,H}WD (the o order of PvSumBlockDp). Returns false, with nothing done, when a
+// row's weights are not all finite (a NaN or infinite scale): those take the bf16 weights, which carry NaN.
+template <int NR>
+ATTN_DPBF16_ATTR HWY_INLINE bool FixedWeights(const float* p, std::int64_t n, const float* vs, float* sigma,
+                                              std::int16_t* pw) {
+  const auto live = [n](std::int64_t c) -> __mmask16 {
+    return c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
+  };
+  for (int r = 0; r < NR; ++r) {
+    const float* pr = p + r * kChunk;
+    __m512 w[kChunk / 16];
+    __m512 m = _mm512_setzero_ps();
+    for (std::int64_t c = 0; c < kChunk; c += 16) {
+      w[c / 16] = _mm512_maskz_loadu_ps(live(c), pr + c);
+      if (vs) w[c / 16] = _mm512_mul_ps(w[c / 16], _mm512_maskz_loadu_ps(live(c), vs + c));
+      m = _mm512_max_ps(m, w[c / 16]);
+      // NaN fails the ordered compare; +Inf is caught by the maximum below
+      if (_mm512_cmp_ps_mask(w[c / 16], w[c / 16], _CMP_ORD_Q) != 0xFFFF) return false;
+    }
+    const float top = _mm512_reduce_max_ps(m);
+    if (!(top < HUGE_VALF)) return false;
+    sigma[r] = top > 0 ? top / 32767.0f : 1.0f;
+    const __m512 inv = _mm512_set1_ps(top > 0 ? 32767.0f / top : 0.0f);
+    auto* dst = reinterpret_cast<__m256i*>(pw + r * kChunk);
+    for (std::int64_t c = 0; c < kChunk; c += 16)  // top x (32767 / top) rounds to 32767 at most
+      _mm256_storeu_si256(dst + c / 16, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w[c / 16], inv))));
+  }
+  return true;
+}
+
+// o_r (permuted, NB blocks of 32 from x) += sigma[r] x sum_c pw[r][c] v_c over an i8 cache's rows, two
+// keys per VPDPWSSD (FixedWeights). An odd tail pairs the last key with a zero row.
+template <int NR, int NB>
+ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockFixed(const std::int16_t* pw, const float* sigma,
+                                                 const std::int8_t* const* vrows, std::int64_t vhs, std::int64_t n,
+                                                 float* o, std::int64_t S, std::int64_t x) {
+  __m512i acc[NR][2 * NB];
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_setzero_si512();
+  const auto widen = [](const std::int8_t* row) ATTN_DPBF16_ATTR {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
+  };
+  for (std::int64_t c = 0; c < n; c += 2) {
+    const std::int8_t* v0 = vrows[c] + vhs + x;
+    const std::int8_t* v1 = c + 1 < n ? vrows[c + 1] + vhs + x : nullptr;
+    __m512i vv[2 * NB];
+    for (int b = 0; b < NB; ++b) {
+      const __m512i a = widen(v0 + 32 * b);
+      const __m512i z = v1 ? widen(v1 + 32 * b) : _mm512_setzero_si512();
+      vv[2 * b] = _mm512_unpacklo_epi16(a, z);
+      vv[2 * b + 1] = _mm512_unpackhi_epi16(a, z);
+    }
+    for (int r = 0; r < NR; ++r) {
+      std::int32_t pair;
+      std::memcpy(&pair, pw + r * kChunk + c, sizeof pair);
+      const __m512i pr = _mm512_set1_epi32(pair);
+      for (int v = 0; v < 2 * NB; ++v) acc[r][v] = _mm512_dpwssd_epi32(acc[r][v], pr, vv[v]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < 2 * NB; ++v) {
+      float* dst = o + r * S + x + 16 * v;
+      _mm512_storeu_ps(dst,
+                       _mm512_fmadd_ps(_mm512_set1_ps(sigma[r]), _mm512_cvtepi32_ps(acc[r][v]), _mm512_loadu_ps(dst)));
+    }
+}
+
 // o_r += sum_{c < n} p[r][c] v_c for NR rows over dims [x, end) (multiples of 32), in blocks of 64 then
 // 32; with vs, key c's weight is p times vs[c] (the scale of V's block of dims there). With
 // bf16_p the weights are rounded to bf16, and for a quantized cache (its scales in the weights) first
@@ -171,6 +250,15 @@ template <int NR, class T>
 ATTN_DPBF16_ATTR HWY_INLINE void PvSumDpRange(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
                                               float* o, std::int64_t S, std::int64_t x, std::int64_t end, bool bf16_p,
                                               const float* vs) {
+  if constexpr (std::is_same_v<T, std::int8_t>) {
+    alignas(64) std::int16_t pw[NR * kChunk];
+    float sigma[NR];
+    if (bf16_p && FixedWeights<NR>(p, n, vs, sigma, pw)) {
+      for (; x + 64 <= end; x += 64) PvSumBlockFixed<NR, 2>(pw, sigma, vrows, vhs, n, o, S, x);
+      if (x < end) PvSumBlockFixed<NR, 1>(pw, sigma, vrows, vhs, n, o, S, x);
+      return;
+    }
+  }
   if (bf16_p) {
     constexpr bool kQuantized = is_quantized(dtype_of<T>());
     alignas(64) std::uint32_t pb[NR * (kChunk / 2)];
