@@ -32,11 +32,12 @@
 
 namespace nb = nanobind;
 
-#ifdef ATTN_HAS_CUDA
 namespace attn_py {
+void register_distributed(nb::module_& m);  // distributed.cpp
+#ifdef ATTN_HAS_CUDA
 void register_cuda(nb::module_& m);  // cuda.cpp
-}
 #endif
+}  // namespace attn_py
 
 namespace {
 
@@ -52,22 +53,11 @@ using attn_py::int32_data;
 using attn_py::pages_of;
 using attn_py::quantized_view_of;
 using attn_py::reject;
+using attn_py::sink_grad_view;
 using attn_py::varlen_batch;
 using attn_py::view_of;
 
 PyObject* attn_error = nullptr;
-
-// A [heads] gradient as the [1, heads, 1] view the backward takes.
-TensorView sink_grad_view(const char* who, const Array& a) {
-  if (a.ndim() != 1) reject(who, "dsink", "must be 1-D [heads]");
-  TensorView v;
-  v.dtype = dtype_of(who, "dsink", a);
-  v.data = a.data();
-  v.rank = 3;
-  v.shape = {1, static_cast<std::int64_t>(a.shape(0)), 1, 1};
-  v.strides = {0, a.stride(0), 1, 1};
-  return v;
-}
 
 // How long the calling thread's last `forward` spent in the C++ call (validation, planning, kernel), in
 // seconds: `python -m attn.bench --vs cpp` subtracts it from the same Python call's wall time, so the
@@ -318,6 +308,7 @@ NB_MODULE(_C, m) {
       PyErr_SetString(attn_error, e.what());
     }
   });
+  attn_py::register_distributed(m);
 #ifdef ATTN_HAS_CUDA
   attn_py::register_cuda(m);
   m.attr("has_cuda") = true;

@@ -56,6 +56,19 @@ TensorView view_of(const char* who, const char* arg, const A& a, int rank, bool 
   return v;
 }
 
+// A [heads] gradient as the [1, heads, 1] view the backward takes.
+template <class A>
+TensorView sink_grad_view(const char* who, const A& a) {
+  if (a.ndim() != 1) reject(who, "dsink", "must be 1-D [heads]");
+  TensorView v;
+  v.dtype = dtype_of(who, "dsink", a);
+  v.data = a.data();
+  v.rank = 3;
+  v.shape = {1, static_cast<std::int64_t>(a.shape(0)), 1, 1};
+  v.strides = {0, a.stride(0), 1, 1};
+  return v;
+}
+
 // The keyword options every call shares, as flash-attn names them; A: the arrays' type (the device they
 // must be on).
 template <class A>

@@ -1,7 +1,6 @@
 // Collective validation (collective.hpp).
 #include "distributed/collective.hpp"
 
-#include <cstring>
 #include <stdexcept>
 
 namespace attn::detail {
@@ -53,36 +52,6 @@ void agree_collectively(MPI_Comm comm, std::string_view who, const std::function
         throw std::invalid_argument(std::string(who) + ": " + mine[i].arg + ": " + mine[i].what +
                                     " must be the same on every rank (rank 0: " + std::to_string(all[i]) + ", rank " +
                                     std::to_string(r) + ": " + std::to_string(all[r * values.size() + i]) + ")");
-}
-
-void append_rule_fields(std::vector<SharedField>& fields, const ScoreRule& r, std::int64_t batch, std::int64_t heads) {
-  fields.push_back({"opts", "softmax_scale", double_bits(r.scale)});
-  fields.push_back({"opts", "softcap", double_bits(r.softcap)});
-  fields.push_back({"opts", "window_left (causal, window)", r.window_left});
-  fields.push_back({"opts", "window_right (causal, window)", r.window_right});
-  std::vector<float> slopes;  // slope(b, h) as the kernels read it: with stride 0 the array holds only heads
-  if (r.alibi_slopes)
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t h = 0; h < heads; ++h) slopes.push_back(r.alibi_slope(b, h));
-  fields.push_back(
-      {"opts", "alibi_slopes (their values)", r.alibi_slopes ? hash_floats(slopes.data(), batch * heads) : 0});
-  fields.push_back({"opts", "sinks (their values)", r.sinks ? hash_floats(r.sinks, heads) : 0});
-}
-
-std::int64_t hash_floats(const float* x, std::int64_t n, std::int64_t stride) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::uint32_t u;
-    std::memcpy(&u, x + i * stride, 4);
-    for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xffu)) * 1099511628211ull;
-  }
-  return static_cast<std::int64_t>(h);
-}
-
-std::int64_t double_bits(double x) {
-  std::int64_t u;
-  std::memcpy(&u, &x, 8);
-  return u;
 }
 
 }  // namespace attn::detail

@@ -1,5 +1,6 @@
 // The distributed calls' agreement before any write: each rank validates its own arguments, then the
-// ranks compare what must be equal across them, and either all go on or all throw the same error.
+// ranks compare what must be equal across them (agreement.hpp), and either all go on or all throw the
+// same error.
 #pragma once
 
 #include <mpi.h>
@@ -10,16 +11,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/score_rule.hpp"
+#include "distributed/agreement.hpp"
 
 namespace attn::detail {
-
-// A value every rank must share, and the argument a mismatch is blamed on.
-struct SharedField {
-  const char* arg;   // e.g. "q"
-  const char* what;  // e.g. "heads"
-  std::int64_t value;
-};
 
 // Runs `check` on this rank (it throws std::invalid_argument on a bad argument); then, unless some
 // rank's check threw, compares `fields` (built after `check`, the same list on every rank) across the
@@ -31,14 +25,5 @@ void agree_collectively(MPI_Comm comm, std::string_view who, const std::function
 
 // Every rank's x, in rank order (MPI_Allgather).
 std::vector<std::int64_t> all_ranks(MPI_Comm comm, std::int64_t x);
-
-// The score rule's fields every rank must share (scale, softcap, window, and hashes of the ALiBi
-// slopes and sinks of `batch` x `heads`), appended to `fields`.
-void append_rule_fields(std::vector<SharedField>& fields, const ScoreRule& rule, std::int64_t batch,
-                        std::int64_t heads);
-
-// FNV-1a over n floats' bits (the ALiBi slopes and sinks, compared across ranks by this hash).
-std::int64_t hash_floats(const float* x, std::int64_t n, std::int64_t stride = 1);
-std::int64_t double_bits(double x);
 
 }  // namespace attn::detail

@@ -12,6 +12,7 @@
 #include "attn/distributed.hpp"
 #include "validate/problem.hpp"
 #include "validate/validate.hpp"
+#include "distributed/agreement.hpp"
 #include "distributed/collective.hpp"
 #include "distributed/ring_block.hpp"
 #include "distributed/ring_grad.hpp"
@@ -29,26 +30,17 @@ inline MPI_Datatype mpi_type(DType t) {
   }
 }
 
-// The ring's own rules on one rank's validated problem: no dropout, even halves for zigzag, and a
-// chunk that fits one MPI message.
+// The ring's own rules on one rank's validated problem: no dropout, even halves for zigzag
+// (check_ring_layout, agreement.hpp), and a chunk that fits one MPI message.
 inline void check_ring_rules(const char* who, const Problem& p, bool zigzag) {
-  reject_dropout(who, p.dropout, "ring attention does not drop (the keep mask needs whole-sequence counters)");
-  if (zigzag && (p.seqlen_q % 2 || p.seqlen_k % 2))
-    fail(who, p.seqlen_q % 2 ? "q" : "k", "seqlen must be even with the zigzag layout (two halves)");
+  check_ring_layout(who, p, zigzag);
   if (p.batch * p.seqlen_k * p.kv_heads * std::max(p.head_dim, p.head_dim_v) > INT_MAX)
     fail(who, "k", "a chunk must hold at most 2^31 - 1 elements (one MPI message)");
 }
 
 inline std::vector<SharedField> ring_fields(const Problem& p, const RingOptions& ring) {
-  std::vector<SharedField> f = {{"q", "dtype", static_cast<std::int64_t>(p.dtype)},
-                                {"q", "batch", p.batch},
-                                {"q", "heads", p.heads},
-                                {"k", "kv_heads", p.kv_heads},
-                                {"q", "head_dim", p.head_dim},
-                                {"v", "head_dim_v", p.head_dim_v},
-                                {"ring", "layout", static_cast<std::int64_t>(ring.layout)}};
-  append_rule_fields(f, p.rule, p.batch, p.heads);
-  return f;
+  static_assert(static_cast<int>(RingLayout::zigzag) == 1, "ring_shared_fields sends zigzag as 1");
+  return ring_shared_fields(p, ring.layout == RingLayout::zigzag);
 }
 
 // One chunk as it travels: its k and v (dense, the inputs' dtype) and, in the backward, its running

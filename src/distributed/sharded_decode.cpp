@@ -14,6 +14,7 @@
 #include "distributed/collective.hpp"
 #include "distributed/ring_block.hpp"
 #include "distributed/shard_merge.hpp"
+#include "distributed/shard_slice.hpp"
 
 namespace attn {
 namespace {
@@ -21,14 +22,8 @@ namespace {
 constexpr const char* kWho = "attn::sharded_decode";
 
 std::vector<detail::SharedField> shared_fields(const detail::DecodeProblem& p, ShardMerge merge) {
-  std::vector<detail::SharedField> f = {{"q", "dtype", static_cast<std::int64_t>(p.q_dtype)},
-                                        {"q", "batch", p.batch},
-                                        {"q", "seqlen_q", p.seqlen_q},
-                                        {"q", "heads", p.heads},
-                                        {"cache.k", "kv_heads", p.kv_heads},
-                                        {"q", "head_dim", p.head_dim},
-                                        {"cache.v", "head_dim_v", p.head_dim_v},
-                                        {"merge", "mode", static_cast<std::int64_t>(merge)}};
+  std::vector<detail::SharedField> f = detail::decode_shared_fields(p);
+  f.push_back({"merge", "mode", static_cast<std::int64_t>(merge)});
   detail::append_rule_fields(f, p.rule, p.batch, p.heads);
   return f;
 }
@@ -45,21 +40,10 @@ template <class A>
 std::vector<A> slice_records(const detail::DecodeProblem& p, const TensorView& q, const KVCache& slice,
                              const AttentionOptions& opts, const DecodeOptions& dec, const std::int64_t* key_shift) {
   const std::int64_t rows = p.batch * p.seqlen_q * p.heads, dv = p.head_dim_v;
-  const DType acc = std::is_same_v<A, double> ? DType::f64 : DType::f32;
-  detail::DenseCopy q_acc;
-  TensorView qa = q;
-  if (q.dtype != acc) {
-    q_acc = detail::dense_copy(q, acc);
-    qa = q_acc.view;
-  }
   std::vector<A> out(static_cast<std::size_t>(rows * dv)), lse(static_cast<std::size_t>(rows));
   const TensorView ov = TensorView::contiguous(out.data(), p.batch, p.seqlen_q, p.heads, dv);
   const TensorView lv = TensorView::contiguous(lse.data(), p.batch, p.heads, p.seqlen_q);
-  AttentionOptions partial = opts;
-  partial.sinks = nullptr;  // folded once, after the merge
-  detail::DecodeProblem pp = detail::validate_decode(kWho, qa, slice, ov, partial, dec, &lv);
-  pp.key_shift = key_shift;
-  detail::run_decode(pp);
+  detail::decode_slice_partial(kWho, q, slice, opts, dec, key_shift, ov, lv);
   std::vector<A> rec(static_cast<std::size_t>(rows * (1 + dv)));
   for (std::int64_t t = 0; t < rows; ++t) {  // t = (b * seqlen_q + i) * heads + h
     const std::int64_t b = t / (p.seqlen_q * p.heads), i = t / p.heads % p.seqlen_q, h = t % p.heads;
@@ -107,15 +91,11 @@ void run(MPI_Comm comm, const detail::DecodeProblem& p, const TensorView& q, con
   int R = 0, r = 0;
   MPI_Comm_size(comm, &R);
   MPI_Comm_rank(comm, &r);
-  // Sequence b's keys on this rank are followed by those of ranks r + 1 .. R - 1.
   std::vector<std::int64_t> mine(static_cast<std::size_t>(p.batch)), all(mine.size() * static_cast<std::size_t>(R));
   for (std::int64_t b = 0; b < p.batch; ++b) mine[static_cast<std::size_t>(b)] = p.seqlen_k(b);
   MPI_Allgather(mine.data(), static_cast<int>(p.batch), MPI_INT64_T, all.data(), static_cast<int>(p.batch), MPI_INT64_T,
                 comm);
-  std::vector<std::int64_t> shift(mine.size(), 0);
-  for (int x = r + 1; x < R; ++x)
-    for (std::int64_t b = 0; b < p.batch; ++b)
-      shift[static_cast<std::size_t>(b)] += all[static_cast<std::size_t>(x * p.batch + b)];
+  const std::vector<std::int64_t> shift = detail::slice_key_shift(all, p.batch, r);
 
   const std::int64_t width = 1 + p.head_dim_v;
   const std::vector<A> merged = merge_ranks(comm, slice_records<A>(p, q, slice, opts, dec, shift.data()), width, merge);
