@@ -81,7 +81,9 @@ attn::TensorView chunk_view(const char* who, const char* arg, const Array& a, st
   return v;
 }
 
-// What the forward and the backward objects share: the arrays, the options, the layout and the place.
+// What the forward and the backward objects share: the arrays, the options, the layout and the place, the
+// validated problem P and its accumulator Acc (RingAccumulator or RingGradAccumulator), built by start().
+template <class P, class Acc>
 struct RingBase {
   std::string who;
   std::vector<Array> arrays;  // every array a view points into
@@ -103,10 +105,20 @@ struct RingBase {
     if (!at) reject(who.c_str(), "start", "must be called before the chunks are folded");
   }
   std::tuple<std::int64_t, std::int64_t> blocks() const { return {counts.computed, counts.skipped}; }
+  Fields shared_fields() const { return as_tuples(detail::ring_shared_fields(problem_, zigzag)); }
+  std::tuple<std::int64_t, std::int64_t> seqlens() const { return {problem_.seqlen_q, problem_.seqlen_k}; }
+
+  void start(std::vector<std::int64_t> lengths_q, std::vector<std::int64_t> lengths_k, int rank) {
+    at = placement(who.c_str(), std::move(lengths_q), std::move(lengths_k), rank, problem_);
+    acc_.emplace(problem_, detail::ring_segments(zigzag, at->lengths_q, rank), at->total_q, at->total_k);
+  }
+
+  P problem_{};
+  std::optional<Acc> acc_;
 };
 
 // One rank's ring forward: RingAccumulator over its q, out and lse.
-class RingForward : public RingBase {
+class RingForward : public RingBase<detail::Problem, detail::RingAccumulator> {
  public:
   RingForward(std::string who_, const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
               bool zigzag_, Options opts) {
@@ -119,15 +131,6 @@ class RingForward : public RingBase {
   }
   RingForward(const RingForward&) = delete;
   RingForward& operator=(const RingForward&) = delete;
-
-  Fields shared_fields() const { return as_tuples(detail::ring_shared_fields(problem_, zigzag)); }
-  std::tuple<std::int64_t, std::int64_t> seqlens() const { return {problem_.seqlen_q, problem_.seqlen_k}; }
-  using RingBase::blocks;
-
-  void start(std::vector<std::int64_t> lengths_q, std::vector<std::int64_t> lengths_k, int rank) {
-    at = placement(who.c_str(), std::move(lengths_q), std::move(lengths_k), rank, problem_);
-    acc_.emplace(problem_, detail::ring_segments(zigzag, at->lengths_q, rank), at->total_q, at->total_k);
-  }
 
   void fold_chunk(const Array& k, const Array& v, int owner) {
     require_started();
@@ -148,13 +151,11 @@ class RingForward : public RingBase {
 
  private:
   attn::TensorView lse_;  // the problem points at it
-  detail::Problem problem_{};
-  std::optional<detail::RingAccumulator> acc_;
 };
 
 // One rank's ring backward: RingGradAccumulator over its q, out, dout and lse; the chunks' running dk,
 // dv (the accumulator type) come with the chunks.
-class RingBackward : public RingBase {
+class RingBackward : public RingBase<detail::BackwardProblem, detail::RingGradAccumulator> {
  public:
   RingBackward(std::string who_, const std::vector<Array>& tensors, std::optional<Array> dsink, bool zigzag_,
                Options opts) {
@@ -175,15 +176,6 @@ class RingBackward : public RingBase {
   }
   RingBackward(const RingBackward&) = delete;
   RingBackward& operator=(const RingBackward&) = delete;
-
-  Fields shared_fields() const { return as_tuples(detail::ring_shared_fields(problem_, zigzag)); }
-  std::tuple<std::int64_t, std::int64_t> seqlens() const { return {problem_.seqlen_q, problem_.seqlen_k}; }
-  using RingBase::blocks;
-
-  void start(std::vector<std::int64_t> lengths_q, std::vector<std::int64_t> lengths_k, int rank) {
-    at = placement(who.c_str(), std::move(lengths_q), std::move(lengths_k), rank, problem_);
-    acc_.emplace(problem_, detail::ring_segments(zigzag, at->lengths_q, rank), at->total_q, at->total_k);
-  }
 
   void add_chunk(const Array& k, const Array& v, const Array& dk, const Array& dv, int owner) {
     require_started();
@@ -224,8 +216,6 @@ class RingBackward : public RingBase {
 
  private:
   attn::TensorView lse_, dsink_;  // the problem points at them
-  detail::BackwardProblem problem_{};
-  std::optional<detail::RingGradAccumulator> acc_;
 };
 
 // One rank's slice of a sharded decode (flash_attn_with_kvcache's arrays, no append, rotary or leftpad).
