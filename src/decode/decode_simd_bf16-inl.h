@@ -24,6 +24,7 @@
 
 #include <hwy/highway.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -131,6 +132,16 @@ ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDpPairs(const std::uint32_t* pb, cons
     }
 }
 
+// A row's weights of one chunk as kChunk / 16 vectors: p, zero past n, times each key's scale vs[c] when
+// vs is given.
+ATTN_DPBF16_ATTR HWY_INLINE void LoadWeights(const float* p, std::int64_t n, const float* vs, __m512* w) {
+  for (std::int64_t c = 0; c < kChunk; c += 16) {
+    const __mmask16 live = c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
+    w[c / 16] = _mm512_maskz_loadu_ps(live, p + c);
+    if (vs) w[c / 16] = _mm512_mul_ps(w[c / 16], _mm512_maskz_loadu_ps(live, vs + c));
+  }
+}
+
 // pb[r][c / 2] = the weights of keys c and c + 1 of row r rounded to bf16 (round to nearest even), zero
 // past n: p, or p times each key's block scale (BlockWeight). With sigma (a quantized cache), the weights
 // are first divided by their largest, sigma[r] (1 if they are all 0), so that the largest is exactly 1:
@@ -139,16 +150,9 @@ ATTN_DPBF16_ATTR HWY_INLINE void PvSumBlockDpPairs(const std::uint32_t* pb, cons
 template <int NR>
 ATTN_DPBF16_ATTR HWY_INLINE void RoundWeightPairs(const float* p, std::int64_t n, const float* vs, float* sigma,
                                                   std::uint32_t* pb) {
-  const auto live = [n](std::int64_t c) -> __mmask16 {
-    return c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
-  };
   for (int r = 0; r < NR; ++r) {
-    const float* pr = p + r * kChunk;
     __m512 w[kChunk / 16];
-    for (std::int64_t c = 0; c < kChunk; c += 16) {
-      w[c / 16] = _mm512_maskz_loadu_ps(live(c), pr + c);
-      if (vs) w[c / 16] = _mm512_mul_ps(w[c / 16], _mm512_maskz_loadu_ps(live(c), vs + c));
-    }
+    LoadWeights(p + r * kChunk, n, vs, w);
     __m512 top_v = _mm512_set1_ps(1.0f);
     bool divide = false;
     if (sigma) {
@@ -176,26 +180,22 @@ ATTN_DPBF16_ATTR HWY_INLINE void RoundWeightPairs(const float* p, std::int64_t n
 // the bf16 output's own rounding. pw[r][c] holds the fixed-point weight of key c (zero past n), so
 // pw's uint32 word j is the pair of keys 2j, 2j + 1 that one VPDPWSSD takes, interleaved with V rows 2j
 // and 2j + 1 by VPUNPCK{L,H}WD (the o order of PvSumBlockDp). Returns false, with nothing done, when a
-// row's weights are not all finite (a NaN or infinite scale): those take the bf16 weights, which carry NaN.
+// row's weights are not all finite (a NaN or infinite scale: those take the bf16 weights, which carry NaN), or
+// their largest is below f32's normal range.
 template <int NR>
 ATTN_DPBF16_ATTR HWY_INLINE bool FixedWeights(const float* p, std::int64_t n, const float* vs, float* sigma,
                                               std::int16_t* pw) {
-  const auto live = [n](std::int64_t c) -> __mmask16 {
-    return c >= n ? 0 : n - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - c)) - 1);
-  };
   for (int r = 0; r < NR; ++r) {
-    const float* pr = p + r * kChunk;
     __m512 w[kChunk / 16];
+    LoadWeights(p + r * kChunk, n, vs, w);
     __m512 m = _mm512_setzero_ps();
-    for (std::int64_t c = 0; c < kChunk; c += 16) {
-      w[c / 16] = _mm512_maskz_loadu_ps(live(c), pr + c);
-      if (vs) w[c / 16] = _mm512_mul_ps(w[c / 16], _mm512_maskz_loadu_ps(live(c), vs + c));
-      m = _mm512_max_ps(m, w[c / 16]);
-      // NaN fails the ordered compare; +Inf is caught by the maximum below
-      if (_mm512_cmp_ps_mask(w[c / 16], w[c / 16], _CMP_ORD_Q) != 0xFFFF) return false;
+    for (const __m512 v : w) {
+      m = _mm512_max_ps(m, v);
+      if (_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q) != 0xFFFF) return false;  // NaN fails the ordered compare
     }
+    // +Inf, and a largest weight below f32's normal range (32767 / top would overflow)
     const float top = _mm512_reduce_max_ps(m);
-    if (!(top < HUGE_VALF)) return false;
+    if (!(top < HUGE_VALF) || (top > 0 && top < FLT_MIN)) return false;
     sigma[r] = top > 0 ? top / 32767.0f : 1.0f;
     const __m512 inv = _mm512_set1_ps(top > 0 ? 32767.0f / top : 0.0f);
     auto* dst = reinterpret_cast<__m256i*>(pw + r * kChunk);
