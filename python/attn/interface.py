@@ -101,6 +101,8 @@ def _varlen_weights(q, k, cu_seqlens_q, cu_seqlens_k, opts):
     def into(w):
         cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
         for b in range(len(cq) - 1):
+            if cq[b + 1] == cq[b] or ck[b + 1] == ck[b]:
+                continue  # no rows, or rows that see no key: their weights stay 0
             slopes = opts.alibi_slopes
             o = opts._replace(alibi_slopes=slopes[b] if slopes is not None and slopes.dim() == 2 else slopes)
             _dense_weights(q[cq[b]:cq[b + 1]].unsqueeze(0), k[ck[b]:ck[b + 1]].unsqueeze(0), o)(
