@@ -21,7 +21,7 @@ from torch import Tensor
 from . import _C
 from ._C import AttnError
 from ._ops import _dl, _dl_opt, _kw, _lse_dtype, require_cpu, require_tensors
-from .interface import _QUANTIZED, _options, _scale_view, _window
+from .interface import _cache_arguments, _options, _window
 from .merge import merge_states
 from ._threads import get_num_threads
 
@@ -269,15 +269,8 @@ def sharded_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, so
         require_tensors(who, q=q, k_cache=k_cache, v_cache=v_cache)
         require_cpu(who, q, k_cache, v_cache)
         left, right = _window(who, window_size)
-        cache_type = _QUANTIZED.get(k_cache.dtype, "")
-        if cache_type:
-            if k_scale is None or v_scale is None:
-                raise AttnError(f"{who}: {'k_scale' if k_scale is None else 'v_scale'}: required for a quantized cache")
-            k_scale, v_scale = _scale_view(k_scale, k_cache), _scale_view(v_scale, k_cache)
-            k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-        if cache_seqlens is None or isinstance(cache_seqlens, int):
-            n = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-            cache_seqlens = torch.full((q.shape[0],), n if cache_seqlens is None else cache_seqlens, dtype=torch.int32)
+        k_cache, v_cache, k_scale, v_scale, cache_type, cache_seqlens = _cache_arguments(
+            who, q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table)
         out = q.new_empty(q.shape[:-1] + v_cache.shape[-1:])
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_partial_dtype(k_cache))
         part = _C.shard_slice(who, _dl(q.detach()), _dl(k_cache.detach()), _dl(v_cache.detach()), _dl(out), _dl(lse),

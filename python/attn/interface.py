@@ -260,24 +260,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                           alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     else:
         _ops.require_cpu("attn.flash_attn_with_kvcache", q, k_cache, v_cache)
-    cache_type = _QUANTIZED.get(k_cache.dtype, "")
-    if cache_type:
-        if k_scale is None or v_scale is None:
-            raise _C.AttnError("attn.flash_attn_with_kvcache: " + ("k_scale" if k_scale is None else "v_scale") +
-                            ": required for a quantized cache (k_cache is " + str(k_cache.dtype) + ")")
-        if v_cache.dtype != k_cache.dtype:
-            raise _C.AttnError("attn.flash_attn_with_kvcache: v_cache: dtype must match k_cache's (" +
-                            str(k_cache.dtype) + "), got " + str(v_cache.dtype))
-        k_scale, v_scale = _scale_view(k_scale, k_cache), _scale_view(v_scale, k_cache)
-        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    k_cache, v_cache, k_scale, v_scale, cache_type, cache_seqlens = _cache_arguments(
+        "attn.flash_attn_with_kvcache", q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table)
     table = torch.float64 if k_cache.dtype == torch.float64 else torch.float32
     to_table = lambda t: None if t is None else t.detach().to(table).contiguous()
     batch, seqlen_q, heads, _ = q.shape
-    if cache_seqlens is None:
-        full = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-        cache_seqlens = torch.full((batch,), full, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     # v's head dim (MLA: 512 of 576)
     out = torch.empty(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32,
@@ -294,6 +281,29 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                num_threads=get_num_threads(), sinks=detach(sinks), k_scale=k_scale, v_scale=v_scale,
                cache_type=cache_type, **extra)
     return (out, lse) if return_softmax_lse else out
+
+
+def _cache_arguments(who, q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table):
+    """flash_attn_with_kvcache's cache arguments as the bindings take them: (k_cache, v_cache, k_scale,
+    v_scale, cache_type, cache_seqlens). A quantized cache (cache_type "i8", "fp8_e4m3" or "fp8_e5m2")
+    needs both scales and one code type, and goes as uint8 codes with rank-4 scale views; cache_seqlens
+    None (the whole cache) or an int becomes an int32 tensor (batch,) on q's device."""
+    import torch
+    cache_type = _QUANTIZED.get(k_cache.dtype, "")
+    if cache_type:
+        if k_scale is None or v_scale is None:
+            raise _C.AttnError(who + ": " + ("k_scale" if k_scale is None else "v_scale") +
+                               ": required for a quantized cache (k_cache is " + str(k_cache.dtype) + ")")
+        if v_cache.dtype != k_cache.dtype:
+            raise _C.AttnError(who + ": v_cache: dtype must match k_cache's (" + str(k_cache.dtype) + "), got " +
+                               str(v_cache.dtype))
+        k_scale, v_scale = _scale_view(k_scale, k_cache), _scale_view(v_scale, k_cache)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    if cache_seqlens is None or isinstance(cache_seqlens, int):
+        full = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+        cache_seqlens = torch.full((q.shape[0],), full if cache_seqlens is None else cache_seqlens,
+                                   dtype=torch.int32, device=q.device)
+    return k_cache, v_cache, k_scale, v_scale, cache_type, cache_seqlens
 
 
 def _quantized_types():

@@ -250,15 +250,16 @@ template <int NR, class T>
 ATTN_DPBF16_ATTR HWY_INLINE void PvSumDpRange(const float* p, const T* const* vrows, std::int64_t vhs, std::int64_t n,
                                               float* o, std::int64_t S, std::int64_t x, std::int64_t end, bool bf16_p,
                                               const float* vs) {
-  if constexpr (std::is_same_v<T, std::int8_t>) {
-    alignas(64) std::int16_t pw[NR * kChunk];
-    float sigma[NR];
-    if (bf16_p && FixedWeights<NR>(p, n, vs, sigma, pw)) {
-      for (; x + 64 <= end; x += 64) PvSumBlockFixed<NR, 2>(pw, sigma, vrows, vhs, n, o, S, x);
-      if (x < end) PvSumBlockFixed<NR, 1>(pw, sigma, vrows, vhs, n, o, S, x);
-      return;
+  if constexpr (std::is_same_v<T, std::int8_t>)
+    if (bf16_p) {
+      alignas(64) std::int16_t pw[NR * kChunk];
+      float sigma[NR];
+      if (FixedWeights<NR>(p, n, vs, sigma, pw)) {
+        for (; x + 64 <= end; x += 64) PvSumBlockFixed<NR, 2>(pw, sigma, vrows, vhs, n, o, S, x);
+        if (x < end) PvSumBlockFixed<NR, 1>(pw, sigma, vrows, vhs, n, o, S, x);
+        return;
+      }
     }
-  }
   if (bf16_p) {
     constexpr bool kQuantized = is_quantized(dtype_of<T>());
     alignas(64) std::uint32_t pb[NR * (kChunk / 2)];
