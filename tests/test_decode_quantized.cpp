@@ -123,7 +123,8 @@ TEST(QuantizedTypes, TheBf16KernelsConversionIsExactOnEveryCode) {
   }
 }
 
-// Blocks of 16 do not fill AVX2's two-vector P V block, so the one-vector path runs too.
+// Blocks of 16 do not fill AVX2's two-vector P V block, so the one-vector path runs too; blocks of 64 are
+// two vectors of the AVX512-BF16 kernel's dot products.
 struct Format {
   const char* name;
   DType type;
@@ -133,6 +134,7 @@ struct Format {
 const Format kFormats[] = {{"int8 per token", DType::i8, 1, DType::f32},
                            {"q8_0 (blocks of 32, f16 scales)", DType::i8, 4, DType::f16},
                            {"int8 in blocks of 16 (f32 scales)", DType::i8, 8, DType::f32},
+                           {"int8 in blocks of 64 (f32 scales)", DType::i8, 2, DType::f32},
                            {"fp8 e4m3 per kv head", DType::fp8_e4m3, 0, DType::f32},
                            {"fp8 e5m2 per kv head", DType::fp8_e5m2, 0, DType::f32}};
 
@@ -328,7 +330,9 @@ TEST(DecodeQuantized, Bf16ActivationsWithinTwiceTheTextbookErrorWithoutSlack) {
   for (const Format& f : kFormats)
     for (std::int64_t page : {0, 16}) {
       QuantCache c(f, {n, 129, 2}, page, 11);
-      auto q = random_tensor<float>(c.B, 1, 8, QuantCache::D, 6, 2.0);
+      // 3 query heads per kv head in the paged case: a block of fewer than 4 rows in the key walks
+      const std::int64_t H = page ? 6 : 8;
+      auto q = random_tensor<float>(c.B, 1, H, QuantCache::D, 6, 2.0);
       std::vector<bf16_t> qb(q.data.size());
       for (std::size_t i = 0; i < qb.size(); ++i) {
         qb[i] = detail::float_to_bf16(q.data[i]);
@@ -344,8 +348,8 @@ TEST(DecodeQuantized, Bf16ActivationsWithinTwiceTheTextbookErrorWithoutSlack) {
         const double base = max_error(textbook, oracle);
         test::for_each_simd_target("decode", test::decode_dispatched, [&](std::int64_t) {
           std::vector<bf16_t> out(qb.size(), detail::float_to_bf16(42.0f));
-          attention_decode(TensorView::contiguous(qb.data(), c.B, 1, 8, QuantCache::D), c.cache(),
-                           TensorView::contiguous(out.data(), c.B, 1, 8, QuantCache::D), o);
+          attention_decode(TensorView::contiguous(qb.data(), c.B, 1, H, QuantCache::D), c.cache(),
+                           TensorView::contiguous(out.data(), c.B, 1, H, QuantCache::D), o);
           std::vector<float> got(out.size());
           for (std::size_t i = 0; i < out.size(); ++i) got[i] = detail::bf16_to_float(out[i]);
           const double err = max_error(got, oracle);

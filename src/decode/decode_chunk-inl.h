@@ -239,6 +239,27 @@ HWY_INLINE void WalkKeys(const ChunkArgs<float>& a, float* dots4, DotsFn&& dots)
     }
 }
 
+// The key walk for kernels that hold a block's q in registers across keys: in runs of kHeldKeys keys, kv
+// head by kv head, for each kv head g and block b of 4 query rows,
+//   block(nr, row, g, prefetch_v, dst, c0, c1):  dst[4 c + t] = q_{row + t} . k_c for c0 <= c < c1, t < nr
+//                                                 (0 past nr)
+// with WalkKeys' rows and dots4 layout; k_c is kv head g's K row of key c, and with prefetch_v (the
+// head's first block) the block also prefetches each key's V row (PrefetchV) as it reads its K row.
+// Loading q for every key cost the dot products about a fifth of their time (16 vector loads per key at
+// head dim 128, where the loads compete with the codes' conversion); a whole chunk per kv head made the
+// bf16 cache 10-30% slower from DRAM on Zen 4 (K read with a stride of one kv head's row), and runs of 16
+// keys keep it level with WalkKeys while int8 and fp8 caches run 10-20% faster (docs/decode.md).
+constexpr std::int64_t kHeldKeys = 16;
+template <class BlockFn>
+HWY_INLINE void WalkHeads(const ChunkArgs<float>& a, float* dots4, BlockFn&& block) {
+  const std::int64_t R = a.group * a.seqlen_q, RB = (R + 3) / 4;
+  for (std::int64_t c0 = 0; c0 < a.n; c0 += kHeldKeys)
+    for (std::int64_t g = 0; g < a.kv_heads; ++g)
+      for (std::int64_t b = 0; b < RB; ++b)
+        block(std::min<std::int64_t>(4, R - 4 * b), g * R + 4 * b, g, b == 0, dots4 + (g * RB + b) * kChunk * 4, c0,
+              std::min(a.n, c0 + kHeldKeys));
+}
+
 // De-interleaves WalkKeys' dots4 to scores[g][r][0 .. kChunk) (lanes past n are copied too; they are set
 // to -inf before use).
 HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, float* scores) {

@@ -50,11 +50,11 @@ struct ChunkArgs {
   // The output is bf16: that path may also round p to bf16 for P V (flash-attn's rule; l stays the
   // sum of the f32 p, so the LSE keeps f32 accuracy).
   bool bf16_out = false;
-  // Quantized caches: the chunk's keys' scales, K's [kv_heads][kChunk][k_groups] (a key's groups together
-  // for its dots) and V's [kv_heads][v_groups][kChunk] (a group's keys together for its weights) (groups
-  // of head_dim / k_groups and head_dim_v / v_groups dims; 1: one per row). The kernel dots q with the codes and
-  // multiplies by the scales (q . (s k) = s (q . k), per group), and weights the codes of V with p * v_scales (l stays
-  // the sum of p). nullptr: unquantized.
+  // Quantized caches: the chunk's keys' scales, K's [kChunk][kv_heads][k_groups] (a key's scales together
+  // for its dots) and V's [kv_heads][v_groups][kChunk] (a group's keys together for its weights), both
+  // [kv_heads][kChunk] when there is one per row (groups of head_dim / k_groups and head_dim_v / v_groups
+  // dims). The kernel dots q with the codes and multiplies by the scales (q . (s k) = s (q . k), per
+  // group), and weights the codes of V with p * v_scales (l stays the sum of p). nullptr: unquantized.
   const float* k_scales = nullptr;
   const float* v_scales = nullptr;
   std::int64_t k_groups = 1, v_groups = 1;

@@ -285,52 +285,90 @@ ATTN_DPBF16_ATTR HWY_INLINE void PvSumDp(const float* p, const T* const* vrows, 
     PvSumDpRange<NR>(p, vrows, vhs, n, o, S, b * G, (b + 1) * G, bf16_p, vs + b * kChunk);
 }
 
-// Dots4 (decode_simd.cpp) with VDPBF16PS: dst[r] = q_r . k for NR <= 4 query rows (q_hi + q_lo, stride
-// d) and one key row (d a multiple of 32); dst[NR ..] = 0. With scales per block of G dims (s given, G
-// a multiple of 32), each block's partial dot is multiplied by its scale s[b] as it is added up.
-template <int NR, int D, bool kLo, class T>
-ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d, const T* k,
-                                        const float* s, std::int64_t G, float* dst) {
+// Dots4 (decode_simd.cpp) with VDPBF16PS: dst[r] = q_r . k for NR <= 4 query rows and one key row of dd
+// dims (a multiple of 32); dst[NR ..] = 0. q(r, x, lo) is row r's q_hi (q_lo with lo, used when kLo) at
+// dims [x, x + 32): a load, or a register the caller holds. With scales per block of G dims (s given, G a
+// multiple of 32), each block's partial dot is multiplied by its scale s[x / G] as it is added up.
+template <int NR, bool kLo, class T, class QFn>
+ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(QFn&& q, std::int64_t dd, const T* k, const float* s, std::int64_t G,
+                                        float* dst) {
   __m512 acc[4];
   for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
-  const std::int64_t dd = D > 0 ? D : d;
   const auto add_dots = [&](__m512* sum, std::int64_t x) ATTN_DPBF16_ATTR {
     const __m512bh kv = (__m512bh)LoadBf16x32(k, x);
     for (int r = 0; r < NR; ++r) {
-      sum[r] = _mm512_dpbf16_ps(sum[r], (__m512bh)_mm512_loadu_si512(qh + r * dd + x), kv);
-      if constexpr (kLo) sum[r] = _mm512_dpbf16_ps(sum[r], (__m512bh)_mm512_loadu_si512(ql + r * dd + x), kv);
+      sum[r] = _mm512_dpbf16_ps(sum[r], q(r, x, false), kv);
+      if constexpr (kLo) sum[r] = _mm512_dpbf16_ps(sum[r], q(r, x, true), kv);
     }
   };
   if (s == nullptr) {
 #pragma GCC unroll 8
     for (std::int64_t x = 0; x < dd; x += 32) add_dots(acc, x);
   } else {
-    for (std::int64_t x0 = 0, b = 0; x0 < dd; x0 += G, ++b) {
-      __m512 part[NR];
-      for (int r = 0; r < NR; ++r) part[r] = _mm512_setzero_ps();
-      for (std::int64_t x = x0; x < x0 + G; x += 32) add_dots(part, x);
-      const __m512 vs = _mm512_set1_ps(s[b]);
-      for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(part[r], vs, acc[r]);
+    __m512 part[NR];
+    for (int r = 0; r < NR; ++r) part[r] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (std::int64_t x = 0; x < dd; x += 32) {
+      add_dots(part, x);
+      // q8_0's blocks are one vector each: no division for them
+      const bool one_vector = G == 32;
+      if (!one_vector && (x + 32) % G != 0) continue;
+      const __m512 vs = _mm512_set1_ps(s[one_vector ? x / 32 : x / G]);
+      for (int r = 0; r < NR; ++r) {
+        acc[r] = _mm512_fmadd_ps(part[r], vs, acc[r]);
+        part[r] = _mm512_setzero_ps();
+      }
     }
   }
   StoreSum4(DF(), VF{acc[0]}, VF{acc[1]}, VF{acc[2]}, VF{acc[3]}, dst);
 }
 
-// The key walk with DotsDp; kLo: q_lo is there (q is not exactly bf16). K's scales per block of dims
-// (k_groups > 1) go into the dots; one scale per row is applied by RunChunk.
+// K's scales of key c and kv head g when they are per block of dims (k_groups > 1), else nullptr (one
+// scale per row is applied by RunChunk).
+inline const float* KeyBlockScales(const ChunkArgs<float>& a, std::int64_t c, std::int64_t g) {
+  return a.k_scales != nullptr && a.k_groups > 1 ? a.k_scales + (c * a.kv_heads + g) * a.k_groups : nullptr;
+}
+
+// The key walk with DotsDp and q loaded for every key (WalkKeys); kLo: q_lo is there (q is not exactly
+// bf16).
 template <class T, int D, bool kLo>
 ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
   const auto dots = [](auto rows, const std::uint16_t* qh, const std::uint16_t* ql, std::int64_t d, const T* k,
-                       const float* s, std::int64_t G, float* dst)
-                        ATTN_DPBF16_ATTR { DotsDp<decltype(rows)::value, D, kLo>(qh, ql, d, k, s, G, dst); };
-  const bool grouped = a.k_scales != nullptr && a.k_groups > 1;
-  WalkKeys<T>(
-      a, dots4,
-      [&](std::int64_t nr, std::int64_t row, const T* k, float* dst, std::int64_t c, std::int64_t g) ATTN_DPBF16_ATTR {
-        const std::int64_t d = D > 0 ? D : a.head_dim;
-        const float* s = grouped ? a.k_scales + (g * kChunk + c) * a.k_groups : nullptr;
-        WithRowCount(nr, dots, a.q_hi + row * d, kLo ? a.q_lo + row * d : nullptr, d, k, s, d / a.k_groups, dst);
-      });
+                       const float* s, std::int64_t G, float* dst) ATTN_DPBF16_ATTR {
+    const auto q = [&](int r, std::int64_t x, bool lo)
+                       ATTN_DPBF16_ATTR { return (__m512bh)_mm512_loadu_si512((lo ? ql : qh) + r * d + x); };
+    DotsDp<decltype(rows)::value, kLo>(q, d, k, s, G, dst);
+  };
+  WalkKeys<T>(a, dots4,
+              [&](std::int64_t nr, std::int64_t row, const T* k, float* dst, std::int64_t c, std::int64_t g)
+                  ATTN_DPBF16_ATTR {
+                    const std::int64_t d = D > 0 ? D : a.head_dim;
+                    WithRowCount(nr, dots, a.q_hi + row * d, kLo ? a.q_lo + row * d : nullptr, d, k,
+                                 KeyBlockScales(a, c, g), d / a.k_groups, dst);
+                  });
+}
+
+// The key walk with DotsDp and each block's q_hi held in registers across the chunk's keys (WalkHeads):
+// for q that is exactly bf16 and a head dim whose 4 rows fit in 16 registers.
+template <class T, int D>
+ATTN_DPBF16_ATTR void ScoreKeysDpHeld(const ChunkArgs<float>& a, float* dots4) {
+  static_assert(D > 0 && D / 32 * 4 <= 16);
+  const T* const* krows = reinterpret_cast<const T* const*>(a.k_rows);
+  const auto keys = [&](auto rows, std::int64_t row, std::int64_t g, bool prefetch_v, float* dst, std::int64_t c0,
+                        std::int64_t c1) ATTN_DPBF16_ATTR {
+    constexpr int NR = decltype(rows)::value;
+    __m512bh held[NR][D / 32];
+    for (int r = 0; r < NR; ++r)
+      for (int x = 0; x < D / 32; ++x) held[r][x] = (__m512bh)_mm512_loadu_si512(a.q_hi + (row + r) * D + 32 * x);
+    const auto q = [&](int r, std::int64_t x, bool) ATTN_DPBF16_ATTR { return held[r][x / 32]; };
+    for (std::int64_t c = c0; c < c1; ++c) {
+      if (prefetch_v) PrefetchV<T>(a, c, g);
+      DotsDp<NR, false>(q, D, krows[c] + g * a.k_head_stride, KeyBlockScales(a, c, g), D / a.k_groups, dst + 4 * c);
+    }
+  };
+  WalkHeads(a, dots4,
+            [&](std::int64_t nr, std::int64_t row, std::int64_t g, bool prefetch_v, float* dst, std::int64_t c0,
+                std::int64_t c1) ATTN_DPBF16_ATTR { WithRowCount(nr, keys, row, g, prefetch_v, dst, c0, c1); });
 }
 
 template <class T>
@@ -342,6 +380,8 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
       [&](float* dots4) ATTN_DPBF16_ATTR {
         WithHeadDim(a.head_dim, [&](auto D) ATTN_DPBF16_ATTR {
           constexpr int kD = decltype(D)::value;
+          if constexpr (kD > 0 && kD <= 128)
+            if (a.q_lo == nullptr) return ScoreKeysDpHeld<T, kD>(a, dots4);
           a.q_lo != nullptr ? ScoreKeysDp<T, kD, true>(a, dots4) : ScoreKeysDp<T, kD, false>(a, dots4);
         });
       },
