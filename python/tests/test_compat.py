@@ -106,8 +106,8 @@ def test_private_varlen_forward_and_backward_match_autograd():
 
 
 def test_private_varlen_forward_paged_and_its_refusals():
-    """block_table: k and v as a paged cache give what the packed keys give; leftpad_k and seqused_k raise a
-    named error."""
+    """block_table: k and v as a paged cache give what the packed keys give; leftpad_k raises a named error
+    (seqused_k: test_flash_attn_seqused_k.py)."""
     cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 6, 16], dtype=torch.int32)
     q = torch.randn(7, 2, 8, dtype=torch.float64)
     k, v = torch.randn(16, 2, 8, dtype=torch.float64), torch.randn(16, 2, 8, dtype=torch.float64)
@@ -125,7 +125,7 @@ def test_private_varlen_forward_paged_and_its_refusals():
     got, got_lse, _, _ = _flash_attn_varlen_forward(q, pages, vpages, cu_q, cu_k, 4, 10, 0.0, None, False,
                                                     block_table=table)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
-    for name in ("leftpad_k", "seqused_k"):
+    for name in ("leftpad_k",):
         try:
             _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, 4, 10, 0.0, None, False,
                                        **{name: torch.zeros(2, dtype=torch.int32)})

@@ -200,8 +200,8 @@ def test_bad_input_is_named_and_nothing_is_written():
     wrong = nan_like(q, (1, 4, 2, 4))
     cases = [(lambda: gpu.fwd(*args(out_=wrong)), "flash_attn_gpu.fwd: out_: must have shape (1, 4, 2, 8)"),
              (lambda: gpu.fwd(*args(out_=wrong.bfloat16())), "flash_attn_gpu.fwd: out_:"),
-             (lambda: gpu.fwd(*args(gen_=torch.empty(1))), "flash_attn_gpu.fwd: gen_: must be None or a CPU "
-                                                           "torch.Generator, got Tensor"),
+             (lambda: gpu.fwd(*args(gen_=torch.empty(1))), "flash_attn_gpu.fwd: gen_: the RNG `generator` argument "
+                                                           "is no longer supported and must be None"),
              (lambda: gpu.fwd(*args(ret=True)), "flash_attn_gpu.fwd: return_softmax: needs p_dropout > 0"),
              (lambda: gpu.fwd([1.0], k, v, None, None, 0.0, None, False, -1, -1, 0.0, False, None),
               "flash_attn_gpu.fwd: q: must be a torch.Tensor, got list"),
@@ -214,8 +214,8 @@ def test_bad_input_is_named_and_nothing_is_written():
         assert message in str(info.value), str(info.value)
         assert wrong.isnan().all()
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(attn.AttnError, match="seqused_k: is not supported"):
-        gpu.varlen_fwd(q[0], k[0], v[0], None, cu, cu, cu[1:], None, None, None, 4, 4, 0.0, None, False, False, -1,
+    with pytest.raises(attn.AttnError, match="varlen_fwd: leftpad_k: is not supported"):
+        gpu.varlen_fwd(q[0], k[0], v[0], None, cu, cu, None, cu[1:], None, None, 4, 4, 0.0, None, False, False, -1,
                        -1, 0.0, False, None)
     with pytest.raises(attn.AttnError, match="cu_seqlens"):  # the kernel's own rule, named
         gpu.varlen_bwd(q[0], q[0], k[0], v[0], q[0], torch.zeros(2, 4), None, None, None, cu, cu[:1], None, 4, 4,
@@ -225,3 +225,37 @@ def test_bad_input_is_named_and_nothing_is_written():
         gpu.fwd_kvcache(q, k_cache, k_cache.clone(), k, v, torch.tensor([0], dtype=torch.int32), None, None, None,
                         None, None, None, wrong, None, False, -1, -1, 0.0, True, 0)
     assert not k_cache.any()
+
+
+@pytest.mark.parametrize("bad", [torch.empty(1), 0, "default"])
+def test_generator_slot_takes_none_or_a_generator(bad):
+    """flash-attn after 2.8: the four functions' generator slot must be None, anything else raises a RuntimeError
+    with "the RNG `generator` argument is no longer supported" (its tests/test_flash_attn.py's
+    test_flash_attn_generator_arg_must_be_none); flash-attn 2.8's torch.Generator is still taken. The error is
+    attn's, named, and comes before anything is written or drawn."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v, o = (rand(g, 1, 3, 2, 8, dtype=torch.bfloat16) for _ in range(4))
+    lse = torch.zeros(1, 2, 3)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    out_ = nan_like(q)
+    calls = {"fwd": lambda gen: gpu.fwd(q, k, v, out_, None, 0.5, 0.3, True, -1, -1, 0.0, False, gen),
+             "bwd": lambda gen: gpu.bwd(q, q, k, v, o, lse, out_, None, None, None, 0.5, 0.3, True, -1, -1, 0.0,
+                                        False, gen, None),
+             "varlen_fwd": lambda gen: gpu.varlen_fwd(q[0], k[0], v[0], out_[0], cu, cu, None, None, None, None, 3, 3,
+                                                      0.5, 0.3, False, True, -1, -1, 0.0, False, gen, 0),
+             "varlen_bwd": lambda gen: gpu.varlen_bwd(q[0], q[0], k[0], v[0], o[0], lse[0], out_[0], None, None, cu,
+                                                      cu, None, 3, 3, 0.5, 0.3, False, True, -1, -1, 0.0, False, gen,
+                                                      None)}
+    state = torch.get_rng_state()
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match=r"generator` argument is no longer supported") as info:
+            call(bad)
+        assert isinstance(info.value, attn.AttnError)
+        assert f"attn.flash_attn.flash_attn_gpu.{name}: gen_: the RNG `generator` argument is no longer supported " \
+               f"and must be None" in str(info.value) and type(bad).__name__ in str(info.value)
+        assert out_.isnan().all() and torch.equal(torch.get_rng_state(), state)
+    for name, call in calls.items():  # flash-attn 2.8's generator: the seed drawn from it, so it replays
+        first = [t.clone() for t in call(torch.Generator().manual_seed(4))[:3]]
+        again = call(torch.Generator().manual_seed(4))[:3]
+        assert all(torch.equal(a, b) for a, b in zip(first, again)), name
+        assert torch.equal(torch.get_rng_state(), state)

@@ -22,9 +22,12 @@ Positional parameters, as the extension's (pybind11 names none), and lists, as i
 the private function of flash_attn_interface (or flash_attn_with_kvcache) that flash-attn's Python layer
 puts on top of it, so the results are theirs bit for bit. out_, dq_, dk_, dv_: None, or a tensor the result
 is written into and which is returned. gen_: None, or a CPU torch.Generator the dropout seed is drawn from
-(None: torch's default generator). softmax_scale None means 1/sqrt(head_dim) (flash-attn's Python layer
-computes it before calling the extension). varlen_fwd's num_splits (flash-attn after 2.8) is a hint,
-unused; fwd_kvcache's is flash_attn_with_kvcache's. Bad input raises attn.AttnError, named.
+(None: torch's default generator), as in flash-attn 2.8; any other value raises "the RNG `generator`
+argument is no longer supported", flash-attn's error after 2.8 (where the slot must be None), an
+attn.AttnError, which is a RuntimeError as flash-attn's is. softmax_scale None means 1/sqrt(head_dim)
+(flash-attn's Python layer computes it before calling the extension). varlen_fwd's seqused_k and its
+num_splits (flash-attn after 2.8) are _flash_attn_varlen_forward's; fwd_kvcache's num_splits is
+flash_attn_with_kvcache's. Bad input raises attn.AttnError, named.
 """
 import torch
 
@@ -40,10 +43,15 @@ def _rounded(n: int) -> int:
 
 
 def _generator(who, gen_):
+    """gen_: None or a CPU torch.Generator (flash-attn 2.8's slot); anything else gets the error of flash-attn
+    after 2.8, whose slot must be None, with its text."""
     if gen_ is None or (isinstance(gen_, torch.Generator) and gen_.device.type == "cpu"):
         return gen_
-    where = f" on {gen_.device}" if isinstance(gen_, torch.Generator) else ""
-    raise _C.AttnError(f"{who}: gen_: must be None or a CPU torch.Generator, got {type(gen_).__name__}{where}")
+    if isinstance(gen_, torch.Generator):
+        raise _C.AttnError(f"{who}: gen_: must be None or a CPU torch.Generator, got Generator on {gen_.device}")
+    raise _C.AttnError(f"{who}: gen_: the RNG `generator` argument is no longer supported and must be None "
+                       "(flash-attn after 2.8; a CPU torch.Generator is taken, as flash-attn 2.8 took one), got "
+                       f"{type(gen_).__name__}")
 
 
 def _check_into(who, name, given, like, shape):
@@ -103,7 +111,7 @@ def varlen_fwd(q, k, v, out_, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, 
                window_size_right, softcap, return_softmax, gen_, num_splits=0, /):
     """mha_varlen_fwd: q (total_q, nheads, d), k, v (total_k, nheads_k, d) or a paged cache with block_table ->
     [out, softmax_lse (nheads, total_q), S_dmask, rng_state]: _flash_attn_varlen_forward's (seqused_k and
-    leftpad_k raise there)."""
+    num_splits as there; leftpad_k raises there)."""
     who = _WHO + "varlen_fwd"
     _ops.require_tensors(who, q=q, k=k, v=v)
     gen_ = _generator(who, gen_)
@@ -112,7 +120,7 @@ def varlen_fwd(q, k, v, out_, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, 
     out, lse, s_dmask, rng_state = _fi._varlen_forward(
         who, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, p_dropout, softmax_scale, is_causal,
         window_size_left, window_size_right, softcap, alibi_slopes, return_softmax, block_table, leftpad_k, seqused_k,
-        gen_)
+        gen_, num_splits)
     return [_into(out_, out), lse, s_dmask, rng_state]
 
 

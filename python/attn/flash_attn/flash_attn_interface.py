@@ -1,6 +1,8 @@
 """flash_attn.flash_attn_interface: the public functions, the private _flash_attn_forward /
 _flash_attn_backward (and their varlen pair) that some projects call directly, and flash_attn_gpu, the C++
 extension's five functions (flash-attn 2.8's signatures)."""
+import operator
+
 import torch
 
 from .. import _C, _ops
@@ -86,25 +88,105 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
 def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                softmax_scale, causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
                                alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
-                               seqused_k=None, zero_tensors=False):
+                               seqused_k=None, zero_tensors=False, num_splits=0):
     """-> (out, softmax_lse (nheads, total_q), S_dmask, rng_state), as flash-attn 2.8's; with block_table, k and
     v are a paged cache (num_blocks, page_size, nheads_k, d). max_seqlen_q/k are hints (the lengths come from
-    cu_seqlens); zero_tensors changes nothing here (outputs are written whole). leftpad_k and seqused_k are not
-    supported: they raise."""
+    cu_seqlens); zero_tensors changes nothing here (outputs are written whole). seqused_k, int32 (batch,): only
+    the first seqused_k[b] keys of sequence b are used (0 <= seqused_k[b] <= its key count, cu_seqlens_k[b + 1]
+    - cu_seqlens_k[b]). num_splits (flash-attn after 2.8) is a hint, with flash-attn's rule: > 1 with a
+    block_table raises, except for its split-KV decode (_check_num_splits). leftpad_k is not supported: it
+    raises."""
     return _varlen_forward(_WHO + "_flash_attn_varlen_forward", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                            max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
-                           softcap, alibi_slopes, return_softmax, block_table, leftpad_k, seqused_k, None)
+                           softcap, alibi_slopes, return_softmax, block_table, leftpad_k, seqused_k, None, num_splits)
+
+
+def _key_counts(who, cu_seqlens_k, batch, total_k):
+    """Each sequence's key count from cu_seqlens_k, checked by the kernel's rules (int32 (batch + 1,), [0] = 0,
+    non-decreasing, [batch] = total_k unless None) before seqused_k is compared with them."""
+    if cu_seqlens_k.dtype != torch.int32 or tuple(cu_seqlens_k.shape) != (batch + 1,):
+        raise _C.AttnError(f"{who}: cu_seqlens_k: must be an int32 tensor of shape (batch + 1,) = ({batch + 1},), "
+                           f"got {cu_seqlens_k.dtype} of shape {tuple(cu_seqlens_k.shape)}")
+    cu = cu_seqlens_k.tolist()
+    if cu[0] != 0:
+        raise _C.AttnError(f"{who}: cu_seqlens_k: [0] must be 0, got {cu[0]}")
+    for b in range(batch):
+        if cu[b + 1] < cu[b]:
+            raise _C.AttnError(f"{who}: cu_seqlens_k: must be non-decreasing, but [{b + 1}] = {cu[b + 1]} < "
+                               f"[{b}] = {cu[b]}")
+    if total_k is not None and cu[batch] != total_k:
+        raise _C.AttnError(f"{who}: cu_seqlens_k: [batch] must equal the packed length {total_k}, got {cu[batch]}")
+    return [cu[b + 1] - cu[b] for b in range(batch)]
+
+
+def _used_keys(who, seqused_k, cu_seqlens_q, cu_seqlens_k, k, v, paged):
+    """flash-attn's seqused_k (mha_varlen_fwd): sequence b attends to only the first seqused_k[b] of its keys (those
+    from cu_seqlens_k[b] on; with a block_table, the first of its pages' keys), its causal mask and window
+    aligned to that count. -> (k, v, cu_seqlens_k) of the same problem with cu_seqlens_k counting only the used
+    keys: those keys gathered (a paged cache is read through block_table as it is). Checked before anything
+    runs: int32 CPU (batch,), batch = len(cu_seqlens_q) - 1, and 0 <= seqused_k[b] <= sequence b's key count."""
+    _ops.require_tensors(who, seqused_k=seqused_k)
+    batch = cu_seqlens_q.numel() - 1  # flash-attn's batch
+    if seqused_k.dtype != torch.int32 or tuple(seqused_k.shape) != (batch,) or seqused_k.device.type != "cpu":
+        raise _C.AttnError(f"{who}: seqused_k: must be an int32 CPU tensor of shape (batch,) = ({batch},), batch = "
+                           f"len(cu_seqlens_q) - 1, got {seqused_k.dtype} of shape {tuple(seqused_k.shape)} on "
+                           f"{seqused_k.device}")
+    counts = _key_counts(who, cu_seqlens_k, batch, None if paged else k.shape[0])
+    used = seqused_k.tolist()
+    for b, (n, count) in enumerate(zip(used, counts)):
+        if not 0 <= n <= count:
+            raise _C.AttnError(f"{who}: seqused_k: must satisfy 0 <= seqused_k[b] <= cu_seqlens_k[b + 1] - "
+                               f"cu_seqlens_k[b] (sequence b's key count), got seqused_k[{b}] = {n} with {count} "
+                               "keys")
+    if used == counts:
+        return k, v, cu_seqlens_k
+    lengths = seqused_k.to(torch.int64)
+    cu_used = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
+    if paged:
+        return k, v, cu_used.to(torch.int32)
+    # key i of the gathered keys: sequence b's key i - cu_used[b], at cu_seqlens_k[b] + i - cu_used[b]
+    shift = cu_seqlens_k[:-1].to(torch.int64) - cu_used[:-1]
+    index = torch.arange(int(cu_used[-1])) + torch.repeat_interleave(shift, lengths)
+    return k.index_select(0, index), v.index_select(0, index), cu_used.to(torch.int32)
+
+
+def _check_num_splits(who, num_splits, q, k, paged, max_seqlen_q, dropout_p, causal, left, right, alibi_slopes):
+    """num_splits as flash-attn's mha_varlen_fwd takes it (after 2.8): an int, a hint for its split-KV kernel that
+    changes nothing here. Its rules: for its split-KV decode (one query per sequence, more query heads than key
+    heads, no window after causal = False for one query, no dropout or ALiBi, head dim a multiple of 8),
+    num_splits <= 128; otherwise, with a block_table, num_splits <= 1; otherwise unused."""
+    try:
+        n = operator.index(num_splits)
+    except TypeError:
+        raise _C.AttnError(f"{who}: num_splits: must be an int, got {type(num_splits).__name__}") from None
+    if n <= 1:
+        return
+    if max_seqlen_q == 1 and alibi_slopes is None:
+        causal = False  # flash-attn: causal is the same as not for one query
+    right = 0 if causal else right
+    decode = (max_seqlen_q == 1 and q.dim() == 3 and k.dim() in (3, 4) and q.shape[1] > k.shape[-2] and left < 0
+              and right < 0 and float(dropout_p) == 0 and q.shape[-1] % 8 == 0 and alibi_slopes is None)
+    if decode and n > 128:
+        raise _C.AttnError(f"{who}: num_splits: num_splits > 128 not supported (flash-attn's split-KV decode), got {n}")
+    if not decode and paged:
+        raise _C.AttnError(f"{who}: num_splits: num_splits > 1 is not supported for varlen paged KV (flash-attn's "
+                           "rule: 0 or 1, except for one query per sequence with more query heads than key heads and "
+                           f"no window, dropout or ALiBi, which takes up to 128), got {n}")
 
 
 def _varlen_forward(who, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                     causal, window_size_left, window_size_right, softcap, alibi_slopes, return_softmax, block_table,
-                    leftpad_k, seqused_k, generator):
+                    leftpad_k, seqused_k, generator, num_splits=0):
     """_flash_attn_varlen_forward, errors naming who, the dropout seed drawn from generator (None: the default)."""
     _ops.require_tensors(who, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    for name, t in (("leftpad_k", leftpad_k), ("seqused_k", seqused_k)):
-        if t is not None:
-            raise _C.AttnError(f"{who}: {name}: is not supported (pass None; flash_attn_with_kvcache takes a "
-                               "cache's lengths and left padding)")
+    if leftpad_k is not None:
+        raise _C.AttnError(f"{who}: leftpad_k: is not supported (pass None; flash_attn_with_kvcache takes a cache's "
+                           "left padding)")
+    left, right = _window(who, (window_size_left, window_size_right))
+    _check_num_splits(who, num_splits, q, k, block_table is not None, max_seqlen_q, dropout_p, causal, left, right,
+                      alibi_slopes)
+    if seqused_k is not None:
+        k, v, cu_seqlens_k = _used_keys(who, seqused_k, cu_seqlens_q, cu_seqlens_k, k, v, block_table is not None)
     seed = _seed(dropout_p, generator)
     opts = _options(who, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, seed)
