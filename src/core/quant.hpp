@@ -61,29 +61,32 @@ inline float stored_value(DType t, std::uint8_t bits) {
 // The bf16 bits of the fp8 codes 0..127 of type t (fp8_e4m3 or fp8_e5m2; M mantissa bits, exponent
 // bias B, E the all-ones exponent): every fp8 value is a bf16 value, so the table is stored_value exactly
 // (tests/test_decode_quantized.cpp checks every code), NaN and Inf included. Code c is sign (bit 7) and
-// magnitude c & 127: its bf16 is bits[c & 127] with bit 15 set from bit 7. A table of 128 entries (four
-// 512-bit registers) turns 32 codes into bf16 in a few instructions (decode_simd_bf16-inl.h).
+// magnitude c & 127: its bf16 is (hi[c & 127] << 8 | lo[c & 127]) with bit 15 set from bit 7. Stored as
+// two tables of bytes (four 512-bit registers), one byte lookup each, which VPERMI2B does for 64 codes
+// at a time (decode_simd_bf16-inl.h).
 struct Fp8Bf16Table {
-  alignas(64) std::uint16_t bits[128];
+  alignas(64) std::uint8_t lo[128];
+  alignas(64) std::uint8_t hi[128];
 };
 template <int M, int B, bool kIeeeSpecials>
 constexpr Fp8Bf16Table make_fp8_bf16_table() {
   Fp8Bf16Table t{};
   for (int c = 0; c < 128; ++c) {
     const int e = c >> M, m = c & ((1 << M) - 1), top = (1 << (7 - M)) - 1;
+    int bits = 0;
     if (kIeeeSpecials && e == top) {  // e5m2: Inf, NaN
-      t.bits[c] = static_cast<std::uint16_t>(m == 0 ? 0x7f80 : 0x7fc0);
+      bits = m == 0 ? 0x7f80 : 0x7fc0;
     } else if (!kIeeeSpecials && c == 127) {  // e4m3: S.1111.111 is its only NaN
-      t.bits[c] = 0x7fc0;
-    } else if (e == 0 && m == 0) {
-      t.bits[c] = 0;
-    } else {
+      bits = 0x7fc0;
+    } else if (e != 0 || m != 0) {
       // value = f * 2^x with f = 1.m (normal) or 0.m (subnormal, x = 1 - B): normalise to 1.g * 2^x.
       int f = e == 0 ? m : (1 << M) | m, x = (e == 0 ? 1 : e) - B - M;  // value = f * 2^x, f integer
       while (f < (1 << M)) f <<= 1, --x;                                // now 2^M <= f < 2^(M+1)
       const int exponent = x + M + 127, fraction = (f - (1 << M)) << (7 - M);
-      t.bits[c] = static_cast<std::uint16_t>(exponent << 7 | fraction);
+      bits = exponent << 7 | fraction;
     }
+    t.lo[c] = static_cast<std::uint8_t>(bits & 0xff);
+    t.hi[c] = static_cast<std::uint8_t>(bits >> 8);
   }
   return t;
 }

@@ -24,7 +24,8 @@ bool from_environment() {
 
 bool cpu_has_avx512bf16() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni") &&
+                          __builtin_cpu_supports("avx512vbmi");
   return has;
 #else
   return false;

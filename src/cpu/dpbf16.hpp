@@ -20,7 +20,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-#define ATTN_DPBF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,avx512vnni")))
+#define ATTN_DPBF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,avx512vnni,avx512vbmi")))
 #define ATTN_DPBF16_TARGET (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
 #else
 #define ATTN_DPBF16_TARGET 0
@@ -28,8 +28,10 @@
 
 namespace attn::detail {
 
-// The CPU can run VDPBF16PS, and AVX512-VNNI's VPDPWSSD beside it (every CPU with AVX512-BF16 has
-// AVX512-VNNI: Cooper Lake, Sapphire Rapids and later, Zen 4 and later; ATTN_DPBF16_ATTR enables both).
+// The CPU can run VDPBF16PS, and AVX512-VNNI's VPDPWSSD and AVX512-VBMI's byte permutes beside it
+// (ATTN_DPBF16_ATTR enables all three): Sapphire Rapids and later, Zen 4 and later. Cooper Lake has the
+// first two and not VBMI, and takes the kernels without VDPBF16PS (which its cores, like the later
+// Intel ones, would not choose by default: bf16_dots_pay).
 bool cpu_has_avx512bf16();
 
 // The CPU's default: the instruction pays on this core (AMD's cores with it; not Intel's, above).

@@ -245,10 +245,11 @@ HWY_INLINE void WalkKeys(const ChunkArgs<float>& a, float* dots4, DotsFn&& dots)
 //                                                 (0 past nr)
 // with WalkKeys' rows and dots4 layout; k_c is kv head g's K row of key c, and with prefetch_v (the
 // head's first block) the block also prefetches each key's V row (PrefetchV) as it reads its K row.
-// Loading q for every key cost the dot products about a fifth of their time (16 vector loads per key at
-// head dim 128, where the loads compete with the codes' conversion); a whole chunk per kv head made the
-// bf16 cache 10-30% slower from DRAM on Zen 4 (K read with a stride of one kv head's row), and runs of 16
-// keys keep it level with WalkKeys while int8 and fp8 caches run 10-20% faster (docs/decode.md).
+// For a quantized cache, loading q for every key cost the dot products about a fifth of their time (16
+// vector loads per key at head dim 128, beside the codes' conversion): in runs of 16 keys int8, q8_0 and
+// fp8 caches ran 10-25% faster on Zen 4. A bf16 cache, which has no conversion and is closer to the
+// memory's rate, ran 5-10% slower with 2 threads (K read with a stride of one kv head's row; 10-30% with
+// whole chunks per kv head) and keeps WalkKeys (docs/decode.md).
 constexpr std::int64_t kHeldKeys = 16;
 template <class BlockFn>
 HWY_INLINE void WalkHeads(const ChunkArgs<float>& a, float* dots4, BlockFn&& block) {
