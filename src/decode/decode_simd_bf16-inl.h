@@ -347,7 +347,7 @@ ATTN_DPBF16_ATTR void ScoreKeysDp(const ChunkArgs<float>& a, float* dots4) {
                        const float* s, std::int64_t G, float* dst) ATTN_DPBF16_ATTR {
     const auto q = [&](int r, std::int64_t x, bool lo)
                        ATTN_DPBF16_ATTR { return (__m512bh)_mm512_loadu_si512((lo ? ql : qh) + r * d + x); };
-    DotsDp<decltype(rows)::value, kLo>(q, d, k, s, G, dst);
+    DotsDp<decltype(rows)::value, kLo>(q, D > 0 ? D : d, k, s, G, dst);  // a constant bound where D is known
   };
   WalkKeys<T>(a, dots4,
               [&](std::int64_t nr, std::int64_t row, const T* k, float* dst, std::int64_t c, std::int64_t g)
