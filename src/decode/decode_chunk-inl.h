@@ -261,6 +261,12 @@ HWY_INLINE void WalkHeads(const ChunkArgs<float>& a, float* dots4, BlockFn&& blo
               std::min(a.n, c0 + kHeldKeys));
 }
 
+// K's scales of key c and kv head g when they are per block of dims (k_groups > 1; ChunkArgs' layout),
+// else nullptr (one scale per row is applied by RunChunk).
+HWY_INLINE const float* KeyBlockScales(const ChunkArgs<float>& a, std::int64_t c, std::int64_t g) {
+  return a.k_scales != nullptr && a.k_groups > 1 ? a.k_scales + (c * a.kv_heads + g) * a.k_groups : nullptr;
+}
+
 // De-interleaves WalkKeys' dots4 to scores[g][r][0 .. kChunk) (lanes past n are copied too; they are set
 // to -inf before use).
 HWY_INLINE void UntangleDots(const ChunkArgs<float>& a, const float* dots4, float* scores) {

@@ -217,7 +217,7 @@ void ScoreKeysGrouped(const ChunkArgs<float>& a, float* dots4) {
   const auto dots = [](auto rows, const float* q, std::int64_t d, const T* k, const float* s, std::int64_t G,
                        float* dst) { Dots4Grouped<decltype(rows)::value>(q, d, k, s, G, dst); };
   WalkKeys<T>(a, dots4, [&](std::int64_t nr, std::int64_t row, const T* k, float* dst, std::int64_t c, std::int64_t g) {
-    WithRowCount(nr, dots, a.q + row * d, d, k, a.k_scales + (c * a.kv_heads + g) * a.k_groups, G, dst);
+    WithRowCount(nr, dots, a.q + row * d, d, k, KeyBlockScales(a, c, g), G, dst);
   });
 }
 

@@ -333,12 +333,6 @@ ATTN_DPBF16_ATTR HWY_INLINE void DotsDp(QFn&& q, std::int64_t dd, const T* k, co
   StoreSum4(DF(), VF{acc[0]}, VF{acc[1]}, VF{acc[2]}, VF{acc[3]}, dst);
 }
 
-// K's scales of key c and kv head g when they are per block of dims (k_groups > 1), else nullptr (one
-// scale per row is applied by RunChunk).
-inline const float* KeyBlockScales(const ChunkArgs<float>& a, std::int64_t c, std::int64_t g) {
-  return a.k_scales != nullptr && a.k_groups > 1 ? a.k_scales + (c * a.kv_heads + g) * a.k_groups : nullptr;
-}
-
 // The key walk with DotsDp and q loaded for every key (WalkKeys); kLo: q_lo is there (q is not exactly
 // bf16).
 template <class T, int D, bool kLo>
