@@ -4,11 +4,11 @@
 // The bytes decide the stored type (i8, fp8 e4m3, fp8 e5m2), the scales' layout (one per key and kv
 // head, one per block of head_dim / groups dims, or shared per kv head or per tensor through 0
 // strides), their type (f32, f16), q's type, a contiguous or paged cache, seqlens, an append from
-// k_new/v_new, options, the codes and scales (NaN codes and scales among them with `specials`), and
-// whether one argument is deliberately made invalid: a missing or misshapen scale view, a scale of the
-// wrong type, groups that do not divide head_dim, a quantized q or k_new, a scale view on an
-// unquantized cache, a shared scale that is not finite and > 0 when appending, a non-finite appended
-// value with shared scales, computed scales that overlap out. Properties:
+// k_new/v_new, options (quantized_query on int8 caches among them), the codes and scales (NaN codes and scales among
+// them with `specials`), and whether one argument is deliberately made invalid: a missing or misshapen scale view, a
+// scale of the wrong type, groups that do not divide head_dim, a quantized q or k_new, a scale view on an unquantized
+// cache, a shared scale that is not finite and > 0 when appending, a non-finite appended value with shared scales,
+// computed scales that overlap out. Properties:
 //   * a corrupted call is rejected with an "attn::" message naming the argument, and every buffer
 //     (q, cache, scales, k_new, v_new, out, lse) holds its old bytes;
 //   * an accepted call leaves every cache code and scale outside the appended positions as it was;
@@ -128,6 +128,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.causal = causal;
   DecodeOptions dec;
   dec.num_splits = in.u8() % 5;
+  dec.quantized_query = ct == DType::i8 && (layout & 0x40);  // an int8 cache's opt-in integer dots
   if (append) {
     dec.k_new = &kn.t;
     dec.v_new = &vn.t;

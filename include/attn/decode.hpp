@@ -115,6 +115,13 @@ struct DecodeOptions {
   // key count, so its output and lse are bitwise the same whether it is decoded alone or in any batch,
   // with any thread count. 0 = off (num_splits decides). CPU only: the CUDA backend rejects it.
   std::int64_t keys_per_split = 0;
+  // An int8 cache only (else an error): llama.cpp's fast mode, opt-in. Each query row is quantized to
+  // int8 with one scale (max |q| / 127, round to nearest) and q . k runs on the integer codes (VPDPBUSD),
+  // which costs the scores q's rounding: |error of q . k| <= (max |q| / 254) x sum |k| per key, where the
+  // default is within twice the f32 textbook method's. Taken on CPUs with AVX512-VNNI (and AVX512-BF16
+  // and VBMI: Zen 4, Sapphire Rapids and later) for head dims 64, 128, 192 and 256; elsewhere the exact
+  // kernel runs. Results stay bitwise the same for any thread count. docs/decode.md "quantized_query".
+  bool quantized_query = false;
 };
 
 void attention_decode(const TensorView& q, const KVCache& cache, const TensorView& out,

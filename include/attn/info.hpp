@@ -12,7 +12,10 @@ struct KernelInfo {
                            // AMX tiles), "emulated" (ATTN_AMX=emulate) or "none" (the vector kernels)
   std::string amx_reason;  // why AMX can or cannot run: "AMX-BF16 usable", "the CPU has no AMX", ...
   bool bf16_dots = false;  // the bf16 vector kernels take VDPBF16PS (AVX512-BF16) instead of widening to f32
-  std::string summary;     // all of it in one line
+  // DecodeOptions::quantized_query runs its integer kernel (AVX512-VNNI) for the head dims it takes (64,
+  // 128, 192, 256); false: that option runs the exact kernel here
+  bool quantized_query = false;
+  std::string summary;  // all of it in one line
 };
 
 // The answer now (ATTN_AMX, ATTN_ISA and ATTN_BF16_DOTS are read at every call). ATTN_AMX=on on a machine

@@ -224,7 +224,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
-                            sinks=None, keys_per_split=0, k_scale=None, v_scale=None):
+                            sinks=None, keys_per_split=0, k_scale=None, v_scale=None, quantized_query=False):
     """Decode over a KV cache: q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch, seqlen_cache,
     nheads_k, headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table int32 (batch,
     max_blocks) for any page_size >= 1; k, v (batch, seqlen_new, nheads_k, headdim) are written into the
@@ -245,7 +245,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     token, headdim / 32 for llama.cpp's q8_0 blocks), or (rows, slots, nheads_k) (per token), or
     (nheads_k,) (per kv head, vLLM's and FA3's convention), or a 0-d tensor (per tensor); the last two
     are shared, and k, v are quantized with them; per-token scales of the appended positions are
-    computed (amax / 127, 448, 57344) and written into k_scale, v_scale (docs/decode.md)."""
+    computed (amax / 127, 448, 57344) and written into k_scale, v_scale (docs/decode.md).
+    quantized_query=True (an int8 cache only, CPU): llama.cpp's fast mode, opt-in; each query row is
+    rounded to int8 codes with one scale and q . k runs on the codes, which adds that rounding's error
+    to the scores (include/attn/decode.hpp; docs/decode.md "quantized_query")."""
     import contextlib
     import torch
     _ops = _torch_ops()
@@ -253,6 +256,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          **{name: t for name, t in (("k", k), ("v", v)) if t is not None})
     left, right = _window("attn.flash_attn_with_kvcache", window_size)
     on_cuda = q.is_cuda  # attn's CUDA backend (docs/python.md, "CUDA tensors")
+    if on_cuda and quantized_query:
+        raise ValueError("attn.flash_attn_with_kvcache: quantized_query: the CUDA backend has no quantized caches; "
+                         "it is a CPU mode")
     if on_cuda:
         _ops.require_cuda("attn.flash_attn_with_kvcache", q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
                           cache_seqlens=cache_seqlens, block_table=block_table, cache_batch_idx=cache_batch_idx,
@@ -279,7 +285,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
                window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
                num_threads=get_num_threads(), sinks=detach(sinks), k_scale=k_scale, v_scale=v_scale,
-               cache_type=cache_type, **extra)
+               cache_type=cache_type, **extra, **({} if on_cuda else dict(quantized_query=bool(quantized_query))))
     return (out, lse) if return_softmax_lse else out
 
 

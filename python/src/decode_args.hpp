@@ -88,7 +88,8 @@ struct DecodeCall {
              const std::optional<A>& k_new_, const std::optional<A>& v_new_, const std::optional<A>& batch_idx,
              const std::optional<A>& leftpad, const std::optional<A>& rotary_cos, const std::optional<A>& rotary_sin,
              bool rotary_interleaved, std::int64_t num_splits, std::int64_t keys_per_split,
-             const std::optional<A>& k_scale, const std::optional<A>& v_scale, const std::string& cache_type) {
+             const std::optional<A>& k_scale, const std::optional<A>& v_scale, const std::string& cache_type,
+             bool quantized_query = false) {
     q = view_of(who, "q", q_, 4);
     out = view_of(who, "out", out_, 4);
     if (cache_type.empty()) {
@@ -111,6 +112,7 @@ struct DecodeCall {
     if (leftpad) cache.leftpad = int32_data(who, "cache_leftpad", *leftpad, q.shape[0]);
     dec.num_splits = num_splits;
     dec.keys_per_split = keys_per_split;
+    dec.quantized_query = quantized_query;
     if (rotary_cos || rotary_sin) set_rotary(who, rotary_cos, rotary_sin, rotary_interleaved);
     if (k_new_) k_new = view_of(who, "k", *k_new_, 4), dec.k_new = &k_new;
     if (v_new_) v_new = view_of(who, "v", *v_new_, 4), dec.v_new = &v_new;

@@ -193,14 +193,14 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
              std::int64_t num_splits, std::int64_t keys_per_split, std::optional<double> scale, bool causal,
              std::int64_t wl, std::int64_t wr, double softcap, std::optional<Array> alibi, double dropout_p,
              std::uint64_t seed, std::uint64_t offset, int threads, std::optional<Array> sinks,
-             std::optional<Array> k_scale, std::optional<Array> v_scale, std::string cache_type) {
+             std::optional<Array> k_scale, std::optional<Array> v_scale, std::string cache_type, bool quantized_query) {
   const char* who = "attn.kvcache";
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
   const attn_py::DecodeCall<Array> c(who, q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_new, v_new,
                                      batch_idx, leftpad, rotary_cos, rotary_sin, rotary_interleaved, num_splits,
-                                     keys_per_split, k_scale, v_scale, cache_type);
+                                     keys_per_split, k_scale, v_scale, cache_type, quantized_query);
   nb::gil_scoped_release unlocked;
   attn::attention_decode(c.q, c.cache, c.out, o, c.dec, c.lse_ptr());
 }
@@ -324,6 +324,7 @@ NB_MODULE(_C, m) {
         d["amx"] = k.amx;
         d["amx_reason"] = k.amx_reason;
         d["bf16_dots"] = k.bf16_dots;
+        d["quantized_query"] = k.quantized_query;
         d["summary"] = k.summary;
         return d;
       },
@@ -357,6 +358,7 @@ NB_MODULE(_C, m) {
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved") = false,
         nb::arg("num_splits") = 0, nb::arg("keys_per_split") = 0, ATTN_OPTION_ARGS,
         nb::arg("k_scale").none() = nb::none(), nb::arg("v_scale").none() = nb::none(), nb::arg("cache_type") = "",
+        nb::arg("quantized_query") = false,
         "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place; a quantized "
         "cache comes as uint8 with cache_type and k_scale, v_scale.");
   m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),

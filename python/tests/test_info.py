@@ -4,10 +4,12 @@ import attn
 
 def test_info_names_the_simd_target_and_the_amx_path(monkeypatch):
     i = attn.info()
-    assert set(i) == {"simd", "amx", "amx_reason", "bf16_dots", "summary"}
+    assert set(i) == {"simd", "amx", "amx_reason", "bf16_dots", "quantized_query", "summary"}
     assert i["summary"].startswith("SIMD " + i["simd"])
     assert i["amx"] in ("hardware", "emulated", "none")
     assert isinstance(i["bf16_dots"], bool) and i["amx_reason"]
+    assert isinstance(i["quantized_query"], bool)
+    assert ("quantized_query" in i["summary"]) == i["quantized_query"]
     monkeypatch.setenv("ATTN_AMX", "emulate")  # read at every call
     assert attn.info()["amx"] == "emulated" and "AMX emulator" in attn.info()["summary"]
     monkeypatch.setenv("ATTN_AMX", "off")

@@ -102,3 +102,44 @@ def test_bad_quantized_input_is_named():
     with pytest.raises(attn.AttnError, match="v_cache: dtype must match k_cache"):
         attn.flash_attn_with_kvcache(q, kc, torch.zeros(1, 4, 1, 32), cache_seqlens=4, k_scale=torch.ones(1),
                                      v_scale=torch.ones(1))
+
+
+def rounded_rows(q):
+    """q with each row rounded as quantized_query rounds it: scale = amax / 127 (f32), code = q / scale
+    to nearest even (torch.round), value code * scale; a row below f32's normal range becomes zero."""
+    s = q.abs().amax(dim=-1, keepdim=True) / 127.0
+    ok = s >= torch.finfo(torch.float32).tiny
+    return torch.where(ok, torch.round(q / torch.where(ok, s, torch.ones_like(s))) * s, torch.zeros_like(q))
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+def test_quantized_query_within_twice_the_textbook_of_the_rounded_queries(blocks):
+    """quantized_query=True: where attn.info() says its kernel runs, the output is within 2x the textbook's
+    error of the oracle on the rounded q (per token or q8_0 blocks of 32); elsewhere of the one on q."""
+    g = torch.Generator().manual_seed(17)
+    b, hk, group, d, n = 2, 2, 4, 128, 150
+    q = torch.randn(b, 1, hk * group, d, generator=g)
+    k, v = torch.randn(b, n, hk, d, generator=g), torch.randn(b, n, hk, d, generator=g)
+    if blocks:  # q8_0: a scale per 32 dims
+        kc, ks = quantize_per_token(k.view(b, n, hk, d // 32, 32))
+        kc, ks = kc.view(b, n, hk, d), ks
+        kd = kc.float().view(b, n, hk, d // 32, 32).mul(ks.unsqueeze(-1)).view(b, n, hk, d)
+    else:
+        kc, ks = quantize_per_token(k)
+        kd = dequantized(kc, ks)
+    vc, vs = quantize_per_token(v)
+    vd = dequantized(vc, vs)
+    out = attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, k_scale=ks, v_scale=vs, quantized_query=True)
+    qs = rounded_rows(q) if attn.info()["quantized_query"] else q
+    check_rule(out, attention_ref(qs, kd, vd), attention_ref(qs, kd, vd, upcast=False), 2, torch.float32,
+               "quantized_query")
+    exact = attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, k_scale=ks, v_scale=vs)
+    if attn.info()["quantized_query"]:
+        assert not torch.equal(out, exact), "quantized_query ran the exact kernel"
+
+
+def test_quantized_query_on_another_cache_is_named():
+    q = torch.randn(1, 1, 2, 64)
+    kc = torch.zeros(1, 4, 1, 64)
+    with pytest.raises(attn.AttnError, match="quantized_query: needs an int8 cache"):
+        attn.flash_attn_with_kvcache(q, kc, kc.clone(), cache_seqlens=4, quantized_query=True)

@@ -10,6 +10,7 @@
 
 #include "amx/amx.hpp"
 #include "cpu/dpbf16.hpp"
+#include "decode/decode_internal.hpp"
 
 namespace attn {
 
@@ -32,6 +33,8 @@ KernelInfo kernel_info() {
   k.summary += k.bf16_dots                    ? ", bf16 dot products (AVX512-BF16)"
                : detail::cpu_has_avx512bf16() ? ", bf16 widened to f32 (AVX512-BF16 not used)"
                                               : ", bf16 widened to f32";
+  k.quantized_query = detail::decode_query_codes_run(128, 1);
+  if (k.quantized_query) k.summary += ", quantized_query on integer dots (AVX512-VNNI)";
   return k;
 }
 

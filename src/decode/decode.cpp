@@ -14,6 +14,7 @@
 // Steps 3 and 4 never depend on which thread ran what, so the output is bitwise identical for any
 // thread count.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -137,7 +138,37 @@ struct PackedQueries {
   std::vector<A> q, slopes;
   std::vector<std::uint16_t> q_hi, q_lo;
   bool q_exact = true;  // q_lo is all zeros (not stored)
+  // quantized_query: each row's int8 codes and scale (quantize_query_rows)
+  std::vector<std::int8_t> q_codes;
+  std::vector<float> q_code_scales;
 };
+
+// quantized_query (llama.cpp's quantization of the activations, per row): scale = max |q| / 127 and
+// codes round(q / scale), to nearest even, so |q - code x scale| <= scale / 2. A row whose scale would
+// be below f32's normal range (all |q| < 127 x 2^-126, zero included) gets scale 0 and codes 0; a row
+// with a NaN or infinite q gets a NaN scale (and codes 0), so its scores are NaN, as the exact kernel's
+// would be or lead to.
+void quantize_query_rows(const std::vector<float>& q, std::int64_t d, std::vector<std::int8_t>& codes,
+                         std::vector<float>& scales) {
+  const std::int64_t rows = static_cast<std::int64_t>(q.size()) / d;
+  codes.assign(q.size(), 0);
+  scales.assign(static_cast<std::size_t>(rows), 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* src = q.data() + r * d;
+    float amax = 0;
+    for (std::int64_t x = 0; x < d; ++x) amax = std::isfinite(src[x]) ? std::max(amax, std::fabs(src[x])) : NAN;
+    float& scale = scales[static_cast<std::size_t>(r)];
+    scale = amax / 127.0f;
+    if (!std::isfinite(scale)) continue;
+    if (scale < FLT_MIN) {
+      scale = 0;
+      continue;
+    }
+    std::int8_t* dst = codes.data() + r * d;
+    for (std::int64_t x = 0; x < d; ++x)
+      dst[x] = static_cast<std::int8_t>(std::clamp(std::nearbyint(src[x] / scale), -127.0f, 127.0f));
+  }
+}
 
 template <class A>
 PackedQueries<A> pack_queries(const DecodeProblem& p) {
@@ -165,6 +196,7 @@ PackedQueries<A> pack_queries(const DecodeProblem& p) {
         }
   });
   if constexpr (std::is_same_v<A, float>) {
+    if (p.quantized_query) quantize_query_rows(pq.q, d, pq.q_codes, pq.q_code_scales);
     if (split_q && p.q_dtype == DType::f16) {
       pq.q_lo.resize(q_size);
       std::uint32_t inexact = 0;  // any q_lo other than +-0 (a NaN q gives a NaN q_lo)
@@ -226,6 +258,10 @@ class ItemWorker {
     a_.q = pq_.q.data() + q_at;
     a_.slopes = pq_.slopes.data() + b * p_.heads;
     a_.states = states;
+    if (!pq_.q_codes.empty()) {
+      a_.q_codes = pq_.q_codes.data() + q_at;
+      a_.q_code_scales = pq_.q_code_scales.data() + q_at / p_.head_dim;
+    }
     if (!pq_.q_hi.empty()) {
       a_.q_hi = pq_.q_hi.data() + q_at;
       a_.q_lo = pq_.q_exact ? nullptr : pq_.q_lo.data() + q_at;

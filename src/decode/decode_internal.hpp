@@ -47,6 +47,10 @@ struct ChunkArgs {
   // same layout as q: the bf16 dot-product path of decode_simd.cpp uses them when the CPU has it.
   const std::uint16_t* q_hi = nullptr;
   const std::uint16_t* q_lo = nullptr;
+  // DecodeOptions::quantized_query with an int8 cache: each query row as int8 codes (same layout as q)
+  // and its f32 scale ([kv_heads][group * seqlen_q]); q = codes x scale (decode_query_codes-inl.h).
+  const std::int8_t* q_codes = nullptr;
+  const float* q_code_scales = nullptr;
   // The output is bf16: that path may also round p to bf16 for P V (flash-attn's rule; l stays the
   // sum of the f32 p, so the LSE keeps f32 accuracy).
   bool bf16_out = false;
@@ -92,6 +96,9 @@ void decode_finish_simd(const ChunkArgs<float>& a, DType cache_dtype);
 // The bf16 dot-product kernel's conversion of n (a multiple of 32) codes of a quantized cache to bf16
 // bits, for the tests; false (nothing written) where that kernel does not run on the dispatched target.
 bool decode_codes_to_bf16(DType t, const std::uint8_t* codes, std::int64_t n, std::uint16_t* out);
+// Whether DecodeOptions::quantized_query runs its kernel on the dispatched target, for an int8 cache of
+// head dim head_dim whose K has k_groups scales per row (else decode runs the exact kernel).
+bool decode_query_codes_run(std::int64_t head_dim, std::int64_t k_groups);
 
 // Quantized caches (i8, fp8): n rows dequantized to out[c][head_dim] with the scales scales[c][groups]
 // (core/quant.hpp's rule, the kernel's SIMD conversions; decode_dequant.cpp).

@@ -320,6 +320,7 @@ namespace attn::detail {
 HWY_EXPORT(ChunkDispatch);
 HWY_EXPORT(FinishDispatch);
 HWY_EXPORT(CodesToBf16);
+HWY_EXPORT(QueryCodesRun);
 void decode_chunk_simd(const ChunkArgs<float>& a, DType cache_dtype) {
   HWY_DYNAMIC_DISPATCH(ChunkDispatch)(a, cache_dtype);
 }
@@ -328,6 +329,9 @@ void decode_finish_simd(const ChunkArgs<float>& a, DType cache_dtype) {
 }
 bool decode_codes_to_bf16(DType t, const std::uint8_t* codes, std::int64_t n, std::uint16_t* out) {
   return HWY_DYNAMIC_DISPATCH(CodesToBf16)(t, codes, n, out);
+}
+bool decode_query_codes_run(std::int64_t head_dim, std::int64_t k_groups) {
+  return HWY_DYNAMIC_DISPATCH(QueryCodesRun)(head_dim, k_groups);
 }
 }  // namespace attn::detail
 #endif

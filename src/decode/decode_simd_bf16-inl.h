@@ -34,6 +34,7 @@
 #include "core/quant.hpp"
 #include "decode/decode_chunk-inl.h"
 #include "decode/decode_internal.hpp"
+#include "decode/decode_query_codes-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail::HWY_NAMESPACE {
@@ -384,6 +385,9 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
       [&](float* dots4) ATTN_DPBF16_ATTR {
         WithHeadDim(a.head_dim, [&](auto D) ATTN_DPBF16_ATTR {
           constexpr int kD = decltype(D)::value;
+          if constexpr (kD > 0 && kD % 64 == 0 && std::is_same_v<T, std::int8_t>)
+            if (a.q_codes != nullptr && QueryCodesTake(kD, a.k_scales != nullptr ? a.k_groups : 1))
+              return ScoreKeysQueryCodes<kD>(a, dots4);
           if constexpr (kD > 0 && kD <= 128 && !std::is_same_v<T, bf16_t>)
             if (a.q_lo == nullptr) return ScoreKeysDpHeld<T, kD>(a, dots4);
           a.q_lo != nullptr ? ScoreKeysDp<T, kD, true>(a, dots4) : ScoreKeysDp<T, kD, false>(a, dots4);
@@ -413,11 +417,23 @@ ATTN_DPBF16_ATTR void ChunkDpOf(const ChunkArgs<float>& a, DType t) {
 // The path ChunkDp serves: a cache type whose values bf16 holds (dots_in_bf16), on a CPU with the
 // instruction, q split (q_hi set), head_dim and head_dim_v multiples of 32, and a quantized cache's blocks
 // of dims (if it has scales per block) multiples of 32.
+// With q's codes (quantized_query), an int8 cache takes it on any CPU with the instructions, for the
+// head dims its walk unrolls (QueryCodesFit), whether or not VDPBF16PS pays there: that walk and the
+// int8 P V run none.
 bool UseDp(const ChunkArgs<float>& a, DType t) {
   const auto blocks_fit = [](std::int64_t d, std::int64_t groups) { return groups <= 1 || (d / groups) % 32 == 0; };
-  return bf16_dots() && dots_in_bf16(t) && a.head_dim % 32 == 0 && a.head_dim_v % 32 == 0 && a.q_hi != nullptr &&
-         (a.k_scales == nullptr || blocks_fit(a.head_dim, a.k_groups)) &&
-         (a.v_scales == nullptr || blocks_fit(a.head_dim_v, a.v_groups));
+  if (!(a.head_dim % 32 == 0 && a.head_dim_v % 32 == 0 &&
+        (a.k_scales == nullptr || blocks_fit(a.head_dim, a.k_groups)) &&
+        (a.v_scales == nullptr || blocks_fit(a.head_dim_v, a.v_groups))))
+    return false;
+  const bool codes = t == DType::i8 && a.q_codes != nullptr && cpu_has_avx512bf16() &&
+                     QueryCodesTake(a.head_dim, a.k_scales != nullptr ? a.k_groups : 1);
+  return codes || (bf16_dots() && dots_in_bf16(t) && a.q_hi != nullptr);
+}
+
+// The test hook decode_query_codes_run (decode_internal.hpp).
+bool QueryCodesRun(std::int64_t head_dim, std::int64_t k_groups) {
+  return cpu_has_avx512bf16() && QueryCodesTake(head_dim, k_groups);
 }
 
 // The test hook decode_codes_to_bf16 (decode_internal.hpp): LoadBf16x32 over n codes (a multiple of 32).
@@ -438,6 +454,7 @@ bool CodesToBf16(DType t, const std::uint8_t* codes, std::int64_t n, std::uint16
 }
 #else
 bool UseDp(const ChunkArgs<float>&, DType) { return false; }
+bool QueryCodesRun(std::int64_t, std::int64_t) { return false; }
 bool CodesToBf16(DType, const std::uint8_t*, std::int64_t, std::uint16_t*) { return false; }
 #endif  // ATTN_DPBF16_TARGET
 

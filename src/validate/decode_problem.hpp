@@ -24,6 +24,7 @@ struct DecodeProblem : ResolvedOptions {  // the score rule and the thread count
   DType cache_dtype, q_dtype;
   std::int64_t num_splits;      // 0 = automatic, per sequence
   std::int64_t keys_per_split;  // > 0: slices of at most this many keys, in place of num_splits
+  bool quantized_query;         // DecodeOptions::quantized_query (an int8 cache)
   TensorView q, k, v, out;
   const TensorView* lse;
   const TensorView* k_new;  // nullptr when nothing is appended

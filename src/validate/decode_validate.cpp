@@ -176,6 +176,9 @@ void check_dtypes(std::string_view who, const TensorView& q, const KVCache& cach
                   const DecodeOptions& dec, const TensorView* lse) {
   const DType ct = cache.k.dtype;
   require_dtype(who, "cache.v", cache.v.dtype, ct, "cache.k");
+  if (dec.quantized_query && ct != DType::i8)
+    fail(who, "quantized_query",
+         "needs an int8 cache (int8 or q8_0 scales), got a " + std::string(dtype_name(ct)) + " cache");
   if (is_quantized(ct)) {
     check_quantized_types(who, ct, q, dec);
   } else if (dec.k_new) {
@@ -360,6 +363,7 @@ DecodeProblem make_problem(const TensorView& q, const KVCache& cache, const Tens
   p.q_dtype = q.dtype;
   p.num_splits = dec.num_splits;
   p.keys_per_split = dec.keys_per_split;
+  p.quantized_query = dec.quantized_query;
   p.q = q;
   p.k = cache.k;
   p.v = cache.v;

@@ -9,6 +9,9 @@
 // k_new / v_new are appended: afterwards every byte of the codes and scales outside the appended slots
 // is unchanged, and the appended codes and (owned) scales are those of core/quant.hpp's rule.
 // Unused slots hold NaN scales where scales are per token, so a read of one poisons the output.
+// In about a third of the int8 configs, with DecodeOptions::quantized_query: where its kernel runs
+// (detail::decode_query_codes_run) the oracle and the textbook take q with each row rounded as that mode
+// rounds it (common/query_codes.hpp), elsewhere q itself.
 #pragma once
 
 #include <algorithm>
@@ -21,7 +24,9 @@
 
 #include "attn/decode.hpp"
 #include "case.hpp"
+#include "common/query_codes.hpp"
 #include "core/quant.hpp"
+#include "decode/decode_internal.hpp"
 
 namespace attn::fuzz {
 
@@ -142,6 +147,8 @@ std::string check_decode_quantized(Config c, bool paged) {
   DecodeOptions dec;
   dec.num_splits = c.num_splits % 7 == 0 ? 0 : c.num_splits;
   if (SN > 0 || ra.chance(0.1)) dec.k_new = &knv, dec.v_new = &vnv;  // an append of 0 keys now and then
+  dec.quantized_query = ct == DType::i8 && Rng(mix(c.seed) ^ 0x9c0de).chance(0.35);
+  const bool rounded_q = dec.quantized_query && detail::decode_query_codes_run(D, groups);
   // What the append must leave: the codes and scales as they were, but the appended slots by the rule.
   QuantSide want[2] = {side[0], side[1]};
   for (int s = 0; s < 2 && dec.k_new; ++s) {
@@ -171,7 +178,9 @@ std::string check_decode_quantized(Config c, bool paged) {
   run(c.opts.num_threads, out, lse);
   run(c.alt_threads, out2, lse2);
   std::string fail = std::string(dtype_name(ct)) + " cache, " + std::string(dtype_name(st)) + " scales, layout " +
-                     std::to_string(kind) + ", groups " + std::to_string(groups) + ": ";
+                     std::to_string(kind) + ", groups " + std::to_string(groups) +
+                     (dec.quantized_query ? rounded_q ? ", quantized_query" : ", quantized_query (exact kernel)" : "") +
+                     ": ";
   const std::size_t prefix = fail.size();
   for (int s = 0; s < 2; ++s) {
     const char* n = s == 0 ? "k" : "v";
@@ -191,6 +200,12 @@ std::string check_decode_quantized(Config c, bool paged) {
     std::vector<double> q64(static_cast<std::size_t>(SQ * H * D)), kv64[2];
     for (std::size_t i = 0; i < q64.size(); ++i)
       q64[i] = detail::load<double>(q[static_cast<std::size_t>(b * SQ * H * D) + i]);
+    if (rounded_q)
+      for (std::size_t at = 0; at < q64.size(); at += static_cast<std::size_t>(D)) {
+        std::vector<float> row(q64.begin() + at, q64.begin() + at + D);
+        test::round_query_row(row.data(), D);
+        std::copy(row.begin(), row.end(), q64.begin() + at);
+      }
     for (int s = 0; s < 2; ++s) {
       kv64[s].resize(static_cast<std::size_t>(n * HK * D));
       for (std::int64_t p = 0; p < n; ++p)

@@ -68,12 +68,20 @@ struct Format {
   DType type;
   std::int64_t groups = 0;
   DType scale_type = DType::f32;
+  bool quantized_query = false;  // "+qq": the cache decoded with DecodeOptions::quantized_query
   std::size_t scale_bytes(std::int64_t keys, std::int64_t kv_heads) const {  // read per K or V
     return groups > 0 ? static_cast<std::size_t>(keys * kv_heads * groups) * dtype_size(scale_type) : 0;
   }
 };
 
 Format parse_format(const std::string& s, std::int64_t head_dim) {
+  if (s.size() > 3 && s.ends_with("+qq")) {
+    Format f = parse_format(s.substr(0, s.size() - 3), head_dim);
+    if (f.type != DType::i8) throw UsageError("--dtype " + s + ": +qq (quantized_query) needs int8 or q8_0");
+    f.name = s;
+    f.quantized_query = true;
+    return f;
+  }
   if (s == "bf16") return {s, DType::bf16};
   if (s == "f16") return {s, DType::f16};
   if (s == "f32") return {s, DType::f32};
@@ -85,7 +93,9 @@ Format parse_format(const std::string& s, std::int64_t head_dim) {
   }
   if (s == "fp8" || s == "fp8_e4m3") return {"fp8_e4m3", DType::fp8_e4m3};  // one scale per kv head
   if (s == "fp8_e5m2") return {s, DType::fp8_e5m2};
-  throw UsageError("--dtype: each must be bf16, f16, f32, int8, q8_0, fp8 (= fp8_e4m3) or fp8_e5m2, got '" + s + "'");
+  throw UsageError(
+      "--dtype: each must be bf16, f16, f32, int8, q8_0, fp8 (= fp8_e4m3), fp8_e5m2, int8+qq or q8_0+qq, got '" + s +
+      "'");
 }
 
 std::vector<Format> parse_formats(const std::string& s, std::int64_t head_dim) {
@@ -256,6 +266,7 @@ void run_case(const Case& cs, const Args& args, const Format& fmt, const std::ve
   const double flops = 4.0 * static_cast<double>(seq_q * total_keys) * H * D;
   DecodeOptions dec;
   dec.num_splits = splits;
+  dec.quantized_query = fmt.quantized_query;
 
   for (std::size_t ti = 0; ti < threads.size(); ++ti) {
     const int t = threads[ti];
@@ -321,7 +332,8 @@ void add_bench_decode(CLI::App& bench) {
   c->add_option("--dtype", args->dtype,
                 "cache types, comma-separated, compared in one table (the first is the baseline): bf16, f16, f32, "
                 "int8 (f32 scale per key and kv head), q8_0 (i8, f16 scale per 32 dims), fp8 = fp8_e4m3, fp8_e5m2 "
-                "(one scale per kv head); quantized caches run with bf16 q")
+                "(one scale per kv head), int8+qq and q8_0+qq (with quantized_query: q as int8 codes); quantized "
+                "caches run with bf16 q")
       ->capture_default_str();
   c->add_option("--num-splits", args->num_splits, "key slices per sequence (0 = automatic)")->capture_default_str();
   c->add_option("--seq-q", args->seq_q, "queries per sequence (causal among them when > 1)")->capture_default_str();
