@@ -28,6 +28,7 @@
 #include "attn/merge.hpp"
 #include "attn/varlen.hpp"
 #include "decode_args.hpp"
+#include "validate/varlen_rules.hpp"
 #include "views.hpp"
 
 namespace nb = nanobind;
@@ -205,6 +206,15 @@ void kvcache(const Array& q, const Array& k_cache, const Array& v_cache, const A
   attn::attention_decode(c.q, c.cache, c.out, o, c.dec, c.lse_ptr());
 }
 
+// cu_seqlens (batch + 1 int32 offsets) by the varlen kernels' rule (validate/varlen_rules.hpp; total < 0:
+// any last offset), for Python code that reads the offsets before it calls a kernel (flash_attn's
+// seqused_k), so that a bad array gets the kernel's own message.
+void check_cu_seqlens(const std::string& who, const std::string& arg, const Array& cu, std::int64_t batch,
+                      std::int64_t total) {
+  attn::detail::check_cu_seqlens(who, arg, int32_data(who.c_str(), arg.c_str(), cu, batch + 1, "batch + 1"), batch,
+                                 total);
+}
+
 void merge_states(const Array& parts, const Array& parts_lse, const Array& out, const Array& lse) {
   const char* who = "attn.merge_states";
   const TensorView pv = view_of(who, "v", parts, 4), lv = view_of(who, "s", parts_lse, 3),
@@ -361,6 +371,10 @@ NB_MODULE(_C, m) {
         nb::arg("quantized_query") = false,
         "attention_decode over a KV cache (flash_attn_with_kvcache), appending k_new/v_new in place; a quantized "
         "cache comes as uint8 with cache_type and k_scale, v_scale.");
+  m.def("check_cu_seqlens", &check_cu_seqlens, nb::arg("who"), nb::arg("arg"), nb::arg("cu"), nb::arg("batch"),
+        nb::arg("total"),
+        "Checks batch + 1 int32 offsets (0 first, non-decreasing, the last = total unless total < 0) by the varlen "
+        "kernels' rule, raising AttnError with their message.");
   m.def("merge_states", &merge_states, nb::arg("parts"), nb::arg("parts_lse"), nb::arg("out"), nb::arg("lse"),
         "attn::merge_states: parts [rows, states, heads, d], parts_lse [rows, states, heads] into out "
         "[rows, 1, heads, d], lse [rows, 1, heads].");

@@ -204,12 +204,18 @@ def test_bad_seqused_k_is_named_before_anything_runs(seqused_k, message):
     assert out_.isnan().all() and torch.equal(torch.get_rng_state(), state)
 
 
-def test_bad_cu_seqlens_k_with_seqused_k_is_named():
+def test_bad_cu_seqlens_k_with_seqused_k_is_named_as_the_kernel_names_it():
+    """With seqused_k the offsets are read before any kernel runs; they are checked by the kernels' own rule
+    (_C.check_cu_seqlens), so the message is the one the call without seqused_k gives, past the caller's name."""
     q, k, v = problem(torch.float32, seed=7)
-    for cu, message in ((i32([0, 7, 17]), "cu_seqlens_k: must be an int32 tensor of shape (batch + 1,) = (4,)"),
+    for cu, message in ((i32([0, 7, 17]), "cu_seqlens_k: must hold batch + 1 = 4 entries, got 3"),
+                        (torch.tensor([0, 7, 17, 23]), "cu_seqlens_k: must be a contiguous 1-D int32 array"),
                         (i32([1, 7, 17, 23]), "cu_seqlens_k: [0] must be 0, got 1"),
                         (i32([0, 7, 5, 23]), "cu_seqlens_k: must be non-decreasing, but [2] = 5 < [1] = 7"),
                         (i32([0, 7, 17, 22]), "cu_seqlens_k: [batch] must equal the packed length 23, got 22")):
         with pytest.raises(attn.AttnError) as info:
             _flash_attn_varlen_forward(q, k, v, i32(CU_Q), cu, 4, 10, 0.0, None, False, seqused_k=i32(USED))
         assert f"{WHO}: {message}" in str(info.value), str(info.value)
+        with pytest.raises(attn.AttnError) as kernel:
+            _flash_attn_varlen_forward(q, k, v, i32(CU_Q), cu, 4, 10, 0.0, None, False)
+        assert str(info.value).split(": ", 1)[1] == str(kernel.value).split(": ", 1)[1]  # past the caller's name

@@ -102,20 +102,11 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
 
 def _key_counts(who, cu_seqlens_k, batch, total_k):
-    """Each sequence's key count from cu_seqlens_k, checked by the kernel's rules (int32 (batch + 1,), [0] = 0,
-    non-decreasing, [batch] = total_k unless None) before seqused_k is compared with them."""
-    if cu_seqlens_k.dtype != torch.int32 or tuple(cu_seqlens_k.shape) != (batch + 1,):
-        raise _C.AttnError(f"{who}: cu_seqlens_k: must be an int32 tensor of shape (batch + 1,) = ({batch + 1},), "
-                           f"got {cu_seqlens_k.dtype} of shape {tuple(cu_seqlens_k.shape)}")
+    """Each sequence's key count from cu_seqlens_k, checked by the kernels' own rule (_C.check_cu_seqlens: int32
+    (batch + 1,), [0] = 0, non-decreasing, [batch] = total_k unless None) before seqused_k is compared with them."""
+    _C.check_cu_seqlens(who, "cu_seqlens_k", cu_seqlens_k.detach().cpu().contiguous(), batch,
+                        -1 if total_k is None else int(total_k))
     cu = cu_seqlens_k.tolist()
-    if cu[0] != 0:
-        raise _C.AttnError(f"{who}: cu_seqlens_k: [0] must be 0, got {cu[0]}")
-    for b in range(batch):
-        if cu[b + 1] < cu[b]:
-            raise _C.AttnError(f"{who}: cu_seqlens_k: must be non-decreasing, but [{b + 1}] = {cu[b + 1]} < "
-                               f"[{b}] = {cu[b]}")
-    if total_k is not None and cu[batch] != total_k:
-        raise _C.AttnError(f"{who}: cu_seqlens_k: [batch] must equal the packed length {total_k}, got {cu[batch]}")
     return [cu[b + 1] - cu[b] for b in range(batch)]
 
 
