@@ -32,6 +32,30 @@ TEST(PageTable, PagedLooksThePageUpInTheRowOfTheTable) {
   }
 }
 
+// locate: every run of positions, starting anywhere in a page and crossing pages, gives the offsets that
+// offset() gives key by key, paged (page sizes 1, 3, 4) and contiguous, and through CacheIndex with
+// leftpad and batch_idx.
+TEST(PageTable, LocateARunIsOffsetKeyByKey) {
+  // two rows of 12 pages: positions up to 10 stay in a row even with pages of one slot
+  const std::int32_t table[] = {5, 1, 9, 2, 0, 7, 3, 8, 6, 4, 11, 10, 17, 13, 21, 14, 12, 19, 15, 20, 18, 16, 23, 22};
+  for (std::int64_t page_size : {0, 1, 3, 4})
+    for (std::int64_t b : {0, 1})
+      for (std::int64_t pos = 0; pos < 6; ++pos)
+        for (std::int64_t n : {1, 2, 5, 6}) {
+          const PageTable pages = page_size ? PageTable{table, 12, page_size} : PageTable{};
+          std::int64_t row[8], slot[8];
+          pages.locate(b, pos, n, row, slot);
+          for (std::int64_t c = 0; c < n; ++c)
+            EXPECT_EQ(row[c] * 400 + slot[c] * 100, pages.offset(b, pos + c, 400, 100))
+                << "page size " << page_size << " row " << b << " from " << pos << " key " << c;
+        }
+  const std::int32_t seqlens[] = {6, 3}, batch_idx[] = {1, 0}, leftpad[] = {2, 0};
+  const CacheIndex index{seqlens, 2, batch_idx, leftpad, PageTable{}};
+  std::int64_t row[4], slot[4];
+  index.locate_keys(0, 1, 4, row, slot);
+  for (std::int64_t c = 0; c < 4; ++c) EXPECT_EQ(row[c] * 400 + slot[c] * 100, index.key_offset(0, 1 + c, 400, 100));
+}
+
 TEST(CacheIndex, LeftpadAndBatchIdxMoveTheKeysAndTheRow) {
   const std::int32_t seqlens[] = {6, 3}, batch_idx[] = {4, 1}, leftpad[] = {2, 0};
   CacheIndex index{seqlens, 2, batch_idx, leftpad, PageTable{}};

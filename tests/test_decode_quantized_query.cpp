@@ -96,9 +96,11 @@ void check_head_dim(double& worst_extra) {
 TEST(DecodeQuantizedQuery, WithinTwiceTheTextbookErrorOfTheOracleOnTheRoundedQueries) {
   double worst_extra = 0;
   check_head_dim<64>(worst_extra);
-  check_head_dim<128>(worst_extra);
   check_head_dim<192>(worst_extra);
-  check_head_dim<256>(worst_extra);
+  if (test::full_or_sanitized(1, 0)) {  // sanitizer builds: the smallest head dim and the odd one
+    check_head_dim<128>(worst_extra);
+    check_head_dim<256>(worst_extra);
+  }
   std::printf("quantized_query: worst |out - oracle on unrounded q| %.4f\n", worst_extra);
 }
 

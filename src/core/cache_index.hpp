@@ -28,6 +28,22 @@ struct PageTable {
     return table == nullptr ? b * s0 + pos * s1
                             : std::int64_t{table[b * stride + pos / page_size]} * s0 + (pos % page_size) * s1;
   }
+  // Where the n consecutive key positions pos .. pos + n - 1 of cache row b are: offset(b, pos + c, s0,
+  // s1) = row[c] * s0 + slot[c] * s1 for every view of the cache (K, V, their scales). One division for
+  // the run: per key and view, a paged cache's lookups cost a 64-bit division each.
+  ATTN_HOST_DEVICE constexpr void locate(std::int64_t b, std::int64_t pos, std::int64_t n, std::int64_t* row,
+                                         std::int64_t* slot) const {
+    if (table == nullptr) {
+      for (std::int64_t c = 0; c < n; ++c) row[c] = b, slot[c] = pos + c;
+      return;
+    }
+    std::int64_t page = pos / page_size, s = pos % page_size;
+    for (std::int64_t c = 0; c < n; ++c) {
+      row[c] = table[b * stride + page];
+      slot[c] = s;
+      if (++s == page_size) s = 0, ++page;
+    }
+  }
   // Row b alone, as the table of a one-row cache (a varlen sequence's own keys): offset(0, ...) then
   // reads row b. A contiguous cache is returned as it is.
   ATTN_HOST_DEVICE constexpr PageTable row(std::int64_t b) const {
@@ -63,6 +79,11 @@ struct CacheIndex {
   ATTN_HOST_DEVICE constexpr std::int64_t position_offset(std::int64_t b, std::int64_t pos, std::int64_t s0,
                                                           std::int64_t s1) const {
     return pages.offset(cache_row(b), pos, s0, s1);
+  }
+  // Where keys j .. j + n - 1 of sequence b are (PageTable::locate).
+  ATTN_HOST_DEVICE constexpr void locate_keys(std::int64_t b, std::int64_t j, std::int64_t n, std::int64_t* row,
+                                              std::int64_t* slot) const {
+    pages.locate(cache_row(b), first_position(b) + j, n, row, slot);
   }
   // Element offset of the j-th key sequence b attends over.
   ATTN_HOST_DEVICE constexpr std::int64_t key_offset(std::int64_t b, std::int64_t j, std::int64_t s0,

@@ -270,13 +270,13 @@ class ItemWorker {
     for (std::int64_t j0 = lo; j0 < hi; j0 += kChunk) {
       a_.n = std::min(kChunk, hi - j0);
       a_.j0 = j0;
-      point_at_rows(b, j0, a_.n);
       a_.next_n = std::min(kChunk, std::max<std::int64_t>(hi - j0 - kChunk, 0));
-      point_at_next_k_rows(b, j0 + kChunk, a_.next_n);
+      p_.index.locate_keys(b, j0, a_.n + a_.next_n, key_row_, key_slot_);
+      point_at_rows();
       if constexpr (std::is_same_v<A, double>) {
         decode_chunk_f64(a_);
       } else {
-        if (p_.quantized()) point_at_scales(b);
+        if (p_.quantized()) point_at_scales();
         decode_chunk_simd(a_, p_.cache_dtype);
       }
     }
@@ -287,7 +287,7 @@ class ItemWorker {
   // A quantized cache's scales for the chunk's keys, [kChunk][kv_heads][groups] for K and
   // [kv_heads][groups][kChunk] for V (one per key and kv head: [kv_heads][kChunk] for both), in the scale buffer (the
   // kernel applies them: decode_internal.hpp).
-  void point_at_scales(std::int64_t b) {
+  void point_at_scales() {
     float* dst = scales_;
     for (int side = 0; side < 2; ++side) {
       const TensorView& sv = side == 0 ? p_.k_scale : p_.v_scale;
@@ -295,9 +295,9 @@ class ItemWorker {
       (side == 0 ? a_.k_scales : a_.v_scales) = dst;
       (side == 0 ? a_.k_groups : a_.v_groups) = groups;
       if (sv.dtype == DType::f16)
-        gather_scales(static_cast<const f16_t*>(sv.data), sv, side == 0, b, dst);
+        gather_scales(static_cast<const f16_t*>(sv.data), sv, side == 0, dst);
       else
-        gather_scales(static_cast<const float*>(sv.data), sv, side == 0, b, dst);
+        gather_scales(static_cast<const float*>(sv.data), sv, side == 0, dst);
       dst += p_.kv_heads * kChunk * groups;
     }
   }
@@ -309,12 +309,12 @@ class ItemWorker {
   // transposed after. Element by element with strided stores in both layouts, this step cost a third of a
   // q8_0 decode on Zen 4.
   template <class S>
-  void gather_scales(const S* base, const TensorView& sv, bool keys, std::int64_t b, float* dst) {
+  void gather_scales(const S* base, const TensorView& sv, bool keys, float* dst) {
     const std::int64_t groups = sv.shape[3], hs = sv.strides[2], xs = sv.strides[3], per_key = p_.kv_heads * groups;
     if constexpr (std::is_same_v<S, float>)
       if (groups == 1) {  // one scale per key and kv head: both sides' layout is [g][c]
         for (std::int64_t c = 0; c < a_.n; ++c) {
-          const S* src = base + p_.key_offset(sv, b, a_.j0 + c);
+          const S* src = base + key_at(sv, c);
           for (std::int64_t g = 0; g < p_.kv_heads; ++g) dst[g * kChunk + c] = src[g * hs];
         }
         return;
@@ -325,7 +325,7 @@ class ItemWorker {
     if constexpr (std::is_same_v<S, f16_t>) staged = reinterpret_cast<S*>(conv_.data() + kChunk * per_key);
     const bool adjacent = xs == 1 && hs == groups;
     for (std::int64_t c = 0; c < a_.n; ++c) {
-      const S* src = base + p_.key_offset(sv, b, a_.j0 + c);
+      const S* src = base + key_at(sv, c);
       S* to = staged + c * per_key;
       if (adjacent) {
         std::memcpy(to, src, sizeof(S) * static_cast<std::size_t>(per_key));
@@ -341,21 +341,21 @@ class ItemWorker {
       for (std::int64_t c = 0; c < a_.n; ++c) dst[e * kChunk + c] = flat[c * per_key + e];
   }
 
-  // Pointers to kv head 0's K and V rows of keys [j, j + n) of sequence b (any layout, any page size).
-  void point_at_rows(std::int64_t b, std::int64_t j, std::int64_t n) {
+  // Element offset of the chunk's key c (c >= n: the next chunk's) in a view of the cache (K, V, scales).
+  std::int64_t key_at(const TensorView& t, std::int64_t c) const {
+    return key_row_[c] * t.strides[0] + key_slot_[c] * t.strides[1];
+  }
+
+  // Pointers to kv head 0's K and V rows of the chunk's keys, and to the K rows of the next chunk's.
+  void point_at_rows() {
     const auto es = static_cast<std::int64_t>(dtype_size(p_.cache_dtype));
     const auto* kbase = static_cast<const unsigned char*>(p_.k.data);
     const auto* vbase = static_cast<const unsigned char*>(p_.v.data);
-    for (std::int64_t c = 0; c < n; ++c) {
-      rows_[c] = kbase + p_.key_offset(p_.k, b, j + c) * es;
-      rows_[kChunk + c] = vbase + p_.key_offset(p_.v, b, j + c) * es;
+    for (std::int64_t c = 0; c < a_.n; ++c) {
+      rows_[c] = kbase + key_at(p_.k, c) * es;
+      rows_[kChunk + c] = vbase + key_at(p_.v, c) * es;
     }
-  }
-
-  void point_at_next_k_rows(std::int64_t b, std::int64_t j, std::int64_t n) {
-    const auto es = static_cast<std::int64_t>(dtype_size(p_.cache_dtype));
-    const auto* kbase = static_cast<const unsigned char*>(p_.k.data);
-    for (std::int64_t c = 0; c < n; ++c) rows_[2 * kChunk + c] = kbase + p_.key_offset(p_.k, b, j + c) * es;
+    for (std::int64_t c = 0; c < a_.next_n; ++c) rows_[2 * kChunk + c] = kbase + key_at(p_.k, a_.n + c) * es;
   }
 
   const DecodeProblem& p_;
@@ -363,6 +363,8 @@ class ItemWorker {
   const PackedQueries<A>& pq_;
   const void** rows_;
   float* scales_;
+  // Where the chunk's keys, then the next chunk's, are in the cache (CacheIndex::locate_keys).
+  std::int64_t key_row_[2 * kChunk], key_slot_[2 * kChunk];
   std::vector<float> conv_;  // a chunk's scales of one side, widened, then their f16 bits (gather_scales)
   ChunkArgs<A> a_{};
 };
