@@ -13,7 +13,8 @@ JOBS  ?= $(shell nproc)
 #
 # `make test` = the format check (scripts/check-format, and scripts/check-function-length: no library
 # function over 100 lines), the release suite, the Python package's tests
-# (scripts/python-tests), then the same suite under
+# (scripts/python-tests), a sample of flash-attn's own test file on attn (scripts/flash-attn-tests/sample),
+# then the same suite under
 # AddressSanitizer + UBSan, the threaded tests under ThreadSanitizer, and a few seconds of each
 # libFuzzer target (docs/robustness.md), and last the tests of the SIMD kernels on AArch64: cross-compiled
 # and run under qemu-aarch64 (`make test-aarch64`, below). scripts/run-stages runs the stages in that
@@ -50,7 +51,7 @@ endif
 # the prerequisites those stages made, so that each stage's time is its own work.
 after = $(if $(NODEPS),,$(1))
 
-.PHONY: demo test build deps deps-aarch64 check-format test-release test-python asan-build test-asan test-tsan \
+.PHONY: demo test build deps deps-aarch64 check-format test-release test-python test-flash-attn asan-build test-asan test-tsan \
         test-fuzz test-aarch64
 demo: $(call after,deps)
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DATTN_CUDA=OFF)
@@ -68,6 +69,7 @@ test:
 	  "release build"    "$(MAKE) --no-print-directory NODEPS=1 build" \
 	  "release tests"    "$(MAKE) --no-print-directory NODEPS=1 test-release" \
 	  "Python package"   "$(MAKE) --no-print-directory NODEPS=1 test-python" \
+	  "flash-attn's tests" "$(MAKE) --no-print-directory NODEPS=1 test-flash-attn" \
 	  "ASan build"       "$(MAKE) --no-print-directory NODEPS=1 asan-build" \
 	  "ASan tests"       "$(MAKE) --no-print-directory NODEPS=1 test-asan" \
 	  "TSan build+tests" "$(MAKE) --no-print-directory NODEPS=1 test-tsan" \
@@ -84,6 +86,11 @@ test-release: $(call after,build)
 # The Python package (pip install . into .venv, then pytest; scripts/python-tests, docs/python.md).
 test-python: $(call after,deps)
 	scripts/python-tests
+
+# flash-attn's own tests/test_flash_attn.py (its 2.8.3 release, fetched from PyPI) on attn: a seeded sample
+# of one case per test function (scripts/flash-attn-tests/sample; docs/python.md). Needs test-python's .venv.
+test-flash-attn: $(call after,deps)
+	scripts/flash-attn-tests/sample
 
 # ASan + UBSan: every test binary and the fuzzers (clang-16, -O0; scripts/configure-sanitized).
 build-asan/CMakeCache.txt: | $(call after,deps)
