@@ -257,8 +257,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     left, right = _window("attn.flash_attn_with_kvcache", window_size)
     on_cuda = q.is_cuda  # attn's CUDA backend (docs/python.md, "CUDA tensors")
     if on_cuda and quantized_query:
-        raise ValueError("attn.flash_attn_with_kvcache: quantized_query: the CUDA backend has no quantized caches; "
-                         "it is a CPU mode")
+        raise _C.AttnError("attn.flash_attn_with_kvcache: quantized_query: the CUDA backend has no quantized caches; "
+                           "it is a CPU mode")
     if on_cuda:
         _ops.require_cuda("attn.flash_attn_with_kvcache", q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
                           cache_seqlens=cache_seqlens, block_table=block_table, cache_batch_idx=cache_batch_idx,
@@ -276,7 +276,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float64 if k_cache.dtype == torch.float64 else torch.float32,
                       device=q.device)
     detach = lambda t: None if t is None else t.detach()
-    kernel, extra = (_C.kvcache_cuda, dict(stream=_ops.cuda_stream(q))) if on_cuda else (_C.kvcache, {})
+    kernel, extra = ((_C.kvcache_cuda, dict(stream=_ops.cuda_stream(q))) if on_cuda
+                     else (_C.kvcache, dict(quantized_query=bool(quantized_query))))
     with torch.cuda.device(q.device) if on_cuda else contextlib.nullcontext():
         kernel(detach(q), detach(k_cache), detach(v_cache), out, lse if return_softmax_lse else None, cache_seqlens,
                block_table, detach(k), detach(v), cache_batch_idx, cache_leftpad, to_table(rotary_cos),
@@ -285,7 +286,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                softmax_scale=None if softmax_scale is None else float(softmax_scale), causal=bool(causal),
                window_left=left, window_right=right, softcap=float(softcap), alibi_slopes=alibi_slopes,
                num_threads=get_num_threads(), sinks=detach(sinks), k_scale=k_scale, v_scale=v_scale,
-               cache_type=cache_type, **extra, **({} if on_cuda else dict(quantized_query=bool(quantized_query))))
+               cache_type=cache_type, **extra)
     return (out, lse) if return_softmax_lse else out
 
 

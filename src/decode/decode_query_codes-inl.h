@@ -41,6 +41,18 @@ inline bool QueryCodesTake(std::int64_t d, std::int64_t k_groups) {
   return k_groups == 1 || G == 32 || G % 64 == 0;
 }
 
+// Whether that walk runs here for head dim d and k_groups: QueryCodesTake on a CPU with its instructions
+// (also the test hook decode_query_codes_run, decode_internal.hpp).
+inline bool QueryCodesRun(std::int64_t d, std::int64_t k_groups) {
+  return cpu_has_avx512bf16() && QueryCodesTake(d, k_groups);
+}
+
+// Whether a chunk of a cache of type t takes that walk: q's codes given (quantized_query), an int8 cache,
+// and QueryCodesRun for its head dim and K's scale blocks (one per row when K has no block scales).
+inline bool QueryCodesWalk(const ChunkArgs<float>& a, DType t) {
+  return t == DType::i8 && a.q_codes != nullptr && QueryCodesRun(a.head_dim, a.k_scales != nullptr ? a.k_groups : 1);
+}
+
 // A block of NR query rows' codes, held in registers across a run of keys, and what each row's
 // accumulators start at: minus 128 x the sum of each lane's four codes (VPDPBUSD of 128 with the codes),
 // per vector of codes when K has scales per block of dims, else summed into corr[r][0].

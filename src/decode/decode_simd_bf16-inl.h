@@ -386,8 +386,7 @@ ATTN_DPBF16_ATTR void ChunkDp(const ChunkArgs<float>& a) {
         WithHeadDim(a.head_dim, [&](auto D) ATTN_DPBF16_ATTR {
           constexpr int kD = decltype(D)::value;
           if constexpr (kD > 0 && kD % 64 == 0 && std::is_same_v<T, std::int8_t>)
-            if (a.q_codes != nullptr && QueryCodesTake(kD, a.k_scales != nullptr ? a.k_groups : 1))
-              return ScoreKeysQueryCodes<kD>(a, dots4);
+            if (QueryCodesWalk(a, DType::i8)) return ScoreKeysQueryCodes<kD>(a, dots4);
           if constexpr (kD > 0 && kD <= 128 && !std::is_same_v<T, bf16_t>)
             if (a.q_lo == nullptr) return ScoreKeysDpHeld<T, kD>(a, dots4);
           a.q_lo != nullptr ? ScoreKeysDp<T, kD, true>(a, dots4) : ScoreKeysDp<T, kD, false>(a, dots4);
@@ -418,7 +417,7 @@ ATTN_DPBF16_ATTR void ChunkDpOf(const ChunkArgs<float>& a, DType t) {
 // instruction, q split (q_hi set), head_dim and head_dim_v multiples of 32, and a quantized cache's blocks
 // of dims (if it has scales per block) multiples of 32.
 // With q's codes (quantized_query), an int8 cache takes it on any CPU with the instructions, for the
-// head dims its walk unrolls (QueryCodesFit), whether or not VDPBF16PS pays there: that walk and the
+// head dims its walk unrolls (QueryCodesWalk), whether or not VDPBF16PS pays there: that walk and the
 // int8 P V run none.
 bool UseDp(const ChunkArgs<float>& a, DType t) {
   const auto blocks_fit = [](std::int64_t d, std::int64_t groups) { return groups <= 1 || (d / groups) % 32 == 0; };
@@ -426,14 +425,7 @@ bool UseDp(const ChunkArgs<float>& a, DType t) {
         (a.k_scales == nullptr || blocks_fit(a.head_dim, a.k_groups)) &&
         (a.v_scales == nullptr || blocks_fit(a.head_dim_v, a.v_groups))))
     return false;
-  const bool codes = t == DType::i8 && a.q_codes != nullptr && cpu_has_avx512bf16() &&
-                     QueryCodesTake(a.head_dim, a.k_scales != nullptr ? a.k_groups : 1);
-  return codes || (bf16_dots() && dots_in_bf16(t) && a.q_hi != nullptr);
-}
-
-// The test hook decode_query_codes_run (decode_internal.hpp).
-bool QueryCodesRun(std::int64_t head_dim, std::int64_t k_groups) {
-  return cpu_has_avx512bf16() && QueryCodesTake(head_dim, k_groups);
+  return QueryCodesWalk(a, t) || (bf16_dots() && dots_in_bf16(t) && a.q_hi != nullptr);
 }
 
 // The test hook decode_codes_to_bf16 (decode_internal.hpp): LoadBf16x32 over n codes (a multiple of 32).
