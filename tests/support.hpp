@@ -54,11 +54,12 @@ class ScopedAmxEnv {
   std::optional<std::string> saved_;
 };
 
-// Sanitizer builds (tests/CMakeLists.txt defines ATTN_TEST_SANITIZED there) run -O0 instrumented code,
-// 20-60x slower than the release build. They look for bad memory accesses and races, which a shorter
-// cache finds as well (still several splits, pages and partial tiles), so the heaviest sweeps take
-// `sanitized` as their largest size there and `full` in the release suite, which keeps the numerical
-// claims at full size.
+// Sanitizer builds run -O0 instrumented code, 20-60x slower than the release build, and the AArch64
+// build's tests run under qemu-aarch64, about as slow (tests/CMakeLists.txt defines ATTN_TEST_SANITIZED
+// for both). They look for bad memory accesses and races, or for the Arm kernels' agreement with the
+// rules, which a shorter cache finds as well (still several splits, pages and partial tiles), so the
+// heaviest sweeps take `sanitized` as their largest size there and `full` in the release suite, which
+// keeps the numerical claims at full size.
 #ifdef ATTN_TEST_SANITIZED
 inline constexpr bool kSanitizedBuild = true;
 #else
