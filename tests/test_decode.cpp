@@ -309,7 +309,8 @@ TEST(Decode, Bf16OutputWithinTwiceTheTextbookErrorWithoutSlack) {
     for (std::int64_t page : {0, 16})
       for (std::int64_t sq : {1, 3}) {
         Scenario<bf16_t> s(1, sq, 32, 8, 128, {n}, page, 0, 5, static_cast<std::uint64_t>(n * 7 + sq));
-        for (double scale : {0.01, 0.09, 1.0}) {
+        // Under the sanitizers and qemu one scale: the three differ in the numbers, not in what is read.
+        for (double scale : test::kSanitizedBuild ? std::vector<double>{0.09} : std::vector<double>{0.01, 0.09, 1.0}) {
           AttentionOptions o;
           o.causal = sq > 1;
           o.softmax_scale = scale;
