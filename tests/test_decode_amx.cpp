@@ -218,8 +218,8 @@ TEST_P(AmxDecode, FlashAttnRuleAndTheSameBitsOnEveryUnitAndThreadCount) {
   if (detail::amx_support().usable()) EXPECT_TRUE(same_bits(emulated, dc.run("on", 2))) << "the CPU's tiles";
 }
 
-// MLA's query heads: 128 (DeepSeek's) in the release suite; two tiles of rows under the sanitizers, where
-// the tile emulator at -O0 made the MLA cases a fifth of the whole sanitized suite (support.hpp).
+// MLA's query heads: 128 (DeepSeek's) in the release suite; two tiles of rows under the sanitizers and
+// qemu, where the tile emulator at -O0 made the MLA cases a fifth of the whole sanitized suite (support.hpp).
 constexpr std::int64_t kMlaHeads = test::full_or_sanitized(128, 32);
 
 const Case kCases[] = {

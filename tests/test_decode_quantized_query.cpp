@@ -97,7 +97,7 @@ TEST(DecodeQuantizedQuery, WithinTwiceTheTextbookErrorOfTheOracleOnTheRoundedQue
   double worst_extra = 0;
   check_head_dim<64>(worst_extra);
   check_head_dim<192>(worst_extra);
-  if (test::full_or_sanitized(1, 0)) {  // sanitizer builds: the smallest head dim and the odd one
+  if (!test::kSanitizedBuild) {  // sanitizers and qemu: the smallest head dim and the odd one
     check_head_dim<128>(worst_extra);
     check_head_dim<256>(worst_extra);
   }
