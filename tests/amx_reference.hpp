@@ -17,7 +17,8 @@ inline float round_bf16(float x) { return detail::load<float>(detail::store<bf16
 
 // PyTorch's math attention in bf16 (softmax(q k^T scale) v with bf16 tensors): each matmul accumulates in
 // f32 and rounds its output to bf16, the score rule's result is rounded to bf16, the softmax runs in f32
-// and rounds P to bf16. Sinks join the softmax's denominator.
+// and rounds P to bf16. Sinks join the softmax's denominator. Dropout (the options' rule, the library's
+// mask) multiplies the rounded P by Z / (1 - p) and rounds again, as torch.dropout on a bf16 tensor.
 inline std::vector<bf16_t> math_reference_bf16(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k,
                                                const Tensor<bf16_t>& v, const AttentionOptions& o) {
   std::vector<bf16_t> out(static_cast<std::size_t>(q.b * q.s * q.h * v.d));
@@ -42,7 +43,7 @@ inline std::vector<bf16_t> math_reference_bf16(const Tensor<bf16_t>& q, const Te
         for (std::int64_t j = lo; j < hi; ++j) l += std::exp(s[j] - m);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (std::int64_t j = lo; j < hi; ++j) {
-          const float pj = round_bf16(std::exp(s[j] - m) / l);
+          const float pj = round_bf16(round_bf16(std::exp(s[j] - m) / l) * p.dropout.factor<float>(b, h, i, j));
           for (std::int64_t x = 0; x < v.d; ++x)
             acc[x] += pj * detail::load<float>(v.data[((b * v.s + j) * v.h + kh) * v.d + x]);
         }
@@ -55,7 +56,8 @@ inline std::vector<bf16_t> math_reference_bf16(const Tensor<bf16_t>& q, const Te
 // The gradients of math_reference_bf16's attention as PyTorch's autograd computes them with bf16 tensors:
 // each matmul accumulates in f32 and rounds its output to bf16 (S, P, dP = dO V^T, and dV, dQ, dK at the
 // end), the softmax's backward dS = P (dP - sum P dP) runs in f32 and rounds to bf16, and so does its
-// product with d logit / d dot.
+// product with d logit / d dot. With dropout, dP and dV's P are the dropped ones (times Z / (1 - p),
+// rounded to bf16), as autograd through torch.dropout gives.
 struct Bf16Grads {
   std::vector<bf16_t> dq, dk, dv;
 };
@@ -66,7 +68,7 @@ inline Bf16Grads math_reference_backward_bf16(const Tensor<bf16_t>& q, const Ten
   const detail::Mask mask = p.mask();
   auto f = [](bf16_t x) { return detail::load<float>(x); };
   std::vector<float> dq(q.data.size()), dk(k.data.size()), dv(v.data.size());
-  std::vector<float> s(static_cast<std::size_t>(k.s)), pr(s.size()), dp(s.size()), dot(s.size());
+  std::vector<float> s(static_cast<std::size_t>(k.s)), pr(s.size()), dropped(s.size()), dp(s.size()), dot(s.size());
   for (std::int64_t b = 0; b < q.b; ++b)
     for (std::int64_t h = 0; h < q.h; ++h)
       for (std::int64_t i = 0; i < q.s; ++i) {
@@ -84,9 +86,11 @@ inline Bf16Grads math_reference_backward_bf16(const Tensor<bf16_t>& q, const Ten
         for (std::int64_t j = lo; j < hi; ++j) l += std::exp(s[j] - m);
         for (std::int64_t j = lo; j < hi; ++j) {
           pr[j] = round_bf16(std::exp(s[j] - m) / l);
+          const float z = p.dropout.factor<float>(b, h, i, j);
+          dropped[j] = round_bf16(pr[j] * z);
           float acc = 0;
           for (std::int64_t x = 0; x < v.d; ++x) acc += f(dout.at(b, i, h, x)) * f(v.at(b, j, kh, x));
-          dp[j] = round_bf16(acc);
+          dp[j] = round_bf16(round_bf16(acc) * z);
           sum_pdp += pr[j] * dp[j];
         }
         for (std::int64_t j = lo; j < hi; ++j) {
@@ -96,7 +100,7 @@ inline Bf16Grads math_reference_backward_bf16(const Tensor<bf16_t>& q, const Ten
             dk[static_cast<std::size_t>(((b * k.s + j) * k.h + kh) * k.d + x)] += ds * f(q.at(b, i, h, x));
           }
           for (std::int64_t x = 0; x < v.d; ++x)
-            dv[static_cast<std::size_t>(((b * v.s + j) * v.h + kh) * v.d + x)] += pr[j] * f(dout.at(b, i, h, x));
+            dv[static_cast<std::size_t>(((b * v.s + j) * v.h + kh) * v.d + x)] += dropped[j] * f(dout.at(b, i, h, x));
         }
       }
   auto rounded = [](const std::vector<float>& a) {

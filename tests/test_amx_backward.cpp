@@ -5,7 +5,7 @@
 // against the f64 oracle at most three times that of PyTorch's bf16 math backward
 // (math_reference_backward_bf16). Cases force each part of the kernel: head dims that are not multiples
 // of 32, d_v != d, tails and odd forced tile sizes, GQA, causal and windowed masks (skipped blocks, rows
-// that see nothing), soft-cap, ALiBi, sinks, the chunked split of the query tiles.
+// that see nothing), soft-cap, ALiBi, sinks, dropout, the chunked split of the query tiles.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,13 +36,19 @@ struct Case {
   bool alibi = false, sinks = false;
   std::int64_t q_tile = 0, k_tile = 0;  // 0 = the AMX plan's
   int threads = 2;
+  double dropout = 0;  // dropout_p (seed 1234, offset 5)
 };
+
+Case with_dropout(Case c, double p) {
+  c.dropout = p;
+  return c;
+}
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
   return os << "b" << c.b << " sq" << c.sq << " sk" << c.sk << " h" << c.h << "/" << c.hk << " d" << c.d << "/" << c.dv
             << (c.causal ? " causal" : "") << " win(" << c.left << "," << c.right << ") cap" << c.softcap
             << (c.alibi ? " alibi" : "") << (c.sinks ? " sinks" : "") << " tiles " << c.q_tile << "x" << c.k_tile
-            << " thr" << c.threads;
+            << " thr" << c.threads << " dropout " << c.dropout;
 }
 
 // bf16 inputs with the forward's out (rounded to bf16) and lse (f32) from the f64 oracle.
@@ -71,6 +77,9 @@ Inputs inputs_of(const Case& c) {
     in.o.sinks = in.sinks;
   }
   in.o.num_threads = c.threads;
+  in.o.dropout_p = c.dropout;
+  in.o.dropout_seed = 1234;
+  in.o.dropout_offset = 5;
   if (c.q_tile) in.tiles.q_tile = c.q_tile;
   if (c.k_tile) in.tiles.k_tile = c.k_tile;
   std::vector<double> lse;
@@ -172,18 +181,30 @@ INSTANTIATE_TEST_SUITE_P(Options, AmxBackward,
                                            Case{1, 100, 120, 3, 1, 64, 64, false, -1, -1, 0, false, true},  // sinks
                                            Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}));
 
+// Dropout on the tiles: dP and the P of dV times the rule's Z / (1 - p), regenerated as the forward drew it.
+INSTANTIATE_TEST_SUITE_P(
+    Dropout, AmxBackward,
+    ::testing::Values(with_dropout(Case{1, 67, 131, 2, 1, 64, 64}, 0.2),
+                      with_dropout(Case{1, 33, 45, 2, 2, 40, 40}, 0.1),
+                      with_dropout(Case{2, 100, 120, 4, 2, 64, 64, true}, 0.9),
+                      with_dropout(Case{1, 90, 90, 8, 2, 32, 32, true, -1, -1, 0, false, false, 5, 33}, 0.5),
+                      with_dropout(Case{1, 100, 160, 2, 2, 64, 64, false, 7, 30}, 0.3),
+                      with_dropout(Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}, 0.4)));
+
 TEST(AmxBackwardEdges, AnyThreadCountGivesBitwiseEqualGradients) {
-  const Inputs in = inputs_of(Case{1, 150, 170, 4, 2, 64, 64, true, 40, -1, 0, true, false, 32, 64});
-  for (const char* mode : amx_modes()) {
-    SCOPED_TRACE(mode);
-    const Grads one = backward_with(in, mode, 1);
-    for (int threads : {2, 3}) {
-      const Grads many = backward_with(in, mode, threads);
-      EXPECT_EQ(max_error(many.dq.data, one.dq.data), 0.0) << threads;
-      EXPECT_EQ(max_error(many.dk.data, one.dk.data), 0.0) << threads;
-      EXPECT_EQ(max_error(many.dv.data, one.dv.data), 0.0) << threads;
+  for (const char* mode : amx_modes())
+    for (double dropout : {0.0, 0.3}) {
+      const Inputs in =
+          inputs_of(with_dropout(Case{1, 150, 170, 4, 2, 64, 64, true, 40, -1, 0, true, false, 32, 64}, dropout));
+      SCOPED_TRACE(::testing::Message() << mode << " dropout " << dropout);
+      const Grads one = backward_with(in, mode, 1);
+      for (int threads : {2, 3}) {
+        const Grads many = backward_with(in, mode, threads);
+        EXPECT_EQ(max_error(many.dq.data, one.dq.data), 0.0) << threads;
+        EXPECT_EQ(max_error(many.dk.data, one.dk.data), 0.0) << threads;
+        EXPECT_EQ(max_error(many.dv.data, one.dv.data), 0.0) << threads;
+      }
     }
-  }
 }
 
 // With one key, O = v and dP = D exactly (both O's and V's rows times dO^T on the tiles): dS = 0, so dq and

@@ -5,9 +5,11 @@
 // most twice that of PyTorch's bf16 math reference (math_reference_bf16), the lse within twice the f32
 // textbook's. Cases force each part of the kernel: head dims that are not multiples of 32 (zero
 // padding of Q, K and V), d_v != d, tiles that leave tails and odd forced tile sizes, GQA stacking,
-// causal and sliding windows (skipped blocks, rows that see nothing), soft-cap, ALiBi, sinks, the lse.
+// causal and sliding windows (skipped blocks, rows that see nothing), soft-cap, ALiBi, sinks, the lse,
+// dropout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -36,13 +38,19 @@ struct Case {
   bool alibi = false, sinks = false;
   std::int64_t q_tile = 0, k_tile = 0;  // 0 = the AMX plan's
   int threads = 2;
+  double dropout = 0;  // dropout_p (seed 1234, offset 5)
 };
+
+Case with_dropout(Case c, double p) {
+  c.dropout = p;
+  return c;
+}
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
   return os << "b" << c.b << " sq" << c.sq << " sk" << c.sk << " h" << c.h << "/" << c.hk << " d" << c.d << "/" << c.dv
             << (c.causal ? " causal" : "") << " win(" << c.left << "," << c.right << ") cap" << c.softcap
             << (c.alibi ? " alibi" : "") << (c.sinks ? " sinks" : "") << " tiles " << c.q_tile << "x" << c.k_tile
-            << " thr" << c.threads;
+            << " thr" << c.threads << " dropout " << c.dropout;
 }
 
 struct Inputs {
@@ -69,6 +77,9 @@ Inputs inputs_of(const Case& c) {
     in.o.sinks = in.sinks;
   }
   in.o.num_threads = c.threads;
+  in.o.dropout_p = c.dropout;
+  in.o.dropout_seed = 1234;
+  in.o.dropout_offset = 5;
   if (c.q_tile) in.tiles.q_tile = c.q_tile;
   if (c.k_tile) in.tiles.k_tile = c.k_tile;
   in.lse_size = static_cast<std::size_t>(c.b * c.h * c.sq);
@@ -149,6 +160,18 @@ INSTANTIATE_TEST_SUITE_P(Options, AmxForward,
                                            Case{1, 120, 140, 3, 1, 64, 64, false, -1, -1, 0, false, true},  // sinks
                                            Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}));
 
+// Dropout on the tiles: P times the rule's Z / (1 - p) before its rounding to bf16. Window starts that
+// are not multiples of the lane count, GQA rows of several heads, a batch of two (the counter's head
+// word), heavy and light rates.
+INSTANTIATE_TEST_SUITE_P(
+    Dropout, AmxForward,
+    ::testing::Values(with_dropout(Case{1, 67, 131, 2, 1, 64, 64}, 0.2),
+                      with_dropout(Case{1, 33, 45, 2, 2, 40, 40}, 0.1),
+                      with_dropout(Case{2, 120, 140, 4, 2, 64, 64, true}, 0.9),
+                      with_dropout(Case{1, 90, 90, 8, 2, 32, 32, true, -1, -1, 0, false, false, 5, 33}, 0.5),
+                      with_dropout(Case{1, 100, 160, 2, 2, 64, 64, false, 7, 30}, 0.3),
+                      with_dropout(Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}, 0.4)));
+
 // A value row with Inf that some rows of a tile must not see (it lies past their causal diagonal): those
 // rows stay finite, as the textbook's do; the rows that see it get Inf or NaN like the textbook's.
 TEST(AmxForwardEdges, NonFiniteValuesReachOnlyTheRowsThatSeeThem) {
@@ -199,6 +222,39 @@ TEST(AmxForwardEdges, VarlenEqualsOneCallPerSequence) {
                       TensorView::contiguous(one.data(), 1, lens_q[s], H, D), o);
       for (std::size_t e = 0; e < one.size(); ++e)
         ASSERT_EQ(one[e].bits, packed[cu_q[s] * H * D + e].bits) << "sequence " << s << " element " << e;
+    }
+  }
+}
+
+// With dropout, sequence b of a varlen batch draws batch index b's mask on the tiles too: it equals
+// attention_tiled at batch index b of a batch of b + 1 copies of that sequence, bit for bit.
+TEST(AmxForwardEdges, VarlenDropoutSequenceBIsBatchIndexB) {
+  const std::int64_t H = 4, HK = 2, D = 32;
+  const std::vector<std::int32_t> lens_q{5, 40, 17}, lens_k{9, 40, 50};
+  const std::vector<std::int32_t> cu_q = test::cu_seqlens(lens_q), cu_k = test::cu_seqlens(lens_k);
+  auto q = random_tensor<bf16_t>(1, cu_q.back(), H, D, 44), k = random_tensor<bf16_t>(1, cu_k.back(), HK, D, 45),
+       v = random_tensor<bf16_t>(1, cu_k.back(), HK, D, 46);
+  AttentionOptions o;
+  o.causal = true;
+  o.dropout_p = 0.5;
+  o.dropout_seed = 77;
+  o.dropout_offset = 3;
+  for (const char* mode : amx_modes()) {
+    SCOPED_TRACE(mode);
+    const ScopedAmxEnv env{std::string(mode)};
+    Tensor<bf16_t> packed(1, cu_q.back(), H, D);
+    attention_varlen(q.packed(), k.packed(), v.packed(), packed.packed(), VarlenBatch{cu_q.data(), cu_k.data(), 3}, o);
+    for (std::int64_t b = 0; b < 3; ++b) {
+      const std::int64_t nq = lens_q[b], nk = lens_k[b];
+      Tensor<bf16_t> qb(b + 1, nq, H, D), kb(b + 1, nk, HK, D), vb(b + 1, nk, HK, D), ob(b + 1, nq, H, D);
+      for (std::int64_t c = 0; c <= b; ++c) {
+        std::copy_n(&q.at(0, cu_q[b], 0, 0), nq * H * D, &qb.at(c, 0, 0, 0));
+        std::copy_n(&k.at(0, cu_k[b], 0, 0), nk * HK * D, &kb.at(c, 0, 0, 0));
+        std::copy_n(&v.at(0, cu_k[b], 0, 0), nk * HK * D, &vb.at(c, 0, 0, 0));
+      }
+      attention_tiled(qb.view(), kb.view(), vb.view(), ob.view(), o);
+      for (std::int64_t e = 0; e < nq * H * D; ++e)
+        ASSERT_EQ((&ob.at(b, 0, 0, 0))[e].bits, (&packed.at(0, cu_q[b], 0, 0))[e].bits) << "sequence " << b;
     }
   }
 }

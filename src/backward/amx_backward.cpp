@@ -18,7 +18,9 @@
 //     for each key tile [j0, j0 + n) any row sees (j0 a multiple of 32, np = n rounded up to 32):
 //       S^T  [np][R] = K Q^T,  dP^T [np][R] = V dO^T                32 x 32 blocks some row sees
 //       per key, lanes along queries: P^T = exp(logit - lse), dS^T = P (dP - D) dlogit/ddot, hidden
-//           pairs 0; both rounded to bf16, dS^T also as pairs along keys [np/2][R] (B of dQ^T)
+//           pairs 0; with dropout dP and the P of dV times Z / (1 - p), the forward's mask regenerated
+//           (one Philox call per four keys of N rows); both rounded to bf16, dS^T also as pairs along
+//           keys [np/2][R] (B of dQ^T)
 //       dV_j += P^T dO,  dK_j += dS^T Q   into the task's f32 [keys][dp] partials
 //       dQ^T += K^T dS
 //     store dQ = (dQ^T)^T
@@ -48,6 +50,7 @@
 #include "core/element.hpp"
 #include "amx/amx_round-inl.h"
 #include "cpu/exp_simd-inl.h"
+#include "cpu/philox-inl.h"
 #include "backward/backward_blocks-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -303,10 +306,13 @@ void KeyRowProduct(Unit& u, const std::uint16_t* a, std::size_t lda, const std::
     }
 }
 
-// The gradient step's per-call constants.
+// The gradient step's constants for one (query tile, key tile) pair.
 struct StepRule {
   const ScoreRule* rule;
-  bool plain;  // no soft-cap, no ALiBi: P = 2^(s c1 - lse log2 e) in one multiply-add
+  bool plain;                  // no soft-cap, no ALiBi: P = 2^(s c1 - lse log2 e) in one multiply-add
+  const DropoutRule* dropout;  // null without dropout
+  std::int64_t i0, j0;         // the tiles' first query and key (dropout's counters)
+  std::uint32_t head_word;     // dropout's counter word of (b, h)
 };
 
 // One vector of query rows' constants, loaded once for the 32 keys of a block.
@@ -324,12 +330,15 @@ struct RowVectors {
 };
 
 // Key c's P and dS (lanes: the query rows r..r + N), hidden pairs exactly 0 by selection (Masked: some
-// row of the vector does not see every key of the block).
-template <bool Masked, class D, class V = hn::Vec<D>>
+// row of the vector does not see every key of the block). With dropout (kDrop, the keys' factors Z /
+// (1 - p) in `factor`): dS = P (Z dP / (1 - p) - D), and P is returned dropped, as dV's operand.
+template <bool Masked, bool kDrop, class D, class V = hn::Vec<D>>
 HWY_INLINE void KeyStep(D d, const StepRule& sr, const RowVectors<D>& rv, const Scratch& w, std::size_t R,
-                        std::size_t c, std::size_t r, V& p, V& ds) {
+                        std::size_t c, std::size_t r, V factor, V& p, V& ds) {
   const ScoreRule& rule = *sr.rule;
-  const V x = hn::Load(d, w.st + c * R + r), dpv = hn::Load(d, w.dpt + c * R + r);
+  const V x = hn::Load(d, w.st + c * R + r);
+  V dpv = hn::Load(d, w.dpt + c * R + r);
+  if constexpr (kDrop) dpv = hn::Mul(dpv, factor);
   V grad = hn::Set(d, static_cast<float>(rule.scale));
   if (sr.plain) {
     const V c1 = hn::Set(d, static_cast<float>(rule.scale * 1.4426950408889634));
@@ -342,6 +351,7 @@ HWY_INLINE void KeyStep(D d, const StepRule& sr, const RowVectors<D>& rv, const 
     p = exp_simd::HWY_NAMESPACE::ExpDiff(d, logit, rv.lse);
   }
   ds = hn::Mul(hn::Mul(p, hn::Sub(dpv, rv.dsum)), grad);
+  if constexpr (kDrop) p = hn::Mul(p, factor);
   if constexpr (Masked) {
     const V key = hn::Set(d, static_cast<float>(c));
     const auto hidden = hn::Or(hn::Lt(key, rv.lo), hn::Ge(key, rv.hi));
@@ -350,29 +360,45 @@ HWY_INLINE void KeyStep(D d, const StepRule& sr, const RowVectors<D>& rv, const 
   }
 }
 
-// One vector of query rows over the 32 keys [c0, c0 + 32), two keys at a time: P^T and dS^T rounded to
-// bf16 as rows (P on VCVTNEPS2BF16 where the CPU's tiles run: StoreRoundedBf16), dS^T also as pairs.
-template <bool kNative, bool Masked, class D>
+// Keys c and c + 1 of one vector of query rows: P^T and dS^T rounded to bf16 as rows (P on VCVTNEPS2BF16
+// where the CPU's tiles run: StoreRoundedBf16), dS^T also as pairs.
+template <bool kNative, bool Masked, bool kDrop, class D, class V = hn::Vec<D>>
+HWY_INLINE void PairStep(D d, const StepRule& sr, const RowVectors<D>& rv, std::size_t c, std::size_t r, std::size_t R,
+                         const Scratch& w, V f0, V f1) {
+  const hn::RebindToUnsigned<D> du;
+  V p0, ds0, p1, ds1;
+  KeyStep<Masked, kDrop>(d, sr, rv, w, R, c, r, f0, p0, ds0);
+  KeyStep<Masked, kDrop>(d, sr, rv, w, R, c + 1, r, f1, p1, ds1);
+  StoreRoundedBf16<kNative>(d, p0, w.pt + c * R + r);
+  StoreRoundedBf16<kNative>(d, p1, w.pt + (c + 1) * R + r);
+  ds0 = RoundToBf16(d, ds0);
+  ds1 = RoundToBf16(d, ds1);
+  StoreBf16(d, ds0, w.dst + c * R + r);
+  StoreBf16(d, ds1, w.dst + (c + 1) * R + r);
+  hn::Store(PairBf16(d, ds0, ds1), du, w.dsv + (c / 2) * R + r);
+}
+
+// One vector of query rows over the 32 keys [c0, c0 + 32), four keys (one dropout group: j0 is a
+// multiple of 32) at a time.
+template <bool kNative, bool Masked, bool kDrop, class D>
 HWY_INLINE void BlockStep(D d, const StepRule& sr, const RowVectors<D>& rv, std::size_t c0, std::size_t r,
                           std::size_t R, const Scratch& w) {
-  const hn::RebindToUnsigned<D> du;
-  for (std::size_t c = c0; c < c0 + kBlock; c += 2) {
-    hn::Vec<D> p0, ds0, p1, ds1;
-    KeyStep<Masked>(d, sr, rv, w, R, c, r, p0, ds0);
-    KeyStep<Masked>(d, sr, rv, w, R, c + 1, r, p1, ds1);
-    StoreRoundedBf16<kNative>(d, p0, w.pt + c * R + r);
-    StoreRoundedBf16<kNative>(d, p1, w.pt + (c + 1) * R + r);
-    ds0 = RoundToBf16(d, ds0);
-    ds1 = RoundToBf16(d, ds1);
-    StoreBf16(d, ds0, w.dst + c * R + r);
-    StoreBf16(d, ds1, w.dst + (c + 1) * R + r);
-    hn::Store(PairBf16(d, ds0, ds1), du, w.dsv + (c / 2) * R + r);
+  const hn::Rebind<std::uint32_t, D> du;
+  const auto ci =
+      hn::Add(hn::Iota(du, 0u), hn::Set(du, static_cast<std::uint32_t>(sr.i0 + static_cast<std::int64_t>(r))));
+  const auto ch = hn::Set(du, sr.head_word);
+  for (std::size_t c = c0; c < c0 + kBlock; c += 4) {
+    hn::Vec<D> f[4] = {hn::Set(d, 1.0f), hn::Set(d, 1.0f), hn::Set(d, 1.0f), hn::Set(d, 1.0f)};
+    if constexpr (kDrop)
+      philox_simd::HWY_NAMESPACE::GroupFactors(d, *sr.dropout, (sr.j0 + static_cast<std::int64_t>(c)) / 4, ci, ch, f);
+    PairStep<kNative, Masked, kDrop>(d, sr, rv, c, r, R, w, f[0], f[1]);
+    PairStep<kNative, Masked, kDrop>(d, sr, rv, c + 2, r, R, w, f[2], f[3]);
   }
 }
 
 // The gradient step on the blocks some pair sees; the masks' selections only where some row of a vector
 // does not see the whole block.
-template <bool kNative, class D>
+template <bool kNative, bool kDrop, class D>
 void GradientStep(D d, const StepRule& sr, std::size_t np, std::size_t R, const Scratch& w) {
   const std::size_t N = hn::Lanes(d), row_blocks = R / kBlock;
   for (std::size_t r0 = 0; r0 < R; r0 += kBlock)
@@ -383,9 +409,9 @@ void GradientStep(D d, const StepRule& sr, std::size_t np, std::size_t R, const 
         const bool whole = hn::AllTrue(d, hn::And(hn::Le(rv.lo, hn::Set(d, static_cast<float>(c0))),
                                                   hn::Ge(rv.hi, hn::Set(d, static_cast<float>(c0 + kBlock)))));
         if (whole)
-          BlockStep<kNative, false>(d, sr, rv, c0, r, R, w);
+          BlockStep<kNative, false, kDrop>(d, sr, rv, c0, r, R, w);
         else
-          BlockStep<kNative, true>(d, sr, rv, c0, r, R, w);
+          BlockStep<kNative, true, kDrop>(d, sr, rv, c0, r, R, w);
       }
     }
 }
@@ -466,7 +492,12 @@ void Pair(D d, Unit& u, const BackwardProblem& p, const QueryTile& qt, std::int6
   const std::size_t keys = RoundUp(static_cast<std::size_t>(p.seqlen_k), kBlock), c = static_cast<std::size_t>(j0);
   KeyRowProduct(u, w.k + c * z.dq, z.dq, w.qt, z.dq, np, R, w, w.st);
   KeyRowProduct(u, w.v + c * z.dvp, z.dvp, w.dot, z.dvp, np, R, w, w.dpt);
-  GradientStep<Unit::kNativeBf16>(d, StepRule{&p.rule, !p.rule.transforms_scores()}, np, R, w);
+  const StepRule sr{&p.rule, !p.rule.transforms_scores(),    p.dropout.enabled() ? &p.dropout : nullptr, qt.i0,
+                    j0,      p.dropout.head_word(qt.b, qt.h)};
+  if (sr.dropout)
+    GradientStep<Unit::kNativeBf16, true>(d, sr, np, R, w);
+  else
+    GradientStep<Unit::kNativeBf16, false>(d, sr, np, R, w);
   KeyGradient(u, w.pt, w.dov, z.dvp, np, R, z, w, dv_acc + c * z.dp);
   KeyGradient(u, w.dst, w.qv, z.dq, np, R, z, w, dk_acc + c * z.dp);
   QueryGradient(u, j0, np, R, z, keys, w);
@@ -592,7 +623,7 @@ bool all_finite(const TensorView& t) {
 }  // namespace
 
 bool amx_backward_takes(const BackwardProblem& p) {
-  return p.dtype == DType::bf16 && !p.dropout.enabled() && all_finite(p.q) && all_finite(p.k) && all_finite(p.dout);
+  return p.dtype == DType::bf16 && all_finite(p.q) && all_finite(p.k) && all_finite(p.dout);
 }
 
 BackwardPlan amx_backward_plan(const BackwardProblem& p, const TileOptions& tiles) {

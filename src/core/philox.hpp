@@ -13,7 +13,7 @@
 namespace attn::detail {
 
 // The round multipliers and the key's Weyl increments (golden ratio, sqrt(3) - 1). Also used by the
-// tiled forward's SIMD rounds (DropTile), which the tests hold to philox4x32_10.
+// SIMD rounds of cpu/philox-inl.h, which the tests hold to philox4x32_10.
 constexpr std::uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
 constexpr std::uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
 constexpr int kPhiloxRounds = 10;

@@ -13,7 +13,8 @@
 //     S  [R][bc] f32 = Q K^T in 2 x 2 blocks of 16 x 16 tiles, blocks no row sees skipped
 //     per row, lanes along keys: the score rule (scale, soft-cap, ALiBi) on the keys the row sees and
 //               their maximum; m_new, alpha = rescale_factor(m, m_new); P = exp(s - m_new), l = l alpha
-//               + the sum of P, and P rounded to bf16 for P V (the keys the row does not see 0)
+//               + the sum of P, and P (times Z / (1 - p) with dropout: DropRowFactors) rounded to bf16
+//               for P V (the keys the row does not see 0)
 //     O  [R][dvp] f32 = O alpha (rows whose maximum grew) + P V, 2 x 2 blocks of tiles loaded from and
 //               stored back to O, key blocks no row of the block sees skipped
 //   finalize each row (store_row: the sink, attn::finalize, the lse) and store it.
@@ -45,6 +46,7 @@
 #include "amx/amx_tiles.hpp"
 #include "core/element.hpp"
 #include "cpu/exp_simd-inl.h"
+#include "cpu/philox-inl.h"
 #include "cpu/tile_ops.hpp"
 #include "tiled/amx_forward.hpp"
 #include "tiled/tiled_kernel.hpp"
@@ -77,9 +79,12 @@ struct AmxScratch {
   std::uint16_t* p;  // [R][bcp] bf16 bits
   float* o;          // [R][dvp]
   float *m, *l, *alpha, *tmp;
-  std::int32_t *lo, *hi;  // the keys [lo, hi) of the current tile row r sees
+  std::int32_t *lo, *hi;                         // the keys [lo, hi) of the current tile row r sees
+  float* drop;                                   // [bcp + kDropSlack]: one row's dropout factors (DropRowFactors)
+  static constexpr std::size_t kDropSlack = 64;  // DropRowFactors writes whole vectors of groups: 4 x 16 lanes
   static std::size_t bytes(std::size_t R, std::size_t dq, std::size_t dvp, std::size_t bcp) {
-    return 2 * R * dq + 4 * R * bcp + 2 * R * bcp + 4 * R * dvp + 4 * (3 * R + dvp) + 4 * 2 * R;
+    return 2 * R * dq + 4 * R * bcp + 2 * R * bcp + 4 * R * dvp + 4 * (3 * R + dvp) + 4 * 2 * R +
+           4 * (bcp + kDropSlack);
   }
   AmxScratch(void* base, std::size_t R, std::size_t dq, std::size_t dvp, std::size_t bcp) {
     auto* x = static_cast<std::uint8_t*>(base);  // every block a multiple of 64 bytes (R, dq, dvp, bcp of 32)
@@ -89,6 +94,7 @@ struct AmxScratch {
     o = reinterpret_cast<float*>(x), x += 4 * R * dvp;
     m = reinterpret_cast<float*>(x), l = m + R, alpha = l + R, tmp = alpha + R;
     lo = reinterpret_cast<std::int32_t*>(tmp + dvp), hi = lo + R;
+    drop = reinterpret_cast<float*>(hi + R);
   }
 };
 
@@ -309,10 +315,72 @@ HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::
     }
 }
 
-// Row r's softmax step on the tile, lanes along keys: the score rule on the scores it sees, [lo, hi),
-// their maximum into m (alpha = rescale_factor(m, m_new)), P = exp(s - m) rounded to bf16 for the
-// vectors that hold visible keys, 0 for the rest of [0, np), and l = l alpha + the sum of P before the
-// rounding (as flash-attn's kernels: l, hence the lse, keeps f32 accuracy).
+// Row r's scores on the tile, lanes along keys: the score rule applied in place to the vectors [begin,
+// end) that hold its visible keys [lo, hi) (keys outside them -inf), and their maximum. The common row
+// (every key of the tile visible, no transform beyond a positive scale) is left raw: its maximum is that
+// of the raw scores, scaled once (a positive scale keeps the order, and rounds the maximum as it would
+// each score), and RowWeights takes the exponential's argument in one multiply-add from the raw scores.
+template <class D>
+HWY_INLINE float RowMaximum(D d, const Problem& p, const AmxTask& t, std::size_t r, std::int64_t j0, bool plain,
+                            std::size_t begin, std::size_t end, const AmxScratch& w) {
+  const std::size_t N = hn::Lanes(d);
+  float* s = w.s + r * t.bcp;
+  const ScoreRule& rule = p.rule;
+  const auto scale = hn::Set(d, static_cast<float>(rule.scale));
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  auto mx = neg_inf;
+  if (plain) {
+    for (std::size_t c = begin; c < end; c += N) mx = hn::Max(mx, hn::Load(d, s + c));
+    return hn::GetLane(hn::MaxOfLanes(d, hn::Mul(mx, scale)));
+  }
+  const bool softcap = rule.softcap > 0, alibi = rule.alibi_slopes != nullptr;
+  const auto cap = hn::Set(d, static_cast<float>(rule.softcap));
+  const auto slope = hn::Set(d, alibi ? rule.alibi_slope(t.b, t.head_of(r)) : 0.0f);
+  const auto lo_v = hn::Set(d, static_cast<float>(w.lo[r])), hi_v = hn::Set(d, static_cast<float>(w.hi[r]));
+  // Key c's ALiBi distance diagonal(i) - (j0 + c), exact in f32 (small integers).
+  const float diag = static_cast<float>(p.mask().diagonal(t.query_of(r)) - j0);
+  for (std::size_t c = begin; c < end; c += N) {
+    const auto key = hn::Add(hn::Set(d, static_cast<float>(c)), hn::Iota(d, 0.0f));
+    auto sc = hn::Mul(hn::Load(d, s + c), scale);
+    if (softcap) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
+    if (alibi) sc = hn::NegMulAdd(slope, hn::Abs(hn::Sub(hn::Set(d, diag), key)), sc);
+    sc = hn::IfThenElse(hn::And(hn::Ge(key, lo_v), hn::Lt(key, hi_v)), sc, neg_inf);
+    hn::Store(sc, d, s + c);
+    mx = hn::Max(mx, sc);
+  }
+  return hn::GetLane(hn::MaxOfLanes(d, mx));
+}
+
+// Row r's weights on [begin, end): P = exp(s - m) (from RowMaximum's scores), their sum before any
+// rounding (as flash-attn's kernels: l, hence the lse, keeps f32 accuracy), and P times the dropout
+// factor (kDrop: w.drop holds the factors from key begin on) rounded to bf16 for P V.
+template <bool kNativeBf16, bool kDrop, class D>
+HWY_INLINE float RowWeights(D d, const Problem& p, std::size_t r, bool plain, float m_new, std::size_t begin,
+                            std::size_t end, const AmxTask& t, const AmxScratch& w) {
+  const std::size_t N = hn::Lanes(d);
+  const float* s = w.s + r * t.bcp;
+  std::uint16_t* prow = w.p + r * t.bcp;
+  // A row whose visible scores are all -inf keeps m = -inf: exp(-inf - 0) = 0, not exp(-inf + inf).
+  const auto m = hn::Set(d, m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new);
+  const auto c1 = hn::Set(d, static_cast<float>(p.rule.scale * 1.4426950408889634));
+  const auto mc = hn::Mul(m, hn::Set(d, 1.44269504088896341f));
+  auto sum = hn::Zero(d);
+  for (std::size_t c = begin; c < end; c += N) {
+    // plain: t = (s scale - m) log2(e) in one multiply-add
+    const auto pv = plain ? exp_simd::HWY_NAMESPACE::Exp2(d, hn::MulSub(hn::Load(d, s + c), c1, mc))
+                          : exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, s + c), m);
+    sum = hn::Add(sum, pv);
+    if constexpr (kDrop)
+      StoreRoundedBf16<kNativeBf16>(d, hn::Mul(pv, hn::LoadU(d, w.drop + (c - begin))), prow + c);
+    else
+      StoreRoundedBf16<kNativeBf16>(d, pv, prow + c);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+// Row r's softmax step on the tile, lanes along keys: the score rule on the keys it sees, [lo, hi), their
+// maximum into m (alpha = rescale_factor(m, m_new)), l = l alpha + the sum of P, and P (dropped, with
+// dropout) rounded to bf16 for the vectors that hold visible keys, 0 for the rest of [0, np).
 // Whole vectors only: the scratch rows are np >= hi rounded up to the lane count wide, and lanes of keys
 // outside [lo, hi) are replaced by -inf before they count (their S values are stale or never written).
 template <bool kNativeBf16, class D>
@@ -326,62 +394,27 @@ HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t 
     w.alpha[r] = 1.0f;
     return;
   }
-  const std::size_t begin = lo / N * N, end = RoundUp(hi, N);
-  float* s = w.s + r * t.bcp;
-  const ScoreRule& rule = p.rule;
-  const auto scale = hn::Set(d, static_cast<float>(rule.scale));
-  const bool softcap = rule.softcap > 0, alibi = rule.alibi_slopes != nullptr;
-  const auto cap = hn::Set(d, static_cast<float>(rule.softcap));
-  const auto slope = hn::Set(d, alibi ? rule.alibi_slope(t.b, t.head_of(r)) : 0.0f);
-  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  const auto lo_v = hn::Set(d, static_cast<float>(lo)), hi_v = hn::Set(d, static_cast<float>(hi));
-  // Key c's ALiBi distance diagonal(i) - (j0 + c), exact in f32 (small integers).
-  const float diag = static_cast<float>(p.mask().diagonal(t.query_of(r)) - j0);
-  // The common row (every key of the tile visible, no transform beyond a positive scale): the maximum of
-  // the raw scores, scaled once (a positive scale keeps the order, and rounds the maximum as it would
-  // each score), and the exponential's argument in one multiply-add from the raw scores.
-  const bool plain = !rule.transforms_scores() && rule.scale > 0 && lo == 0 && hi == np;
-  auto mx = neg_inf;
-  if (plain) {
-    for (std::size_t c = 0; c < np; c += N) mx = hn::Max(mx, hn::Load(d, s + c));
-    mx = hn::Mul(mx, scale);
-  } else {
-    for (std::size_t c = begin; c < end; c += N) {
-      const auto key = hn::Add(hn::Set(d, static_cast<float>(c)), hn::Iota(d, 0.0f));
-      auto sc = hn::Mul(hn::Load(d, s + c), scale);
-      if (softcap) sc = hn::Mul(cap, hn::Tanh(d, hn::Div(sc, cap)));
-      if (alibi) sc = hn::NegMulAdd(slope, hn::Abs(hn::Sub(hn::Set(d, diag), key)), sc);
-      sc = hn::IfThenElse(hn::And(hn::Ge(key, lo_v), hn::Lt(key, hi_v)), sc, neg_inf);
-      hn::Store(sc, d, s + c);
-      mx = hn::Max(mx, sc);
-    }
-  }
-  const float m_old = w.m[r], m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mx)));
+  // Whole vectors and whole groups of four keys (dropout's Philox groups; j0 is a multiple of 32).
+  const std::size_t step = std::max<std::size_t>(N, 4), begin = lo / step * step, end = RoundUp(hi, step);
+  const bool plain = !p.rule.transforms_scores() && p.rule.scale > 0 && lo == 0 && hi == np;
+  const float m_old = w.m[r], m_new = std::max(m_old, RowMaximum(d, p, t, r, j0, plain, begin, end, w));
   w.alpha[r] = rescale_factor(m_old, m_new);
   w.m[r] = m_new;
   // m_new is finite or +inf here (some key is visible): +inf - +inf gives NaN, which poisons the row as
   // attn::fold does; a NaN score likewise.
-  // A row whose visible scores are all -inf keeps m = -inf: exp(-inf - 0) = 0, not exp(-inf + inf).
-  const auto m = hn::Set(d, m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new);
-  auto sum = hn::Zero(d);
-  if (plain) {  // t = (s scale - m) log2(e) in one multiply-add
-    const auto c1 = hn::Set(d, static_cast<float>(rule.scale * 1.4426950408889634));
-    const auto mc = hn::Mul(m, hn::Set(d, 1.44269504088896341f));
-    for (std::size_t c = 0; c < np; c += N) {
-      const auto pv = exp_simd::HWY_NAMESPACE::Exp2(d, hn::MulSub(hn::Load(d, s + c), c1, mc));
-      sum = hn::Add(sum, pv);
-      StoreRoundedBf16<kNativeBf16>(d, pv, prow + c);
-    }
+  float sum;
+  if (p.dropout.enabled()) {
+    const std::int64_t first = (j0 + static_cast<std::int64_t>(begin)) / 4;
+    philox_simd::HWY_NAMESPACE::DropRowFactors(d, p.dropout, static_cast<std::uint32_t>(t.query_of(r)),
+                                               p.dropout.head_word(t.b, t.head_of(r)), first, (end - begin) / 4,
+                                               w.drop);
+    sum = RowWeights<kNativeBf16, true>(d, p, r, plain, m_new, begin, end, t, w);
   } else {
-    for (std::size_t c = begin; c < end; c += N) {
-      const auto pv = exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, s + c), m);
-      sum = hn::Add(sum, pv);
-      StoreRoundedBf16<kNativeBf16>(d, pv, prow + c);
-    }
+    sum = RowWeights<kNativeBf16, false>(d, p, r, plain, m_new, begin, end, t, w);
   }
   std::memset(prow, 0, 2 * begin);
   std::memset(prow + end, 0, 2 * (np - end));
-  w.l[r] = w.l[r] * w.alpha[r] + hn::GetLane(hn::SumOfLanes(d, sum));
+  w.l[r] = w.l[r] * w.alpha[r] + sum;
 }
 
 // O rows whose maximum grew: O *= alpha.
@@ -563,7 +596,7 @@ HWY_EXPORT(RunEmulated);
 HWY_EXPORT(RunHardware);
 }  // namespace amx_simd
 
-bool amx_forward_takes(const Problem& p) { return p.dtype == DType::bf16 && !p.dropout.enabled(); }
+bool amx_forward_takes(const Problem& p) { return p.dtype == DType::bf16; }
 
 TiledPlan amx_plan(const Problem& p, const TileOptions& tiles) {
   // About 128 stacked query rows and 512 keys a tile (the tiles' per-tile costs, O's loads and stores

@@ -148,8 +148,7 @@ std::vector<Target> targets() {
                      false);
                }});
   // The tiled forward on AMX tiles (tiled/amx_kernel.cpp): bf16 configurations, on the CPU's tiles where
-  // usable (unless ATTN_AMX=emulate asks for the emulator), else on the emulator. Dropout configurations run the vector
-  // kernel (the AMX path does not take them), the rest the tiles.
+  // usable (unless ATTN_AMX=emulate asks for the emulator), else on the emulator; dropout included.
   t.push_back({"tiled_amx", [](const Config& c) {
                  Config b = c;
                  b.dtype = DType::bf16;
