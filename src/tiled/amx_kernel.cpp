@@ -49,16 +49,13 @@
 #include "cpu/philox-inl.h"
 #include "cpu/tile_ops.hpp"
 #include "tiled/amx_forward.hpp"
+#include "tiled/amx_pack-inl.h"
 #include "tiled/tiled_kernel.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail::amx_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-constexpr std::size_t kBlock = 32;  // rows and keys (or columns) of a 2 x 2 block of 16 x 16 tiles
-
-inline std::size_t RoundUp(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
 
 // One task's geometry (after GQA stacking) and one thread's scratch, carved from one aligned block.
 struct AmxTask {
@@ -114,145 +111,6 @@ HWY_INLINE void PackQueries(const Problem& p, const AmxTask& t, const AmxScratch
   std::fill(w.l, w.l + t.R, 0.0f);
   std::fill(w.o, w.o + t.R * t.dvp, 0.0f);
   std::memset(w.p, 0, 2 * t.R * t.bcp);  // the padding rows' weights stay zero for every tile
-}
-
-// Every kv head's K and V, packed once per call into the tiles' B layouts (VNNI: bf16 pairs along the
-// dot product), zero past d, d_v and the last key; keys in blocks of 32 (kBlock):
-//   K  per block [dq/2][32] pairs: pair row x, column c = (k[c][2x], k[c][2x+1]); a B tile is 16 pair
-//      rows x 16 keys, rows 128 bytes apart
-//   V  [keys/2][dvp] pairs: pair row y, column x = (v[2y][x], v[2y+1][x]); a B tile is 16 pair rows
-//      (32 keys) x 16 columns, rows 4 dvp bytes apart
-// Packing per task instead would redo it for every query tile (it cost more than the tiles' work).
-struct PackedHeads {
-  std::size_t dq, dvp;
-  std::vector<std::size_t> first;         // per problem: the index of its (b, kv_head) = (0, 0) head
-  std::vector<std::size_t> keys;          // per problem: seqlen_k rounded up to kBlock
-  std::vector<std::size_t> k_at, v_at;    // per head: offsets into k and v (32-bit pairs)
-  std::vector<std::uint8_t> v_nonfinite;  // per head: some value is Inf or NaN
-  std::uint32_t *k = nullptr, *v = nullptr;
-};
-
-// Key j's pair x as one 32-bit word: (k[j][2x], k[j][2x+1]), zero past d.
-inline std::uint32_t PairOf(const bf16_t* row, std::int64_t stride, std::size_t x, std::size_t dim) {
-  const std::uint32_t lo = row[2 * x * static_cast<std::size_t>(stride)].bits;
-  const std::uint32_t hi = 2 * x + 1 < dim ? row[(2 * x + 1) * static_cast<std::size_t>(stride)].bits : 0u;
-  return lo | hi << 16;
-}
-
-// The keys of one head, transposed into 32-key blocks of pairs. Rows a fixed stride apart (not paged,
-// contiguous dims, even d) go N keys at a time: one gather per pair x collects it from N rows.
-HWY_INLINE void PackKeysOfHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t dq, std::uint32_t* kh) {
-  const hn::ScalableTag<std::uint32_t> du;
-  const hn::RebindToSigned<decltype(du)> di;
-  const std::size_t N = hn::Lanes(du), dim = static_cast<std::size_t>(p.head_dim);
-  const std::int64_t row_words = p.k.strides[1] / 2;
-  const bool gather = !p.pages.paged() && p.k.strides[3] == 1 && dim % 2 == 0 && p.k.strides[1] % 2 == 0 &&
-                      row_words * static_cast<std::int64_t>(N) < (std::int64_t{1} << 31);
-  std::int64_t j = 0;
-  if (gather) {
-    const auto rows = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<std::int32_t>(row_words)));
-    for (; j + static_cast<std::int64_t>(N) <= p.seqlen_k; j += static_cast<std::int64_t>(N)) {
-      const auto* base = reinterpret_cast<const std::uint32_t*>(key_row_ptr<const bf16_t>(p.k, p.pages, b, j, h));
-      const std::size_t c = static_cast<std::size_t>(j);
-      std::uint32_t* kd = kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock;
-      for (std::size_t x = 0; x < dim / 2; ++x) hn::StoreU(hn::GatherIndex(du, base + x, rows), du, kd + x * kBlock);
-    }
-  }
-  for (; j < p.seqlen_k; ++j) {
-    const bf16_t* ks = key_row_ptr<const bf16_t>(p.k, p.pages, b, j, h);
-    const std::size_t c = static_cast<std::size_t>(j);
-    std::uint32_t* kd = kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock;
-    for (std::size_t x = 0; x < (dim + 1) / 2; ++x) kd[x * kBlock] = PairOf(ks, p.k.strides[3], x, dim);
-  }
-}
-
-// The values of one head, two keys interleaved per pair row (zero past the last key); returns whether
-// some value is Inf or NaN. Contiguous rows go N columns at a time.
-HWY_INLINE bool PackValuesOfHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t dvp, std::uint32_t* vh) {
-  const hn::ScalableTag<std::uint32_t> du;
-  const hn::Rebind<std::uint16_t, decltype(du)> d16;
-  const std::size_t N = hn::Lanes(du), dim_v = static_cast<std::size_t>(p.head_dim_v);
-  const std::size_t vs = static_cast<std::size_t>(p.v.strides[3]);
-  const auto lo_exp = hn::Set(du, 0x7F80u), hi_exp = hn::Set(du, 0x7F800000u);
-  auto nonfinite_lanes = hn::Zero(du);
-  std::uint32_t nonfinite = 0;
-  for (std::int64_t j = 0; j < p.seqlen_k; j += 2) {
-    const auto* v0 = reinterpret_cast<const std::uint16_t*>(key_row_ptr<const bf16_t>(p.v, p.pages, b, j, h));
-    const auto* v1 = j + 1 < p.seqlen_k
-                         ? reinterpret_cast<const std::uint16_t*>(key_row_ptr<const bf16_t>(p.v, p.pages, b, j + 1, h))
-                         : nullptr;
-    std::uint32_t* vd = vh + static_cast<std::size_t>(j / 2) * dvp;
-    std::size_t x = 0;
-    if (vs == 1)
-      for (; x + N <= dim_v; x += N) {
-        const auto lo = hn::PromoteTo(du, hn::LoadU(d16, v0 + x));
-        const auto hi = v1 ? hn::PromoteTo(du, hn::LoadU(d16, v1 + x)) : hn::Zero(du);
-        const auto w = hn::Or(lo, hn::ShiftLeft<16>(hi));
-        hn::StoreU(w, du, vd + x);
-        const auto bad = hn::Or(hn::VecFromMask(du, hn::Eq(hn::And(w, lo_exp), lo_exp)),
-                                hn::VecFromMask(du, hn::Eq(hn::And(w, hi_exp), hi_exp)));
-        nonfinite_lanes = hn::Or(nonfinite_lanes, bad);
-      }
-    for (; x < dim_v; ++x) {
-      const std::uint32_t lo = v0[x * vs], hi = v1 ? v1[x * vs] : 0u;
-      vd[x] = lo | hi << 16;
-      nonfinite |= ((lo & 0x7F80u) == 0x7F80u) | ((hi & 0x7F80u) == 0x7F80u);
-    }
-  }
-  return nonfinite != 0 || !hn::AllFalse(du, hn::Ne(nonfinite_lanes, hn::Zero(du)));
-}
-
-// Head `hi` of problem `p` (batch b, kv head h) into its place in `heads`, zero past d, d_v and the
-// last key.
-HWY_INLINE void PackHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t keys, std::size_t hi,
-                         PackedHeads& heads) {
-  std::uint32_t* kh = heads.k + heads.k_at[hi];
-  std::uint32_t* vh = heads.v + heads.v_at[hi];
-  std::memset(kh, 0, 4 * keys * heads.dq / 2);
-  std::memset(vh, 0, 4 * keys / 2 * heads.dvp);
-  PackKeysOfHead(p, b, h, heads.dq, kh);
-  heads.v_nonfinite[hi] = PackValuesOfHead(p, b, h, heads.dvp, vh);
-}
-
-// Storage for `words` packed pairs, kept by the calling thread for its next call (a model calls the
-// forward once per layer with the same sizes: the pages are then already mapped, where a fresh block
-// costs a page fault per 4 KiB, about a tenth of the packing's time). At most 256 MiB stays cached. Not
-// value-initialised: PackHead writes every element.
-// A larger block is owned by `once`, freed with it.
-inline std::uint32_t* PackBuffer(std::size_t words, std::unique_ptr<std::uint32_t[]>& once) {
-  constexpr std::size_t kKeepWords = (std::size_t{256} << 20) / 4;
-  static thread_local std::unique_ptr<std::uint32_t[]> kept;
-  static thread_local std::size_t kept_words = 0;
-  if (words > kKeepWords) {
-    once.reset(new std::uint32_t[words]);
-    return once.get();
-  }
-  if (words > kept_words) {
-    kept.reset(new std::uint32_t[words]);
-    kept_words = words;
-  }
-  return kept.get();
-}
-
-// The packed heads' layout for `ps` (their storage is allocated by the caller: k_total and v_total pairs).
-inline PackedHeads PlanHeads(const std::vector<Problem>& ps, std::size_t& k_total, std::size_t& v_total) {
-  PackedHeads heads;
-  heads.dq = RoundUp(static_cast<std::size_t>(ps[0].head_dim), kBlock);
-  heads.dvp = RoundUp(static_cast<std::size_t>(ps[0].head_dim_v), kBlock);
-  k_total = v_total = 0;
-  for (const Problem& p : ps) {
-    heads.first.push_back(heads.k_at.size());
-    const std::size_t keys = RoundUp(static_cast<std::size_t>(p.seqlen_k), kBlock);
-    heads.keys.push_back(keys);
-    for (std::int64_t h = 0; h < p.batch * p.kv_heads; ++h) {
-      heads.k_at.push_back(k_total);
-      heads.v_at.push_back(v_total);
-      k_total += keys * heads.dq / 2;
-      v_total += keys / 2 * heads.dvp;
-    }
-  }
-  heads.v_nonfinite.assign(heads.k_at.size(), 0);
-  return heads;
 }
 
 // Each row's visible keys of the tile [j0, j0 + n) (padding rows: none); whether some row does not see
