@@ -1,6 +1,6 @@
 // libFuzzer harness for attention_backward (include/attn/backward.hpp), built with
 // -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt); built again as fuzz_backward_amx
-// (ATTN_FUZZ_AMX): bf16 only, on the AMX tile emulator.
+// (ATTN_FUZZ_AMX): bf16 and f16 only, on the AMX tile emulator.
 //
 // The bytes decide the dtype, shapes, the layouts of all nine tensors, options (dropout on about 1
 // input in 6), tile sizes, the data, and whether one argument is deliberately made invalid: the shared
@@ -88,10 +88,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Bytes in(data, size);
   const std::uint8_t flags = in.u8();
 #if defined(ATTN_FUZZ_AMX)
-  // fuzz_backward_amx: the backward's AMX path (backward/amx_backward.cpp) on the tile emulator, bf16 only.
+  // fuzz_backward_amx: the backward's AMX path (backward/amx_backward.cpp) on the tile emulator, bf16 and f16.
   static const bool emulated_tiles = setenv("ATTN_AMX", "emulate", 1) == 0;
   if (!emulated_tiles) die("setenv ATTN_AMX failed");
-  const DType dt = DType::bf16;
+  const DType dt = (flags & 3) == static_cast<int>(DType::f16) ? DType::f16 : DType::bf16;
 #else
   const DType dt = static_cast<DType>(flags & 3);
 #endif

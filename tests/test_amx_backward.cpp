@@ -37,10 +37,15 @@ struct Case {
   std::int64_t q_tile = 0, k_tile = 0;  // 0 = the AMX plan's
   int threads = 2;
   double dropout = 0;  // dropout_p (seed 1234, offset 5)
+  bool f16 = false;    // f16 inputs (TDPFP16PS) instead of bf16
 };
 
 Case with_dropout(Case c, double p) {
   c.dropout = p;
+  return c;
+}
+Case in_f16(Case c) {
+  c.f16 = true;
   return c;
 }
 
@@ -48,28 +53,30 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
   return os << "b" << c.b << " sq" << c.sq << " sk" << c.sk << " h" << c.h << "/" << c.hk << " d" << c.d << "/" << c.dv
             << (c.causal ? " causal" : "") << " win(" << c.left << "," << c.right << ") cap" << c.softcap
             << (c.alibi ? " alibi" : "") << (c.sinks ? " sinks" : "") << " tiles " << c.q_tile << "x" << c.k_tile
-            << " thr" << c.threads << " dropout " << c.dropout;
+            << " thr" << c.threads << " dropout " << c.dropout << (c.f16 ? " f16" : " bf16");
 }
 
 // bf16 inputs with the forward's out (rounded to bf16) and lse (f32) from the f64 oracle.
+template <class T>
 struct Inputs {
-  Tensor<bf16_t> q, k, v, dout, out;
+  Tensor<T> q, k, v, dout, out;
   std::vector<float> lse, slopes, sinks;
   AttentionOptions o;
   TileOptions tiles;
 };
 
-Inputs inputs_of(const Case& c) {
-  Inputs in{random_tensor<bf16_t>(c.b, c.sq, c.h, c.d, 61, 2.0),
-            random_tensor<bf16_t>(c.b, c.sk, c.hk, c.d, 62, 2.0),
-            random_tensor<bf16_t>(c.b, c.sk, c.hk, c.dv, 63),
-            random_tensor<bf16_t>(c.b, c.sq, c.h, c.dv, 64),
-            Tensor<bf16_t>(c.b, c.sq, c.h, c.dv),
-            {},
-            {},
-            {},
-            {},
-            {}};
+template <class T = bf16_t>
+Inputs<T> inputs_of(const Case& c) {
+  Inputs<T> in{random_tensor<T>(c.b, c.sq, c.h, c.d, 61, 2.0),
+               random_tensor<T>(c.b, c.sk, c.hk, c.d, 62, 2.0),
+               random_tensor<T>(c.b, c.sk, c.hk, c.dv, 63),
+               random_tensor<T>(c.b, c.sq, c.h, c.dv, 64),
+               Tensor<T>(c.b, c.sq, c.h, c.dv),
+               {},
+               {},
+               {},
+               {},
+               {}};
   in.o = test::options_of({c.b, c.sq, c.sk, c.h, c.hk, c.d, c.causal, c.left, c.right, c.softcap, c.alibi}, 0.5f,
                           in.slopes);
   if (c.sinks) {
@@ -84,19 +91,21 @@ Inputs inputs_of(const Case& c) {
   if (c.k_tile) in.tiles.k_tile = c.k_tile;
   std::vector<double> lse;
   const std::vector<double> out = test::oracle_forward(in.q, in.k, in.v, in.o, &lse);
-  for (std::size_t e = 0; e < out.size(); ++e) in.out.data[e] = detail::store<bf16_t>(out[e]);
+  for (std::size_t e = 0; e < out.size(); ++e) in.out.data[e] = detail::store<T>(out[e]);
   in.lse.assign(lse.begin(), lse.end());
   return in;
 }
 
+template <class T = bf16_t>
 struct Grads {
-  Tensor<bf16_t> dq, dk, dv;
+  Tensor<T> dq, dk, dv;
 };
 
-Grads backward_with(const Inputs& in, const char* amx_mode, int threads = 0) {
+template <class T>
+Grads<T> backward_with(const Inputs<T>& in, const char* amx_mode, int threads = 0) {
   const ScopedAmxEnv env{std::string(amx_mode)};
-  Grads g{Tensor<bf16_t>(in.q.b, in.q.s, in.q.h, in.q.d), Tensor<bf16_t>(in.k.b, in.k.s, in.k.h, in.k.d),
-          Tensor<bf16_t>(in.v.b, in.v.s, in.v.h, in.v.d)};
+  Grads<T> g{Tensor<T>(in.q.b, in.q.s, in.q.h, in.q.d), Tensor<T>(in.k.b, in.k.s, in.k.h, in.k.d),
+             Tensor<T>(in.v.b, in.v.s, in.v.h, in.v.d)};
   AttentionOptions o = in.o;
   if (threads) o.num_threads = threads;
   const TensorView lse = TensorView::contiguous(in.lse.data(), in.q.b, in.q.h, in.q.s);
@@ -106,7 +115,8 @@ Grads backward_with(const Inputs& in, const char* amx_mode, int threads = 0) {
 }
 
 // The f64 oracle's gradients on the same inputs (out and lse from the f64 forward).
-std::vector<std::vector<double>> oracle_grads(const Inputs& in) {
+template <class T>
+std::vector<std::vector<double>> oracle_grads(const Inputs<T>& in) {
   const Tensor<double> q = test::to_f64(in.q), k = test::to_f64(in.k), v = test::to_f64(in.v);
   const Tensor<double> dout = test::to_f64(in.dout);
   Tensor<double> out(in.q.b, in.q.s, in.q.h, in.v.d);
@@ -119,10 +129,11 @@ std::vector<std::vector<double>> oracle_grads(const Inputs& in) {
   return {dq.data, dk.data, dv.data};
 }
 
-// The modes the AMX kernel runs in on this machine: the emulator always, the tiles where usable.
-std::vector<const char*> amx_modes() {
+// The modes the AMX kernel runs in on this machine: the emulator always, the tiles where usable (for f16:
+// where they run TDPFP16PS).
+std::vector<const char*> amx_modes(bool f16 = false) {
   std::vector<const char*> m{"emulate"};
-  if (detail::amx_support().usable()) m.push_back("on");
+  if (detail::amx_support().usable() && (!f16 || detail::amx_support().cpu_fp16)) m.push_back("on");
   return m;
 }
 
@@ -135,24 +146,22 @@ bool same_bits(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b) {
 
 constexpr const char* kGradName[3] = {"dq", "dk", "dv"};
 
-class AmxBackward : public ::testing::TestWithParam<Case> {};
-
-TEST_P(AmxBackward, WithinThriceTheBf16MathReferenceError) {
-  const Case& c = GetParam();
-  SCOPED_TRACE(::testing::Message() << c);
-  const Inputs in = inputs_of(c);
+// flash-attn's rule against PyTorch's math backward in T (bf16 or f16), on every mode of amx_modes.
+template <class T>
+void check_against_math_reference(const Case& c) {
+  const Inputs<T> in = inputs_of<T>(c);
   const std::vector<std::vector<double>> oracle = oracle_grads(in);
-  const test::Bf16Grads math = test::math_reference_backward_bf16(in.q, in.k, in.v, in.dout, in.o);
-  const std::vector<bf16_t>* base[3] = {&math.dq, &math.dk, &math.dv};
-  std::vector<Grads> runs;
-  for (const char* mode : amx_modes()) {
+  const test::MathGrads<T> math = test::math_reference_backward<T>(in.q, in.k, in.v, in.dout, in.o);
+  const std::vector<T>* base[3] = {&math.dq, &math.dk, &math.dv};
+  std::vector<Grads<T>> runs;
+  for (const char* mode : amx_modes(c.f16)) {
     SCOPED_TRACE(::testing::Message() << "ATTN_AMX=" << mode);
     runs.push_back(backward_with(in, mode));
-    const Tensor<bf16_t>* got[3] = {&runs.back().dq, &runs.back().dk, &runs.back().dv};
+    const Tensor<T>* got[3] = {&runs.back().dq, &runs.back().dk, &runs.back().dv};
     for (int g = 0; g < 3; ++g) {
       const double e_base = max_error(*base[g], oracle[g]), e_got = max_error(got[g]->data, oracle[g]);
-      EXPECT_TRUE(test::meets_textbook_rule(e_got, e_base, test::kGradientFactor, test::textbook_floor<bf16_t>()))
-          << kGradName[g] << " against the bf16 math backward's error";
+      EXPECT_TRUE(test::meets_textbook_rule(e_got, e_base, test::kGradientFactor, test::textbook_floor<T>()))
+          << kGradName[g] << " against the math backward's error";
     }
   }
   if (runs.size() == 2) {  // the tiles and the emulator: the same bits
@@ -160,6 +169,17 @@ TEST_P(AmxBackward, WithinThriceTheBf16MathReferenceError) {
     EXPECT_EQ(max_error(runs[0].dk.data, runs[1].dk.data), 0.0);
     EXPECT_EQ(max_error(runs[0].dv.data, runs[1].dv.data), 0.0);
   }
+}
+
+class AmxBackward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AmxBackward, WithinThriceTheMathReferenceError) {
+  const Case& c = GetParam();
+  SCOPED_TRACE(::testing::Message() << c);
+  if (c.f16)
+    check_against_math_reference<f16_t>(c);
+  else
+    check_against_math_reference<bf16_t>(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -190,6 +210,16 @@ INSTANTIATE_TEST_SUITE_P(
                       with_dropout(Case{1, 90, 90, 8, 2, 32, 32, true, -1, -1, 0, false, false, 5, 33}, 0.5),
                       with_dropout(Case{1, 100, 160, 2, 2, 64, 64, false, 7, 30}, 0.3),
                       with_dropout(Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}, 0.4)));
+
+// f16 inputs on TDPFP16PS (the emulator here; the tiles on a CPU with AMX-FP16), P and dS rounded to f16.
+INSTANTIATE_TEST_SUITE_P(
+    F16, AmxBackward,
+    ::testing::Values(in_f16(Case{1, 67, 131, 2, 1, 64, 64}), in_f16(Case{1, 33, 45, 2, 1, 100, 72}),
+                      in_f16(Case{1, 90, 90, 8, 2, 32, 32, true, -1, -1, 0, false, false, 5, 33}),
+                      in_f16(Case{1, 160, 160, 2, 2, 64, 64, false, 20, 0}),
+                      in_f16(Case{2, 100, 120, 4, 2, 64, 64, true, -1, -1, 0, true}),
+                      in_f16(with_dropout(Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40},
+                                          0.4))));
 
 TEST(AmxBackwardEdges, AnyThreadCountGivesBitwiseEqualGradients) {
   for (const char* mode : amx_modes())

@@ -1,8 +1,10 @@
 // The AMX tile emulator (amx/amx_emulator.hpp), which the AMX kernels' tests run on where the CPU has
 // no AMX: the SDM's semantics (exact products, the even and odd partial sums, DAZ and FTZ, the tile
-// configuration's limits), and where the CPU's tiles are usable, bit-for-bit agreement with them.
+// configuration's limits), TDPFP16PS's f16 reading, the kernels' f16 rounding of P, and where the CPU's
+// tiles are usable, bit-for-bit agreement with them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,8 +12,11 @@
 #include <stdexcept>
 #include <vector>
 
+#include <hwy/highway.h>
+
 #include "amx/amx.hpp"
 #include "amx/amx_emulator.hpp"
+#include "amx/amx_round-inl.h"
 #include "amx/amx_tiles.hpp"
 #include "support.hpp"
 
@@ -37,8 +42,10 @@ std::uint32_t bits_of(float f) {
 
 // The four C tiles of one dot_2x2 on `Unit`, from A tiles a[2] and B tiles b[2] (bf16 bits, 16 x 32 each) and
 // C's start values c[4] (16 x 16 f32 each).
+// fp16: TDPFP16PS on f16 bits instead.
 template <class Unit>
-void run_dot_2x2(const std::uint16_t (&a)[2][512], const std::uint16_t (&b)[2][512], float (&c)[4][256]) {
+void run_dot_2x2(const std::uint16_t (&a)[2][512], const std::uint16_t (&b)[2][512], float (&c)[4][256],
+                 bool fp16 = false) {
   Unit u;
   u.configure(detail::amx::full_tiles());
   u.template load<0>(c[0], 64);
@@ -49,7 +56,10 @@ void run_dot_2x2(const std::uint16_t (&a)[2][512], const std::uint16_t (&b)[2][5
   u.template load<5>(a[1], 64);
   u.template load<6>(b[0], 64);
   u.template load<7>(b[1], 64);
-  u.dot_2x2();
+  if (fp16)
+    u.dot_2x2_fp16();
+  else
+    u.dot_2x2();
   u.template store<0>(c[0], 64);
   u.template store<1>(c[1], 64);
   u.template store<2>(c[2], 64);
@@ -106,6 +116,80 @@ TEST(AmxEmulator, DenormalsReadAsZeroAndResultsFlush) {
   EXPECT_EQ(bits_of(c[0][1]), 0u) << "denormal C";
 }
 
+std::uint16_t f16_bits(float x) { return detail::store<f16_t>(x).bits; }
+float f16_value(std::uint16_t b) { return detail::load<float>(f16_t{b}); }
+
+// TDPFP16PS: the same products, sums and order as TDPBF16PS on f16 pairs.
+TEST(AmxEmulator, Fp16ProductsAreExactAndSummedApart) {
+  alignas(64) std::uint16_t a[2][512], b[2][512];
+  alignas(64) float c[4][256] = {};
+  for (int t = 0; t < 2; ++t)
+    for (int i = 0; i < 512; ++i) {
+      a[t][i] = f16_bits(static_cast<float>((i * 7 + t) % 9 - 4) * 0.125f);
+      b[t][i] = f16_bits(static_cast<float>((i * 5 + 3 * t) % 11 - 5) * 1024.0f);
+    }
+  run_dot_2x2<EmulatedTiles>(a, b, c, true);
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 16; ++n) {
+      float want = 0;
+      for (int k = 0; k < 32; ++k) want += f16_value(a[1][m * 32 + k]) * f16_value(b[0][(k / 2) * 32 + 2 * n + k % 2]);
+      ASSERT_EQ(c[2][m * 16 + n], want) << m << "," << n;  // C2 = A5 B6
+    }
+  // 2048 x 2^13 = 2^24, plus 1 (odd) and 1 (even): the bf16 test's orders told apart on f16 operands.
+  alignas(64) std::uint16_t x[2][512] = {}, y[2][512] = {};
+  alignas(64) float z[4][256] = {};
+  x[0][0] = f16_bits(2048.0f);
+  x[0][1] = x[0][2] = f16_bits(1.0f);
+  y[0][0] = f16_bits(8192.0f);
+  y[0][1] = y[0][32] = f16_bits(1.0f);
+  run_dot_2x2<EmulatedTiles>(x, y, z, true);
+  EXPECT_EQ(z[0][0], 16777216.0f);
+}
+
+// TDPFP16PS keeps subnormal f16 inputs ("always handled and not treated as zero"); f32 results and C
+// values flush as TDPBF16PS's.
+TEST(AmxEmulator, Fp16SubnormalInputsKeepTheirValue) {
+  alignas(64) std::uint16_t a[2][512] = {}, b[2][512] = {};
+  alignas(64) float c[4][256] = {};
+  a[0][0] = 0x0001;  // 2^-24, the smallest f16 subnormal
+  b[0][0] = f16_bits(1.0f);
+  a[0][32] = 0x0200;  // row 1: 2^-15 x 2^-15 = 2^-30, exact
+  b[0][2] = 0x0200;
+  c[0][5] = f32_of_bits(0x00000001);  // a denormal C value (row 0, column 5: no product) reads as zero
+  run_dot_2x2<EmulatedTiles>(a, b, c, true);
+  EXPECT_EQ(c[0][0], std::ldexp(1.0f, -24));
+  EXPECT_EQ(c[0][17], std::ldexp(1.0f, -30));
+  EXPECT_EQ(bits_of(c[0][5]), 0u) << "denormal C";
+}
+
+// The AMX forward's f16 rounding of P on SIMD lanes (RoundToF16, on this build's static target) is
+// float_to_f16 bit for bit: every f16 value, the halfway points around it, and random f32 patterns.
+TEST(AmxRounding, RoundToF16IsFloatToF16) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::ScalableTag<float> d;
+  const std::size_t N = hn::Lanes(d);
+  std::vector<float> xs;
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    const float v = f16_value(static_cast<std::uint16_t>(h));
+    xs.push_back(v);
+    if (std::isfinite(v)) {  // the halfway point to the next f16 up in magnitude, and just around it
+      const float next = f16_value(static_cast<std::uint16_t>(h + 1));
+      const float half = v + (next - v) / 2;
+      xs.insert(xs.end(), {half, std::nextafter(half, 0.0f), std::nextafter(half, 2 * half)});
+    }
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < (1 << 18); ++i) xs.push_back(f32_of_bits(static_cast<std::uint32_t>(rng())));
+  xs.resize((xs.size() + N - 1) / N * N, 0.0f);
+  std::vector<std::uint32_t> got(N);
+  for (std::size_t i = 0; i < xs.size(); i += N) {
+    hn::StoreU(detail::amx_simd::HWY_NAMESPACE::RoundToF16(d, hn::LoadU(d, &xs[i])),
+               hn::RebindToUnsigned<decltype(d)>(), got.data());
+    for (std::size_t l = 0; l < N; ++l)
+      ASSERT_EQ(got[l], detail::store<f16_t>(xs[i + l]).bits) << xs[i + l] << " (bits " << bits_of(xs[i + l]) << ")";
+  }
+}
+
 TEST(AmxEmulator, ConfigurationAndUseOutsideItThrow) {
   EmulatedTiles u;
   alignas(64) float buf[256] = {};
@@ -137,15 +221,18 @@ TEST(AmxEmulator, LoadsAndStoresTouchOnlyTheConfiguredBytes) {
 }
 
 #if defined(ATTN_AMX_HARDWARE)
-// Random values over a wide exponent range (with denormals, zeros and cancelling signs): the emulator and
-// TDPBF16PS agree bit for bit.
-TEST(AmxEmulator, MatchesTheInstructionsBitwise) {
-  if (!detail::amx_support().usable()) GTEST_SKIP() << detail::amx_support().reason();
+// fp16: TDPFP16PS on f16 patterns (where the CPU has AMX-FP16).
+void check_against_the_instructions(bool fp16) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> exponent(-60, 40), mantissa(0, 127), coin(0, 1), kind(0, 19);
-  auto random_bf16 = [&]() -> std::uint16_t {
+  std::uniform_int_distribution<int> exponent16(-14, 15), mantissa16(0, 1023);
+  auto random_bits = [&]() -> std::uint16_t {
     const int k = kind(rng);
     if (k == 0) return 0;
+    if (fp16) {
+      if (k == 1) return static_cast<std::uint16_t>(mantissa16(rng) | (coin(rng) << 15));  // subnormal
+      return static_cast<std::uint16_t>((coin(rng) << 15) | ((exponent16(rng) + 15) << 10) | mantissa16(rng));
+    }
     if (k == 1) return static_cast<std::uint16_t>(mantissa(rng) | (coin(rng) << 15));  // denormal
     const int e = std::clamp(exponent(rng) + 127, 1, 254);
     return static_cast<std::uint16_t>((coin(rng) << 15) | (e << 7) | mantissa(rng));
@@ -154,18 +241,33 @@ TEST(AmxEmulator, MatchesTheInstructionsBitwise) {
     alignas(64) std::uint16_t a[2][512], b[2][512];
     alignas(64) float c_hw[4][256], c_em[4][256];
     for (auto& t : a)
-      for (auto& x : t) x = random_bf16();
+      for (auto& x : t) x = random_bits();
     for (auto& t : b)
-      for (auto& x : t) x = random_bf16();
+      for (auto& x : t) x = random_bits();
     for (int t = 0; t < 4; ++t)
-      for (int i = 0; i < 256; ++i) c_hw[t][i] = c_em[t][i] = bf16_value(random_bf16());
-    run_dot_2x2<detail::amx::HardwareTiles>(a, b, c_hw);
-    run_dot_2x2<EmulatedTiles>(a, b, c_em);
+      for (int i = 0; i < 256; ++i) c_hw[t][i] = c_em[t][i] = bf16_value(random_bits());
+    run_dot_2x2<detail::amx::HardwareTiles>(a, b, c_hw, fp16);
+    run_dot_2x2<EmulatedTiles>(a, b, c_em, fp16);
     for (int t = 0; t < 4; ++t)
       for (int i = 0; i < 256; ++i)
         ASSERT_EQ(bits_of(c_hw[t][i]), bits_of(c_em[t][i]))
             << "trial " << trial << " tile " << t << " element " << i << ": " << c_hw[t][i] << " vs " << c_em[t][i];
   }
+}
+
+// TDPFP16PS's order and subnormals are the reference's reading, never yet compared with a CPU: where one
+// has AMX-FP16, this says whether the emulator is right.
+TEST(AmxEmulator, Fp16MatchesTheInstructionsBitwise) {
+  if (!detail::amx_support().usable() || !detail::amx_support().cpu_fp16)
+    GTEST_SKIP() << "no AMX-FP16 here: " << detail::amx_support().reason();
+  check_against_the_instructions(true);
+}
+
+// Random values over a wide exponent range (with denormals, zeros and cancelling signs): the emulator and
+// TDPBF16PS agree bit for bit.
+TEST(AmxEmulator, MatchesTheInstructionsBitwise) {
+  if (!detail::amx_support().usable()) GTEST_SKIP() << detail::amx_support().reason();
+  check_against_the_instructions(false);
 }
 #endif
 

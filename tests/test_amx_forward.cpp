@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "attn/info.hpp"
 #include "attn/varlen.hpp"
 #include "amx/amx.hpp"
 #include "amx_reference.hpp"
@@ -39,10 +40,15 @@ struct Case {
   std::int64_t q_tile = 0, k_tile = 0;  // 0 = the AMX plan's
   int threads = 2;
   double dropout = 0;  // dropout_p (seed 1234, offset 5)
+  bool f16 = false;    // f16 inputs (TDPFP16PS) instead of bf16
 };
 
 Case with_dropout(Case c, double p) {
   c.dropout = p;
+  return c;
+}
+Case in_f16(Case c) {
+  c.f16 = true;
   return c;
 }
 
@@ -50,26 +56,28 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
   return os << "b" << c.b << " sq" << c.sq << " sk" << c.sk << " h" << c.h << "/" << c.hk << " d" << c.d << "/" << c.dv
             << (c.causal ? " causal" : "") << " win(" << c.left << "," << c.right << ") cap" << c.softcap
             << (c.alibi ? " alibi" : "") << (c.sinks ? " sinks" : "") << " tiles " << c.q_tile << "x" << c.k_tile
-            << " thr" << c.threads << " dropout " << c.dropout;
+            << " thr" << c.threads << " dropout " << c.dropout << (c.f16 ? " f16" : " bf16");
 }
 
+template <class T>
 struct Inputs {
-  Tensor<bf16_t> q, k, v;
+  Tensor<T> q, k, v;
   std::vector<float> slopes, sinks;
   AttentionOptions o;
   TileOptions tiles;
   std::size_t lse_size;
 };
 
-Inputs inputs_of(const Case& c) {
-  Inputs in{random_tensor<bf16_t>(c.b, c.sq, c.h, c.d, 21, 2.0),
-            random_tensor<bf16_t>(c.b, c.sk, c.hk, c.d, 22, 2.0),
-            random_tensor<bf16_t>(c.b, c.sk, c.hk, c.dv, 23),
-            {},
-            {},
-            {},
-            {},
-            0};
+template <class T>
+Inputs<T> inputs_of(const Case& c) {
+  Inputs<T> in{random_tensor<T>(c.b, c.sq, c.h, c.d, 21, 2.0),
+               random_tensor<T>(c.b, c.sk, c.hk, c.d, 22, 2.0),
+               random_tensor<T>(c.b, c.sk, c.hk, c.dv, 23),
+               {},
+               {},
+               {},
+               {},
+               0};
   in.o = test::options_of({c.b, c.sq, c.sk, c.h, c.hk, c.d, c.causal, c.left, c.right, c.softcap, c.alibi}, 0.5f,
                           in.slopes);
   if (c.sinks) {
@@ -86,50 +94,51 @@ Inputs inputs_of(const Case& c) {
   return in;
 }
 
+template <class T>
 struct AmxRun {
-  std::vector<bf16_t> out;
+  std::vector<T> out;
   std::vector<float> lse;
 };
 
-AmxRun run_tiled_with(const Inputs& in, const char* amx_mode) {
+template <class T>
+AmxRun<T> run_tiled_with(const Inputs<T>& in, const char* amx_mode) {
   const ScopedAmxEnv env{std::string(amx_mode)};
-  AmxRun r{std::vector<bf16_t>(static_cast<std::size_t>(in.q.b * in.q.s * in.q.h * in.v.d)),
-           std::vector<float>(in.lse_size, 42.0f)};
+  AmxRun<T> r{std::vector<T>(static_cast<std::size_t>(in.q.b * in.q.s * in.q.h * in.v.d)),
+              std::vector<float>(in.lse_size, 42.0f)};
   TensorView lse = TensorView::contiguous(r.lse.data(), in.q.b, in.q.h, in.q.s);
   attention_tiled(in.q.view(), in.k.view(), in.v.view(),
                   TensorView::contiguous(r.out.data(), in.q.b, in.q.s, in.q.h, in.v.d), in.o, in.tiles, &lse);
   return r;
 }
 
-// The modes the AMX kernel runs in on this machine: the emulator always, the tiles where usable.
-std::vector<const char*> amx_modes() {
+// The modes the AMX kernel runs in on this machine: the emulator always, the tiles where usable (for f16:
+// where they run TDPFP16PS).
+std::vector<const char*> amx_modes(bool f16 = false) {
   std::vector<const char*> m{"emulate"};
-  if (detail::amx_support().usable()) m.push_back("on");
+  if (detail::amx_support().usable() && (!f16 || detail::amx_support().cpu_fp16)) m.push_back("on");
   return m;
 }
 
-class AmxForward : public ::testing::TestWithParam<Case> {};
-
-TEST_P(AmxForward, WithinTwiceTheBf16MathReferenceError) {
-  const Case& c = GetParam();
-  SCOPED_TRACE(::testing::Message() << c);
-  const Inputs in = inputs_of(c);
+// flash-attn's rule against PyTorch's math attention in T (bf16 or f16), on every mode of amx_modes.
+template <class T>
+void check_against_math_reference(const Case& c) {
+  const Inputs<T> in = inputs_of<T>(c);
   std::vector<double> oracle_lse;
   const std::vector<double> oracle = test::oracle_forward(in.q, in.k, in.v, in.o, &oracle_lse);
-  const double base = max_error(test::math_reference_bf16(in.q, in.k, in.v, in.o), oracle);
+  const double base = max_error(test::math_reference<T>(in.q, in.k, in.v, in.o), oracle);
   // The lse's baseline: the f32 textbook's (the lse is not rounded to bf16 by any of them).
   std::vector<float> textbook_lse;
   test::textbook_forward(in.q, in.k, in.v, in.o, &textbook_lse);
   const double lse_base = max_error(textbook_lse, oracle_lse);
 
-  std::vector<AmxRun> runs;
-  for (const char* mode : amx_modes()) {
+  std::vector<AmxRun<T>> runs;
+  for (const char* mode : amx_modes(c.f16)) {
     SCOPED_TRACE(::testing::Message() << "ATTN_AMX=" << mode);
     runs.push_back(run_tiled_with(in, mode));
-    const AmxRun& r = runs.back();
+    const AmxRun<T>& r = runs.back();
     EXPECT_TRUE(
-        test::meets_textbook_rule(max_error(r.out, oracle), base, test::kForwardFactor, test::textbook_floor<bf16_t>()))
-        << "against the bf16 math reference's error";
+        test::meets_textbook_rule(max_error(r.out, oracle), base, test::kForwardFactor, test::textbook_floor<T>()))
+        << "against the math reference's error";
     // A row that sees no key has lse -inf (and out 0), as the oracle's.
     EXPECT_TRUE(test::meets_textbook_rule(max_error(r.lse, oracle_lse), lse_base, test::kForwardFactor, 1e-5))
         << "lse, against the f32 textbook's error";
@@ -138,6 +147,17 @@ TEST_P(AmxForward, WithinTwiceTheBf16MathReferenceError) {
     EXPECT_EQ(max_error(runs[0].out, runs[1].out), 0.0);
     EXPECT_EQ(max_error(runs[0].lse, runs[1].lse), 0.0);
   }
+}
+
+class AmxForward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AmxForward, WithinTwiceTheMathReferenceError) {
+  const Case& c = GetParam();
+  SCOPED_TRACE(::testing::Message() << c);
+  if (c.f16)
+    check_against_math_reference<f16_t>(c);
+  else
+    check_against_math_reference<bf16_t>(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -171,6 +191,16 @@ INSTANTIATE_TEST_SUITE_P(
                       with_dropout(Case{1, 90, 90, 8, 2, 32, 32, true, -1, -1, 0, false, false, 5, 33}, 0.5),
                       with_dropout(Case{1, 100, 160, 2, 2, 64, 64, false, 7, 30}, 0.3),
                       with_dropout(Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}, 0.4)));
+
+// f16 inputs on TDPFP16PS (the emulator here; the tiles on a CPU with AMX-FP16), P rounded to f16.
+INSTANTIATE_TEST_SUITE_P(
+    F16, AmxForward,
+    ::testing::Values(in_f16(Case{1, 67, 131, 2, 1, 64, 64}), in_f16(Case{1, 33, 45, 2, 1, 100, 72}),
+                      in_f16(Case{1, 90, 90, 8, 2, 32, 32, true, -1, -1, 0, false, false, 5, 33}),
+                      in_f16(Case{1, 200, 200, 2, 2, 64, 64, false, 20, 0}),
+                      in_f16(Case{2, 120, 140, 4, 2, 64, 64, true, -1, -1, 0, true}),
+                      in_f16(with_dropout(Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40},
+                                          0.4))));
 
 // A value row with Inf that some rows of a tile must not see (it lies past their causal diagonal): those
 // rows stay finite, as the textbook's do; the rows that see it get Inf or NaN like the textbook's.
@@ -273,6 +303,53 @@ TEST(AmxForwardEdges, SubnormalValuesReadAsZero) {
     std::vector<bf16_t> out(4 * 32, bf16_t{0x7fc0});
     attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), 1, 4, 1, 32));
     for (const bf16_t x : out) EXPECT_EQ(detail::load<float>(x), 0.0f);
+  }
+}
+
+// TDPFP16PS keeps subnormal f16 inputs (unlike TDPBF16PS's DAZ): a value row of f16 subnormals averages to
+// itself on the tiles, as on the vector kernel. An f16 Inf in v reaches only the rows that see it.
+TEST(AmxForwardEdges, F16SubnormalValuesKeepTheirValueAndInfReachesOnlyItsRows) {
+  auto q = random_tensor<f16_t>(1, 64, 1, 32, 54), k = random_tensor<f16_t>(1, 64, 1, 32, 55);
+  Tensor<f16_t> v(1, 64, 1, 32);
+  for (auto& x : v.data) x = detail::store<f16_t>(std::ldexp(1.0f, -20));  // f16 subnormal: below 2^-14
+  for (std::int64_t x = 0; x < 32; ++x) v.at(0, 50, 0, x) = detail::store<f16_t>(INFINITY);
+  AttentionOptions o;
+  o.causal = true;
+  for (const char* mode : amx_modes(true)) {
+    SCOPED_TRACE(mode);
+    const ScopedAmxEnv env{std::string(mode)};
+    std::vector<f16_t> out(64 * 32);
+    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), 1, 64, 1, 32), o);
+    for (std::int64_t i = 0; i < 64; ++i) {
+      const float x = detail::load<float>(out[static_cast<std::size_t>(i * 32)]);
+      if (i < 50)
+        EXPECT_NEAR(x, std::ldexp(1.0f, -20), std::ldexp(1.0f, -26)) << "row " << i;
+      else
+        EXPECT_FALSE(std::isfinite(x)) << "row " << i;
+    }
+  }
+}
+
+// f16 runs on the tiles only where they run TDPFP16PS: the emulator here, and its P rounded to f16 gives
+// other bits than the vector kernel's f32 P.
+TEST(AmxForwardEdges, F16RunsOnTheTilesWhereTheyTakeIt) {
+  auto q = random_tensor<f16_t>(1, 40, 2, 64, 57), k = random_tensor<f16_t>(1, 70, 2, 64, 58),
+       v = random_tensor<f16_t>(1, 70, 2, 64, 59);
+  auto run = [&](const char* mode) {
+    const ScopedAmxEnv env{std::string(mode)};
+    std::vector<f16_t> out(40 * 2 * 64);
+    attention_tiled(q.view(), k.view(), v.view(), TensorView::contiguous(out.data(), 1, 40, 2, 64));
+    return out;
+  };
+  {
+    const ScopedAmxEnv env{std::string("emulate")};
+    EXPECT_TRUE(kernel_info().f16_on_tiles);
+  }
+  const std::vector<f16_t> tiles = run("emulate"), vectors = run("off");
+  EXPECT_GT(max_error(tiles, vectors), 0.0) << "the f16 forward did not run on the emulated tiles";
+  if (detail::amx_support().usable()) {
+    const ScopedAmxEnv env{std::string("on")};
+    EXPECT_EQ(kernel_info().f16_on_tiles, detail::amx_support().cpu_fp16);
   }
 }
 

@@ -333,6 +333,7 @@ NB_MODULE(_C, m) {
         d["simd"] = k.simd;
         d["amx"] = k.amx;
         d["amx_reason"] = k.amx_reason;
+        d["f16_on_tiles"] = k.f16_on_tiles;
         d["bf16_dots"] = k.bf16_dots;
         d["quantized_query"] = k.quantized_query;
         d["summary"] = k.summary;

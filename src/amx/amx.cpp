@@ -118,6 +118,10 @@ amx::TileBackend amx_backend() {
   return s.usable() ? amx::TileBackend::hardware : amx::TileBackend::none;
 }
 
+bool amx_runs_fp16(amx::TileBackend backend) {
+  return backend == amx::TileBackend::emulated || (backend == amx::TileBackend::hardware && amx_support().cpu_fp16);
+}
+
 bool amx_enabled() { return amx_backend() == amx::TileBackend::hardware; }
 
 }  // namespace attn::detail

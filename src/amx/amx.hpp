@@ -51,6 +51,10 @@ const char* amx_mode_name(AmxMode mode);  // "auto", "on", "off", "emulate"
 // (ATTN_AMX=emulate), or none (the vector kernels run).
 amx::TileBackend amx_backend();
 
+// Whether `backend` runs TDPFP16PS (f16 inputs on the tiles): the emulator always, the CPU's tiles where it
+// has AMX-FP16 (Granite Rapids and later), none never.
+bool amx_runs_fp16(amx::TileBackend backend);
+
 // Whether the AMX kernels run on the CPU's tiles: AMX usable and ATTN_AMX auto or on. With ATTN_AMX=on on a machine
 // where AMX is not usable it throws std::invalid_argument("ATTN_AMX=on: <reason>"): whoever forces AMX hears that it
 // cannot run rather than timing the fallback unawares. It may throw, so kernels ask it once per call, before their

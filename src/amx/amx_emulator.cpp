@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/element.hpp"
+
 namespace attn::detail::amx {
 namespace {
 
@@ -18,6 +20,9 @@ float bf16_to_f32(std::uint16_t bits) {
   std::memcpy(&f, &u, sizeof f);
   return flush(f);
 }
+
+// Exact (every f16 is an f32), subnormals kept: TDPFP16PS does not read them as zero.
+float f16_to_f32(std::uint16_t bits) { return f16_to_float(f16_t{bits}); }
 
 }  // namespace
 
@@ -60,13 +65,15 @@ void EmulatedTiles::store(int t, void* base, std::int64_t stride) const {
   for (int r = 0; r < config_.rows[t]; ++r) std::memcpy(dst + r * stride, tiles_[t] + r * kTileBytes, config_.colsb[t]);
 }
 
-void EmulatedTiles::dpbf16ps(int c, int a, int b) {
-  require_configured("TDPBF16PS", c);
-  require_configured("TDPBF16PS", a);
-  require_configured("TDPBF16PS", b);
+template <class Widen>
+void EmulatedTiles::dot_pairs(int c, int a, int b, const char* name, Widen to_f32) {
+  require_configured(name, c);
+  require_configured(name, a);
+  require_configured(name, b);
   const int rows = config_.rows[c], n_cols = config_.colsb[c] / 4, k_pairs = config_.colsb[a] / 4;
   if (config_.rows[a] != rows || config_.rows[b] != k_pairs || config_.colsb[b] != config_.colsb[c])
-    throw std::logic_error("amx emulator: TDPBF16PS with tile shapes that do not match (the CPU raises #UD)");
+    throw std::logic_error(std::string("amx emulator: ") + name +
+                           " with tile shapes that do not match (the CPU raises #UD)");
   std::uint16_t ab[kTileRows * kTileBytes / 2], bb[kTileRows * kTileBytes / 2];
   float cf[kTileRows * kTileBytes / 4];
   std::memcpy(ab, tiles_[a], sizeof ab);
@@ -77,14 +84,22 @@ void EmulatedTiles::dpbf16ps(int c, int a, int b) {
     for (int n = 0; n < n_cols; ++n) {
       float even = 0.0f, odd = 0.0f;
       for (int k = 0; k < k_pairs; ++k) {
-        even = flush(std::fma(bf16_to_f32(ab[m * kRowHalves + 2 * k]), bf16_to_f32(bb[k * kRowHalves + 2 * n]), even));
-        odd = flush(
-            std::fma(bf16_to_f32(ab[m * kRowHalves + 2 * k + 1]), bf16_to_f32(bb[k * kRowHalves + 2 * n + 1]), odd));
+        even = flush(std::fma(to_f32(ab[m * kRowHalves + 2 * k]), to_f32(bb[k * kRowHalves + 2 * n]), even));
+        odd = flush(std::fma(to_f32(ab[m * kRowHalves + 2 * k + 1]), to_f32(bb[k * kRowHalves + 2 * n + 1]), odd));
       }
       float& dst = cf[m * kRowFloats + n];
       dst = flush(flush(dst) + flush(even + odd));
     }
   std::memcpy(tiles_[c], cf, sizeof cf);
+}
+
+// Lambdas, not the functions' pointers: one instance each, the widening inlined into the loop.
+void EmulatedTiles::dpbf16ps(int c, int a, int b) {
+  dot_pairs(c, a, b, "TDPBF16PS", [](std::uint16_t x) { return bf16_to_f32(x); });
+}
+
+void EmulatedTiles::dpfp16ps(int c, int a, int b) {
+  dot_pairs(c, a, b, "TDPFP16PS", [](std::uint16_t x) { return f16_to_f32(x); });
 }
 
 }  // namespace attn::detail::amx

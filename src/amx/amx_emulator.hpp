@@ -12,6 +12,10 @@
 //     in f32, so each step rounds once, to nearest even); then C[m][n] += even + odd. Denormal inputs
 //     (bf16 and the C values) read as zero and denormal results are flushed to zero (DAZ and FTZ,
 //     whatever MXCSR says). The A tile's colsb sets k; C's colsb sets n; B has k rows.
+//   - TDPFP16PS (AMX-FP16), the same on f16 pairs, except that subnormal f16 inputs keep their value (the
+//     reference: "input FP16 denormals are always handled"); f32 results and C values are flushed as
+//     TDPBF16PS's. The two partial sums are TDPBF16PS's order, which the hardware showed for bf16; no CPU
+//     with AMX-FP16 has been at hand to confirm it for f16.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +26,7 @@ namespace attn::detail::amx {
 
 class EmulatedTiles {
  public:
-  static constexpr bool kNativeBf16 = false;  // the kernel rounds P to bf16 in software
+  static constexpr bool kNativeConvert = false;  // the kernel rounds P to bf16 or f16 in software
   void configure(const TileConfig& c);
   void release();
 
@@ -44,13 +48,24 @@ class EmulatedTiles {
     dpbf16ps(2, 5, 6);
     dpbf16ps(3, 5, 7);
   }
+  void dot_2x2_fp16() {
+    dpfp16ps(0, 4, 6);
+    dpfp16ps(1, 4, 7);
+    dpfp16ps(2, 5, 6);
+    dpfp16ps(3, 5, 7);
+  }
 
   void zero(int t);
   void load(int t, const void* base, std::int64_t stride);
   void store(int t, void* base, std::int64_t stride) const;
   void dpbf16ps(int c, int a, int b);
+  void dpfp16ps(int c, int a, int b);
 
  private:
+  // C[c] += A[a] B[b] on 16-bit pairs that `to_f32` widens: TDPBF16PS's and TDPFP16PS's common body
+  // (defined and instantiated in amx_emulator.cpp).
+  template <class Widen>
+  void dot_pairs(int c, int a, int b, const char* name, Widen to_f32);
   void require_configured(const char* op, int t) const;
 
   TileConfig config_{};

@@ -1,5 +1,5 @@
-// f32 to bf16 on SIMD lanes for the AMX kernels (forward, backward), a Highway per-target header: the
-// rounding that turns P (and the backward's dS) into the tiles' bf16 operands. Included inside
+// f32 to bf16 and f16 on SIMD lanes for the AMX kernels (forward, backward), a Highway per-target header:
+// the rounding that turns P (and the backward's dS) into the tiles' 16-bit operands. Included inside
 // foreach_target.
 #if defined(ATTN_AMX_ROUND_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_AMX_ROUND_INL_H_
@@ -11,6 +11,9 @@
 #include <hwy/highway.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "core/element.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail::amx_simd {
@@ -63,6 +66,70 @@ HWY_INLINE void StoreRoundedBf16(D d, hn::Vec<D> x, std::uint16_t* dst) {
   }
 #endif
   StoreBf16(d, RoundToBf16(d, x), dst);
+}
+
+// f32 lanes rounded to f16 (to nearest even, overflow to Inf, NaN quieted), as the f16 patterns in the low
+// 16 bits of each lane: float_to_f16 (core/element.hpp) on lanes, operation for operation, so the two give
+// the same bits.
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> RoundToF16(D d, hn::Vec<D> x) {
+  const hn::RebindToUnsigned<D> du;
+  const auto w = hn::BitCast(du, x), mag = hn::ShiftLeft<1>(w), sign = hn::And(w, hn::Set(du, 0x80000000u));
+  auto base = hn::Mul(hn::Mul(hn::BitCast(d, hn::And(w, hn::Set(du, 0x7fffffffu))), hn::Set(d, 0x1.0p+112f)),
+                      hn::Set(d, 0x1.0p-110f));
+  const auto bias = hn::Max(hn::And(mag, hn::Set(du, 0xFF000000u)), hn::Set(du, 0x71000000u));
+  base = hn::Add(hn::BitCast(d, hn::Add(hn::ShiftRight<1>(bias), hn::Set(du, 0x07800000u))), base);
+  const auto bits = hn::BitCast(du, base);
+  const auto nonsign =
+      hn::Add(hn::And(hn::ShiftRight<13>(bits), hn::Set(du, 0x7C00u)), hn::And(bits, hn::Set(du, 0x0FFFu)));
+  const auto nan = hn::Gt(mag, hn::Set(du, 0xFF000000u));
+  return hn::Or(hn::ShiftRight<16>(sign), hn::IfThenElse(nan, hn::Set(du, 0x7E00u), nonsign));
+}
+
+// x rounded to E (bf16_t or f16_t), as E's 16-bit patterns in the low halves of u32 lanes; Store16 and
+// Pair16 take them. (RoundToBf16 keeps its patterns in the high halves, as f32 values.)
+template <class E, class D>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> Rounded16(D d, hn::Vec<D> x) {
+  if constexpr (std::is_same_v<E, bf16_t>)
+    return hn::ShiftRight<16>(hn::BitCast(hn::RebindToUnsigned<D>(), RoundToBf16(d, x)));
+  else
+    return RoundToF16(d, x);
+}
+
+// Rounded16's patterns stored as N 16-bit values.
+template <class D>
+HWY_INLINE void Store16(D /*d*/, hn::Vec<hn::RebindToUnsigned<D>> bits, std::uint16_t* dst) {
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<std::uint16_t, D> d16;  // the values are < 2^16: the saturating demotion keeps them
+  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, bits)), d16, dst);
+}
+
+// Two rows' Rounded16 patterns as pairs, the tiles' VNNI layout along those rows: lane i holds
+// (lo[i], hi[i]) as one 32-bit word.
+template <class DU>
+HWY_INLINE hn::Vec<DU> Pair16(DU /*du*/, hn::Vec<DU> lo, hn::Vec<DU> hi) {
+  return hn::Or(lo, hn::ShiftLeft<16>(hi));
+}
+
+// P rounded to the tiles' element type E (bf16_t or f16_t) and stored as N 16-bit values: on the CPU's
+// instructions where the tiles are the CPU's (kNative; VCVTPS2PH rounds to nearest even as RoundToF16),
+// else in software.
+template <class E, bool kNative, class D>
+HWY_INLINE void StoreRounded(D d, hn::Vec<D> x, std::uint16_t* dst) {
+  if constexpr (std::is_same_v<E, bf16_t>) {
+    StoreRoundedBf16<kNative>(d, x, dst);
+  } else {
+    static_assert(std::is_same_v<E, f16_t>, "the tiles take bf16 or f16");
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (kNative) {
+      __m256i packed;
+      __asm__("vcvtps2ph $0, %1, %0" : "=v"(packed) : "v"(x.raw));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), packed);
+      return;
+    }
+#endif
+    Store16(d, RoundToF16(d, x), dst);
+  }
 }
 
 }  // namespace HWY_NAMESPACE

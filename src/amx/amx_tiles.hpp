@@ -1,7 +1,7 @@
 // The AMX tile unit as the kernels use it: eight tile registers of up to 16 rows x 64 bytes, a
 // configuration, row-strided loads and stores, and TDPBF16PS (C[16 x 16] f32 += A[16 x 32 bf16]
-// B[16 pair rows x 16 columns of bf16 pairs]). Two implementations with one interface, so that one
-// kernel template runs on either:
+// B[16 pair rows x 16 columns of bf16 pairs]), and TDPFP16PS, the same on f16 pairs (AMX-FP16: Granite
+// Rapids and later). Two implementations with one interface, so that one kernel template runs on either:
 //   HardwareTiles  the instructions themselves (x86-64 with GCC or Clang), as inline assembly: asm needs
 //                  no -mamx-* flag, so the file that holds the kernel is compiled like every other, and
 //                  the instructions only run where amx_backend() says the tiles are usable.
@@ -12,6 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "core/element.hpp"
 
 namespace attn::detail::amx {
 
@@ -44,7 +47,9 @@ enum class TileBackend { none, hardware, emulated };
 // The instructions. Loads and stores clobber memory: they read and write the kernel's scratch through
 // addresses the compiler cannot see into, so nothing may be kept in registers across them.
 struct HardwareTiles {
-  static constexpr bool kNativeBf16 = true;  // the CPU has AVX512-BF16's conversions (every AMX CPU does)
+  // The CPU rounds f32 to bf16 (AVX512-BF16's VCVTNEPS2BF16) and to f16 (F16C's VCVTPS2PH): every AMX CPU
+  // has both.
+  static constexpr bool kNativeConvert = true;
   void configure(const TileConfig& c) { __asm__ volatile("ldtilecfg %0" : : "m"(c)); }
   void release() { __asm__ volatile("tilerelease" ::: "memory"); }
 
@@ -71,7 +76,26 @@ struct HardwareTiles {
         "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
         "tdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::);
   }
+  // The same on f16 pairs; only where the CPU has AMX-FP16 (amx_runs_fp16).
+  void dot_2x2_fp16() {
+    __asm__ volatile(
+        "tdpfp16ps %%tmm6, %%tmm4, %%tmm0\n\t"
+        "tdpfp16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+        "tdpfp16ps %%tmm6, %%tmm5, %%tmm2\n\t"
+        "tdpfp16ps %%tmm7, %%tmm5, %%tmm3" ::);
+  }
 };
 #endif
+
+// C tiles 0..3 += A tiles {4, 5} x B tiles {6, 7} on pairs of E (bf16_t: TDPBF16PS; f16_t: TDPFP16PS), on
+// either tile unit.
+template <class E, class Unit>
+inline void dot_2x2_of(Unit& u) {
+  static_assert(std::is_same_v<E, bf16_t> || std::is_same_v<E, f16_t>, "the tiles take bf16 or f16 pairs");
+  if constexpr (std::is_same_v<E, f16_t>)
+    u.dot_2x2_fp16();
+  else
+    u.dot_2x2();
+}
 
 }  // namespace attn::detail::amx

@@ -43,6 +43,7 @@
 
 #include <omp.h>
 
+#include "amx/amx.hpp"
 #include "amx/amx_emulator.hpp"
 #include "amx/amx_tiles.hpp"
 #include "backward/amx_backward.hpp"
@@ -58,14 +59,14 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::detail::amx_backward_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-using amx_simd::HWY_NAMESPACE::PairBf16;
-using amx_simd::HWY_NAMESPACE::RoundToBf16;
-using amx_simd::HWY_NAMESPACE::StoreBf16;
-using amx_simd::HWY_NAMESPACE::StoreRoundedBf16;
+using amx_simd::HWY_NAMESPACE::Pair16;
+using amx_simd::HWY_NAMESPACE::Rounded16;
+using amx_simd::HWY_NAMESPACE::Store16;
+using amx_simd::HWY_NAMESPACE::StoreRounded;
 using backward_simd::HWY_NAMESPACE::SoftcapLogit;
 
 // D = rowsum(O dO) for every row: the diagonal of O's rows times dO^T, on the tiles.
-template <class Unit>
+template <class E, class Unit>
 void RowSums(Unit& u, const Sizes& z, std::size_t R, const Scratch& w) {
   const std::int64_t o_stride = 2 * static_cast<std::int64_t>(z.dvp), b_stride = 4 * static_cast<std::int64_t>(R);
   for (std::size_t r0 = 0; r0 < R; r0 += kBlock) {
@@ -78,7 +79,7 @@ void RowSums(Unit& u, const Sizes& z, std::size_t R, const Scratch& w) {
       u.template load<5>(w.o + (r0 + 16) * z.dvp + x, o_stride);
       u.template load<6>(w.dot + (x / 2) * R + r0, b_stride);
       u.template load<7>(w.dot + (x / 2) * R + r0 + 16, b_stride);
-      u.dot_2x2();
+      amx::dot_2x2_of<E>(u);
     }
     u.template store<0>(w.block, 64);
     for (std::size_t i = 0; i < 16; ++i) w.dsum[r0 + i] = w.block[i * 17];
@@ -116,7 +117,7 @@ inline bool TileBounds(const BackwardProblem& p, const QueryTile& qt, std::int64
 
 // out [np][R] = A [np][dim] (rows lda elements apart) times B [dim/2][R] (pairs along dim), for the
 // blocks some pair sees: S^T = K Q^T and dP^T = V dO^T.
-template <class Unit>
+template <class E, class Unit>
 void KeyRowProduct(Unit& u, const std::uint16_t* a, std::size_t lda, const std::uint32_t* bt, std::size_t dim,
                    std::size_t np, std::size_t R, const Scratch& w, float* out) {
   const std::size_t row_blocks = R / kBlock;
@@ -133,7 +134,7 @@ void KeyRowProduct(Unit& u, const std::uint16_t* a, std::size_t lda, const std::
         u.template load<5>(a + (c0 + 16) * lda + x, a_stride);
         u.template load<6>(bt + (x / 2) * R + r0, rs);
         u.template load<7>(bt + (x / 2) * R + r0 + 16, rs);
-        u.dot_2x2();
+        amx::dot_2x2_of<E>(u);
       }
       float* s = out + c0 * R + r0;
       u.template store<0>(s, rs);
@@ -197,27 +198,26 @@ HWY_INLINE void KeyStep(D d, const StepRule& sr, const RowVectors<D>& rv, const 
   }
 }
 
-// Keys c and c + 1 of one vector of query rows: P^T and dS^T rounded to bf16 as rows (P on VCVTNEPS2BF16
-// where the CPU's tiles run: StoreRoundedBf16), dS^T also as pairs.
-template <bool kNative, bool Masked, bool kDrop, class D, class V = hn::Vec<D>>
+// Keys c and c + 1 of one vector of query rows: P^T and dS^T rounded to E as rows (P on the CPU's
+// conversion where its tiles run: StoreRounded), dS^T also as pairs.
+template <class E, bool kNative, bool Masked, bool kDrop, class D, class V = hn::Vec<D>>
 HWY_INLINE void PairStep(D d, const StepRule& sr, const RowVectors<D>& rv, std::size_t c, std::size_t r, std::size_t R,
                          const Scratch& w, V f0, V f1) {
   const hn::RebindToUnsigned<D> du;
   V p0, ds0, p1, ds1;
   KeyStep<Masked, kDrop>(d, sr, rv, w, R, c, r, f0, p0, ds0);
   KeyStep<Masked, kDrop>(d, sr, rv, w, R, c + 1, r, f1, p1, ds1);
-  StoreRoundedBf16<kNative>(d, p0, w.pt + c * R + r);
-  StoreRoundedBf16<kNative>(d, p1, w.pt + (c + 1) * R + r);
-  ds0 = RoundToBf16(d, ds0);
-  ds1 = RoundToBf16(d, ds1);
-  StoreBf16(d, ds0, w.dst + c * R + r);
-  StoreBf16(d, ds1, w.dst + (c + 1) * R + r);
-  hn::Store(PairBf16(d, ds0, ds1), du, w.dsv + (c / 2) * R + r);
+  StoreRounded<E, kNative>(d, p0, w.pt + c * R + r);
+  StoreRounded<E, kNative>(d, p1, w.pt + (c + 1) * R + r);
+  const auto ds0_bits = Rounded16<E>(d, ds0), ds1_bits = Rounded16<E>(d, ds1);
+  Store16(d, ds0_bits, w.dst + c * R + r);
+  Store16(d, ds1_bits, w.dst + (c + 1) * R + r);
+  hn::Store(Pair16(du, ds0_bits, ds1_bits), du, w.dsv + (c / 2) * R + r);
 }
 
 // One vector of query rows over the 32 keys [c0, c0 + 32), four keys (one dropout group: j0 is a
 // multiple of 32) at a time.
-template <bool kNative, bool Masked, bool kDrop, class D>
+template <class E, bool kNative, bool Masked, bool kDrop, class D>
 HWY_INLINE void BlockStep(D d, const StepRule& sr, const RowVectors<D>& rv, std::size_t c0, std::size_t r,
                           std::size_t R, const Scratch& w) {
   const hn::Rebind<std::uint32_t, D> du;
@@ -228,14 +228,14 @@ HWY_INLINE void BlockStep(D d, const StepRule& sr, const RowVectors<D>& rv, std:
     hn::Vec<D> f[4] = {hn::Set(d, 1.0f), hn::Set(d, 1.0f), hn::Set(d, 1.0f), hn::Set(d, 1.0f)};
     if constexpr (kDrop)
       philox_simd::HWY_NAMESPACE::GroupFactors(d, *sr.dropout, (sr.j0 + static_cast<std::int64_t>(c)) / 4, ci, ch, f);
-    PairStep<kNative, Masked, kDrop>(d, sr, rv, c, r, R, w, f[0], f[1]);
-    PairStep<kNative, Masked, kDrop>(d, sr, rv, c + 2, r, R, w, f[2], f[3]);
+    PairStep<E, kNative, Masked, kDrop>(d, sr, rv, c, r, R, w, f[0], f[1]);
+    PairStep<E, kNative, Masked, kDrop>(d, sr, rv, c + 2, r, R, w, f[2], f[3]);
   }
 }
 
 // The gradient step on the blocks some pair sees; the masks' selections only where some row of a vector
 // does not see the whole block.
-template <bool kNative, bool kDrop, class D>
+template <class E, bool kNative, bool kDrop, class D>
 void GradientStep(D d, const StepRule& sr, std::size_t np, std::size_t R, const Scratch& w) {
   const std::size_t N = hn::Lanes(d), row_blocks = R / kBlock;
   for (std::size_t r0 = 0; r0 < R; r0 += kBlock)
@@ -246,16 +246,16 @@ void GradientStep(D d, const StepRule& sr, std::size_t np, std::size_t R, const 
         const bool whole = hn::AllTrue(d, hn::And(hn::Le(rv.lo, hn::Set(d, static_cast<float>(c0))),
                                                   hn::Ge(rv.hi, hn::Set(d, static_cast<float>(c0 + kBlock)))));
         if (whole)
-          BlockStep<kNative, false, kDrop>(d, sr, rv, c0, r, R, w);
+          BlockStep<E, kNative, false, kDrop>(d, sr, rv, c0, r, R, w);
         else
-          BlockStep<kNative, true, kDrop>(d, sr, rv, c0, r, R, w);
+          BlockStep<E, kNative, true, kDrop>(d, sr, rv, c0, r, R, w);
       }
     }
 }
 
 // acc [np][dp] (the partials' rows of the tile's keys) += A^T-side [np][R] bf16 rows times B [R/2][width]
 // (pairs along rows), over the row blocks some pair of the key block sees: dV += P^T dO, dK += dS^T Q.
-template <class Unit>
+template <class E, class Unit>
 void KeyGradient(Unit& u, const std::uint16_t* a, const std::uint32_t* bv, std::size_t width, std::size_t np,
                  std::size_t R, const Sizes& z, const Scratch& w, float* acc) {
   const std::size_t row_blocks = R / kBlock;
@@ -276,7 +276,7 @@ void KeyGradient(Unit& u, const std::uint16_t* a, const std::uint32_t* bv, std::
         u.template load<5>(a + (c0 + 16) * R + r0, a_stride);
         u.template load<6>(bv + (r0 / 2) * width + x0, b_stride);
         u.template load<7>(bv + (r0 / 2) * width + x0 + 16, b_stride);
-        u.dot_2x2();
+        amx::dot_2x2_of<E>(u);
       }
       u.template store<0>(c, acc_stride);
       u.template store<1>(c + 16, acc_stride);
@@ -287,7 +287,7 @@ void KeyGradient(Unit& u, const std::uint16_t* a, const std::uint32_t* bv, std::
 }
 
 // dQ^T [dq][R] += K^T [dq][keys j0 + c] times dS (pairs along keys), over the key blocks some pair sees.
-template <class Unit>
+template <class E, class Unit>
 void QueryGradient(Unit& u, std::int64_t j0, std::size_t np, std::size_t R, const Sizes& z, std::size_t keys,
                    const Scratch& w) {
   const std::size_t row_blocks = R / kBlock;
@@ -309,7 +309,7 @@ void QueryGradient(Unit& u, std::int64_t j0, std::size_t np, std::size_t R, cons
         u.template load<5>(kt + (x0 + 16) * keys + c0, a_stride);
         u.template load<6>(w.dsv + (c0 / 2) * R + r0, rs);
         u.template load<7>(w.dsv + (c0 / 2) * R + r0 + 16, rs);
-        u.dot_2x2();
+        amx::dot_2x2_of<E>(u);
       }
       u.template store<0>(c, rs);
       u.template store<1>(c + 16, rs);
@@ -321,27 +321,27 @@ void QueryGradient(Unit& u, std::int64_t j0, std::size_t np, std::size_t R, cons
 
 // One (query tile, key tile [j0, j0 + n)) pair: the two recomputed products, the gradient step, the
 // three gradient products.
-template <class Unit, class D>
+template <class E, class Unit, class D>
 void Pair(D d, Unit& u, const BackwardProblem& p, const QueryTile& qt, std::int64_t j0, std::int64_t n, const Sizes& z,
           const Scratch& w, float* dk_acc, float* dv_acc) {
   const std::size_t np = RoundUp(static_cast<std::size_t>(n), kBlock), R = qt.R;
   if (!TileBounds(p, qt, j0, n, np, w)) return;
   const std::size_t keys = RoundUp(static_cast<std::size_t>(p.seqlen_k), kBlock), c = static_cast<std::size_t>(j0);
-  KeyRowProduct(u, w.k + c * z.dq, z.dq, w.qt, z.dq, np, R, w, w.st);
-  KeyRowProduct(u, w.v + c * z.dvp, z.dvp, w.dot, z.dvp, np, R, w, w.dpt);
+  KeyRowProduct<E>(u, w.k + c * z.dq, z.dq, w.qt, z.dq, np, R, w, w.st);
+  KeyRowProduct<E>(u, w.v + c * z.dvp, z.dvp, w.dot, z.dvp, np, R, w, w.dpt);
   const StepRule sr{&p.rule, !p.rule.transforms_scores(),    p.dropout.enabled() ? &p.dropout : nullptr, qt.i0,
                     j0,      p.dropout.head_word(qt.b, qt.h)};
   if (sr.dropout)
-    GradientStep<Unit::kNativeBf16, true>(d, sr, np, R, w);
+    GradientStep<E, Unit::kNativeConvert, true>(d, sr, np, R, w);
   else
-    GradientStep<Unit::kNativeBf16, false>(d, sr, np, R, w);
-  KeyGradient(u, w.pt, w.dov, z.dvp, np, R, z, w, dv_acc + c * z.dp);
-  KeyGradient(u, w.dst, w.qv, z.dq, np, R, z, w, dk_acc + c * z.dp);
-  QueryGradient(u, j0, np, R, z, keys, w);
+    GradientStep<E, Unit::kNativeConvert, false>(d, sr, np, R, w);
+  KeyGradient<E>(u, w.pt, w.dov, z.dvp, np, R, z, w, dv_acc + c * z.dp);
+  KeyGradient<E>(u, w.dst, w.qv, z.dq, np, R, z, w, dk_acc + c * z.dp);
+  QueryGradient<E>(u, j0, np, R, z, keys, w);
 }
 
 // One task: the query tiles of chunk `chunk` of (b, kv head hk), into the task's dK, dV partials.
-template <class Unit, class D>
+template <class E, class Unit, class D>
 void RunTask(D d, Unit& u, const BackwardProblem& p, const BackwardPlan& plan, const BackwardLayout::Task& task,
              const Sizes& z, const Scratch& w, float* dk_acc, float* dv_acc) {
   const std::size_t keys = RoundUp(static_cast<std::size_t>(p.seqlen_k), kBlock);
@@ -360,15 +360,15 @@ void RunTask(D d, Unit& u, const BackwardProblem& p, const BackwardPlan& plan, c
       const std::int64_t k_begin = mask.first_key(qt.i0) / block * block, k_end = mask.end_key(qt.i0 + qt.rows - 1);
       if (k_begin < k_end) {
         PackQueryTile(d, p, qt, z, w);
-        RowSums(u, z, qt.R, w);
+        RowSums<E>(u, z, qt.R, w);
       }
       for (std::int64_t j0 = k_begin; j0 < k_end; j0 += plan.k_tile)
-        Pair(d, u, p, qt, j0, std::min(plan.k_tile, k_end - j0), z, w, dk_acc, dv_acc);
+        Pair<E>(d, u, p, qt, j0, std::min(plan.k_tile, k_end - j0), z, w, dk_acc, dv_acc);
       // dQ = (dQ^T)^T, row by row through a [dq] row of the block buffer's size or more (w.st).
       for (std::int64_t r = 0; r < qt.rows; ++r) {
         float* row = w.st;
         for (std::size_t x = 0; x < z.dq; ++x) row[x] = w.dqt[x * qt.R + static_cast<std::size_t>(r)];
-        store_gradient_rows<bf16_t>(p.dq, row, z.dq, qt.b, qt.i0 + r, 1, h, static_cast<std::size_t>(p.head_dim));
+        store_gradient_rows<E>(p.dq, row, z.dq, qt.b, qt.i0 + r, 1, h, static_cast<std::size_t>(p.head_dim));
       }
     }
 }
@@ -390,7 +390,7 @@ inline Sizes SizesOf(const std::vector<BackwardProblem>& ps, const std::vector<B
   return z;
 }
 
-template <class Unit>
+template <class Unit, class E>
 void RunAllOn(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& plans, int threads) {
   const hn::ScalableTag<float> d;
   const Sizes z = SizesOf(ps, plans);
@@ -413,24 +413,33 @@ void RunAllOn(const std::vector<BackwardProblem>& ps, const std::vector<Backward
       const BackwardLayout::Task task = layout.task(plans, ps, t);
       const BackwardProblem& p = ps[task.problem];
       float* dk_acc = partials.data() + layout.partial_offset(plans, ps, task);
-      RunTask(d, u, p, plans[task.problem], task, z, w, dk_acc, dk_acc + layout.keys(p) * z.dp);
+      RunTask<E>(d, u, p, plans[task.problem], task, z, w, dk_acc, dk_acc + layout.keys(p) * z.dp);
     }
     u.release();
     const std::int64_t heads = layout.first_head.back();
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t e = 0; e < heads; ++e) store_key_gradients<bf16_t>(ps, plans, layout, partials.data(), e);
+    for (std::int64_t e = 0; e < heads; ++e) store_key_gradients<E>(ps, plans, layout, partials.data(), e);
   }
 }
 
+// The element type's instance: f16 problems on TDPFP16PS, bf16 on TDPBF16PS (one dtype per call).
+template <class Unit>
+void RunTyped(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& plans, int threads) {
+  if (ps[0].dtype == DType::f16)
+    RunAllOn<Unit, f16_t>(ps, plans, threads);
+  else
+    RunAllOn<Unit, bf16_t>(ps, plans, threads);
+}
+
 void RunEmulated(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& plans, int threads) {
-  RunAllOn<amx::EmulatedTiles>(ps, plans, threads);
+  RunTyped<amx::EmulatedTiles>(ps, plans, threads);
 }
 
 void RunHardware(const std::vector<BackwardProblem>& ps, const std::vector<BackwardPlan>& plans, int threads) {
 #if defined(ATTN_AMX_HARDWARE)
-  RunAllOn<amx::HardwareTiles>(ps, plans, threads);
+  RunTyped<amx::HardwareTiles>(ps, plans, threads);
 #else
-  RunAllOn<amx::EmulatedTiles>(ps, plans, threads);  // unreachable: amx_backend() is never hardware here
+  RunTyped<amx::EmulatedTiles>(ps, plans, threads);  // unreachable: amx_backend() is never hardware here
 #endif
 }
 
@@ -446,21 +455,24 @@ HWY_EXPORT(RunHardware);
 }  // namespace amx_backward_simd
 
 namespace {
-bool all_finite(const TensorView& t) {
+// No element of t (16-bit patterns) has the exponent field `exponent` all ones: no Inf or NaN.
+bool all_finite(const TensorView& t, std::uint16_t exponent) {
   for (std::int64_t b = 0; b < t.shape[0]; ++b)
     for (std::int64_t s = 0; s < t.shape[1]; ++s)
       for (std::int64_t h = 0; h < t.shape[2]; ++h) {
-        const bf16_t* row = row_ptr<const bf16_t>(t, b, s, h);
+        const std::uint16_t* row = row_ptr<const std::uint16_t>(t, b, s, h);
         std::uint32_t bad = 0;
-        for (std::int64_t x = 0; x < t.shape[3]; ++x) bad |= (row[x * t.strides[3]].bits & 0x7F80u) == 0x7F80u;
+        for (std::int64_t x = 0; x < t.shape[3]; ++x) bad |= (row[x * t.strides[3]] & exponent) == exponent;
         if (bad) return false;
       }
   return true;
 }
 }  // namespace
 
-bool amx_backward_takes(const BackwardProblem& p) {
-  return p.dtype == DType::bf16 && all_finite(p.q) && all_finite(p.k) && all_finite(p.dout);
+bool amx_backward_takes(const BackwardProblem& p, amx::TileBackend backend) {
+  if (p.dtype != DType::bf16 && !(p.dtype == DType::f16 && amx_runs_fp16(backend))) return false;
+  const std::uint16_t exponent = p.dtype == DType::f16 ? 0x7C00 : 0x7F80;
+  return all_finite(p.q, exponent) && all_finite(p.k, exponent) && all_finite(p.dout, exponent);
 }
 
 BackwardPlan amx_backward_plan(const BackwardProblem& p, const TileOptions& tiles) {

@@ -11,11 +11,12 @@
 
 namespace attn::detail {
 
-// bf16 problems without dropout whose q, k and dout are finite: every other option (masks, windows,
-// soft-cap, ALiBi, sinks, GQA, head_dim_v, varlen) runs on the tiles. A tile product multiplies the
-// zero weights of the pairs a row does not see by these inputs, and 0 x Inf would reach gradients the
-// vector kernel keeps finite; such a call (rare) runs on the vector kernel. Reads q, k and dout once.
-bool amx_backward_takes(const BackwardProblem& p);
+// bf16 problems (f16 on a tile unit that runs TDPFP16PS: amx_runs_fp16) whose q, k and dout are finite,
+// with every option (dropout, masks, windows, soft-cap, ALiBi, sinks, GQA, head_dim_v, varlen). A tile
+// product multiplies the zero weights of the pairs a row does not see by these inputs, and 0 x Inf would
+// reach gradients the vector kernel keeps finite; such a call (rare) runs on the vector kernel. Reads q,
+// k and dout once.
+bool amx_backward_takes(const BackwardProblem& p, amx::TileBackend backend);
 
 // Query rows and keys per tile: the caller's TileOptions where set, else 256 and 128 (docs/backward.md
 // has the sweep), k_tile rounded up to a multiple of 32; the chunks as plan_backward splits them.

@@ -40,7 +40,7 @@ struct Scratch {
   std::uint32_t *qv, *dov;                     // Q [R/2][dq], dO [R/2][dvp]: pairs along rows
   std::uint16_t* o;                            // O [R][dvp]
   float *st, *dpt;                             // S^T, dP^T [bc][R]
-  std::uint16_t *pt, *dst;                     // P^T, dS^T [bc][R] bf16
+  std::uint16_t *pt, *dst;                     // P^T, dS^T [bc][R] bf16 or f16
   std::uint32_t* dsv;                          // dS^T [bc/2][R]: pairs along keys
   float* dqt;                                  // dQ^T [dq][R]
   float *lse, *dsum, *lo, *hi, *dist, *slope;  // per query row [R]; lo, hi, dist relative to the key tile
@@ -86,24 +86,24 @@ struct QueryTile {
   std::size_t R;
 };
 
-// Element x of a row as bf16 bits, zero past dim.
-inline std::uint16_t Bits(const bf16_t* row, std::int64_t stride, std::size_t x, std::size_t dim) {
-  return x < dim ? row[x * static_cast<std::size_t>(stride)].bits : std::uint16_t{0};
+// Element x of a row as its 16-bit pattern (bf16 or f16), zero past dim.
+inline std::uint16_t Bits(const std::uint16_t* row, std::int64_t stride, std::size_t x, std::size_t dim) {
+  return x < dim ? row[x * static_cast<std::size_t>(stride)] : std::uint16_t{0};
 }
 
 // dst[x] = the bits of row0[x] | row1[x] << 16 for x < dim (row1 null: zeros), the pairs of two rows; N
 // columns at a time where the rows are contiguous.
 template <class D>
-HWY_INLINE void PairTwoRows(D /*d*/, const bf16_t* row0, const bf16_t* row1, std::int64_t stride, std::size_t dim,
-                            std::uint32_t* dst) {
+HWY_INLINE void PairTwoRows(D /*d*/, const std::uint16_t* row0, const std::uint16_t* row1, std::int64_t stride,
+                            std::size_t dim, std::uint32_t* dst) {
   const hn::RebindToUnsigned<D> du;
   const hn::Rebind<std::uint16_t, decltype(du)> d16;
   const std::size_t N = hn::Lanes(du);
   std::size_t x = 0;
   if (stride == 1)
     for (; x + N <= dim; x += N) {
-      const auto lo = hn::PromoteTo(du, hn::LoadU(d16, &row0[x].bits));
-      const auto hi = row1 ? hn::PromoteTo(du, hn::LoadU(d16, &row1[x].bits)) : hn::Zero(du);
+      const auto lo = hn::PromoteTo(du, hn::LoadU(d16, &row0[x]));
+      const auto hi = row1 ? hn::PromoteTo(du, hn::LoadU(d16, &row1[x])) : hn::Zero(du);
       hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), du, dst + x);
     }
   for (; x < dim; ++x)
@@ -111,7 +111,7 @@ HWY_INLINE void PairTwoRows(D /*d*/, const bf16_t* row0, const bf16_t* row1, std
 }
 
 // A row's pairs along its own elements, (x, x + 1) for even x < dim, into column r of a [dim/2][R] block.
-inline void PairColumn(const bf16_t* row, std::int64_t stride, std::size_t dim, std::size_t R, std::size_t r,
+inline void PairColumn(const std::uint16_t* row, std::int64_t stride, std::size_t dim, std::size_t R, std::size_t r,
                        std::uint32_t* dst) {
   if (stride == 1 && dim % 2 == 0) {  // the row's 32-bit words are its pairs
     std::uint32_t word;
@@ -126,12 +126,13 @@ inline void PairColumn(const bf16_t* row, std::int64_t stride, std::size_t dim, 
                                                                           << 16;
 }
 
-// A row's bf16 bits into dst [dim], zero to `width`.
-inline void CopyRow(const bf16_t* row, std::int64_t stride, std::size_t dim, std::size_t width, std::uint16_t* dst) {
+// A row's 16-bit patterns into dst [dim], zero to `width`.
+inline void CopyRow(const std::uint16_t* row, std::int64_t stride, std::size_t dim, std::size_t width,
+                    std::uint16_t* dst) {
   if (stride == 1)
     std::memcpy(dst, row, 2 * dim);
   else
-    for (std::size_t x = 0; x < dim; ++x) dst[x] = row[x * static_cast<std::size_t>(stride)].bits;
+    for (std::size_t x = 0; x < dim; ++x) dst[x] = row[x * static_cast<std::size_t>(stride)];
   std::memset(dst + dim, 0, 2 * (width - dim));
 }
 
@@ -145,8 +146,8 @@ inline void PackHead(const BackwardProblem& p, std::int64_t b, std::int64_t hk, 
   std::memset(w.kt + dim * keys, 0, 2 * keys * (z.dq - dim));
   for (std::size_t c = 0; c < n; ++c) {
     const auto j = static_cast<std::int64_t>(c);
-    CopyRow(row_ptr<const bf16_t>(p.k, b, j, hk), p.k.strides[3], dim, z.dq, w.k + c * z.dq);
-    CopyRow(row_ptr<const bf16_t>(p.v, b, j, hk), p.v.strides[3], dim_v, z.dvp, w.v + c * z.dvp);
+    CopyRow(row_ptr<const std::uint16_t>(p.k, b, j, hk), p.k.strides[3], dim, z.dq, w.k + c * z.dq);
+    CopyRow(row_ptr<const std::uint16_t>(p.v, b, j, hk), p.v.strides[3], dim_v, z.dvp, w.v + c * z.dvp);
   }
   // K^T from the packed rows, 32 x 32 blocks so that both sides stay in L1.
   for (std::size_t c0 = 0; c0 < keys; c0 += kBlock)
@@ -168,14 +169,14 @@ void PackQueryTile(D d, const BackwardProblem& p, const QueryTile& qt, const Siz
   const TensorView& l = *p.lse;
   const float slope = p.rule.alibi_slope(qt.b, qt.h);
   auto row_of = [&](const TensorView& t, std::size_t r) {
-    return r < rows ? row_ptr<const bf16_t>(t, qt.b, qt.i0 + static_cast<std::int64_t>(r), qt.h) : nullptr;
+    return r < rows ? row_ptr<const std::uint16_t>(t, qt.b, qt.i0 + static_cast<std::int64_t>(r), qt.h) : nullptr;
   };
   for (std::size_t r = 0; r < R; ++r) {
     w.lse[r] = w.dsum[r] = 0.0f;
     w.slope[r] = slope;
     if (r >= rows) continue;
     const std::int64_t i = qt.i0 + static_cast<std::int64_t>(r);
-    const bf16_t *q = row_of(p.q, r), *g = row_of(p.dout, r);
+    const std::uint16_t *q = row_of(p.q, r), *g = row_of(p.dout, r);
     PairColumn(q, p.q.strides[3], dim, R, r, w.qt);
     PairColumn(g, p.dout.strides[3], dim_v, R, r, w.dot);
     CopyRow(row_of(p.out, r), p.out.strides[3], dim_v, z.dvp, w.o + r * z.dvp);

@@ -406,11 +406,14 @@ std::int64_t backward_target() {
   return HWY_DYNAMIC_DISPATCH(Target)();
 }
 
-// bf16 problems go to the tiles when amx_backend() names a tile unit (the CPU's or the emulator) and the
-// AMX kernel takes all of them (amx_backward.hpp).
+// bf16 (and f16) problems go to the tiles when amx_backend() names a tile unit (the CPU's or the emulator)
+// and the AMX kernel takes all of them there (amx_backward.hpp).
 bool backward_on_tiles(const std::vector<BackwardProblem>& problems) {
-  if (problems[0].dtype != DType::bf16 || amx_backend() == amx::TileBackend::none) return false;
-  return std::all_of(problems.begin(), problems.end(), amx_backward_takes);
+  if (problems[0].dtype != DType::bf16 && problems[0].dtype != DType::f16) return false;
+  const amx::TileBackend backend = amx_backend();
+  if (backend == amx::TileBackend::none) return false;
+  return std::all_of(problems.begin(), problems.end(),
+                     [backend](const BackwardProblem& p) { return amx_backward_takes(p, backend); });
 }
 
 void run_backward(const std::vector<BackwardProblem>& problems, const TileOptions& tiles, int threads) {

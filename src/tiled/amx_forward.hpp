@@ -1,5 +1,5 @@
 // The tiled forward on AMX tiles (amx_kernel.cpp): which problems it takes, its tile plan, and the run.
-// run_tiled (tiled_kernel.cpp) sends bf16 problems here when amx_backend() names a tile unit.
+// run_tiled (tiled_kernel.cpp) sends the problems it takes here when amx_backend() names a tile unit.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +12,9 @@
 
 namespace attn::detail {
 
-// bf16 inputs without dropout: every other option (masks, windows, soft-cap, ALiBi, sinks, GQA, head_dim_v,
-// the lse, varlen and paged keys) runs on the tiles. Dropout runs on the vector kernel.
-bool amx_forward_takes(const Problem& p);
+// bf16 inputs on any tile unit, f16 inputs on one that runs TDPFP16PS (amx_runs_fp16), with every option
+// (masks, windows, soft-cap, ALiBi, sinks, GQA, head_dim_v, dropout, the lse, varlen and paged keys).
+bool amx_forward_takes(const Problem& p, amx::TileBackend backend);
 
 // Query rows per head and keys per tile: the caller's TileOptions where set, else about 128 stacked rows
 // (the group's heads share a tile) and 512 keys; k_tile rounded up to a multiple of 32.

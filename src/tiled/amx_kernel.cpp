@@ -1,6 +1,7 @@
-// The tiled forward on AMX tiles (bf16 inputs): the two block products on TDPBF16PS, the online softmax
-// between them on the vector units. One kernel template over the tile unit (amx/amx_tiles.hpp): the
-// CPU's tiles, or the emulator on any CPU. docs/prefill.md has the floor and the design.
+// The tiled forward on AMX tiles (bf16 inputs, and f16 where the tiles run TDPFP16PS): the two block
+// products on TDPBF16PS (TDPFP16PS), the online softmax between them on the vector units. One kernel template over the
+// tile unit (amx/amx_tiles.hpp): the CPU's tiles, or the emulator on any CPU. docs/prefill.md has the floor and the
+// design.
 //
 // Per task (batch b, kv head, query tile of every query head sharing it, stacked to R rows, R padded to
 // 32 with zero rows):
@@ -19,7 +20,8 @@
 //               stored back to O, key blocks no row of the block sees skipped
 //   finalize each row (store_row: the sink, attn::finalize, the lse) and store it.
 // P is rounded to bf16 before P V, as flash-attn and PyTorch's CPU flash attention do on these CPUs;
-// l sums the f32 weights, so the lse keeps f32 accuracy.
+// l sums the f32 weights, so the lse keeps f32 accuracy. f16 inputs run the same with f16 for bf16
+// (E, the element type: the packing copies 16-bit patterns whatever they encode).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tiled/amx_kernel.cpp"
 #ifndef HWY_DISABLED_TARGETS
@@ -36,11 +38,13 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
 
 #include "attn/online_softmax.hpp"
+#include "amx/amx.hpp"
 #include "amx/amx_emulator.hpp"
 #include "amx/amx_round-inl.h"
 #include "amx/amx_tiles.hpp"
@@ -71,9 +75,9 @@ struct AmxTask {
 };
 
 struct AmxScratch {
-  std::uint16_t* q;  // [R][dq] bf16 bits
+  std::uint16_t* q;  // [R][dq] E bits
   float* s;          // [R][bcp]
-  std::uint16_t* p;  // [R][bcp] bf16 bits
+  std::uint16_t* p;  // [R][bcp] E bits
   float* o;          // [R][dvp]
   float *m, *l, *alpha, *tmp;
   std::int32_t *lo, *hi;                         // the keys [lo, hi) of the current tile row r sees
@@ -95,17 +99,17 @@ struct AmxScratch {
   }
 };
 
-// The task's queries as bf16 rows [R][dq], zero past d and past the real rows; the row states reset.
+// The task's queries as 16-bit rows [R][dq], zero past d and past the real rows; the row states reset.
 HWY_INLINE void PackQueries(const Problem& p, const AmxTask& t, const AmxScratch& w) {
   std::memset(w.q, 0, 2 * t.R * t.dq);
   const std::size_t dim = static_cast<std::size_t>(p.head_dim);
   for (std::size_t r = 0; r < t.real; ++r) {
-    const bf16_t* src = row_ptr<const bf16_t>(p.q, t.b, t.query_of(r), t.head_of(r));
+    const std::uint16_t* src = row_ptr<const std::uint16_t>(p.q, t.b, t.query_of(r), t.head_of(r));
     std::uint16_t* dst = w.q + r * t.dq;
     if (p.q.strides[3] == 1)
       std::memcpy(dst, src, 2 * dim);
     else
-      for (std::size_t x = 0; x < dim; ++x) dst[x] = src[x * p.q.strides[3]].bits;
+      for (std::size_t x = 0; x < dim; ++x) dst[x] = src[x * p.q.strides[3]];
   }
   std::fill(w.m, w.m + t.R, -std::numeric_limits<float>::infinity());
   std::fill(w.l, w.l + t.R, 0.0f);
@@ -145,7 +149,7 @@ HWY_INLINE bool BlockSeen(const AmxScratch& w, std::size_t r0, std::size_t c0) {
 
 // S = Q K^T for the tile's np keys, 32 x 32 blocks (tiles C0..C3) that some row sees.
 // kt: the packed keys' block of the tile's first key.
-template <class Unit>
+template <class E, class Unit>
 HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::size_t np, const AmxScratch& w,
                        std::size_t r_begin, std::size_t r_end) {
   const std::int64_t q_stride = 2 * static_cast<std::int64_t>(t.dq), k_stride = 4 * static_cast<std::int64_t>(kBlock);
@@ -163,7 +167,7 @@ HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::
         const std::uint32_t* kb = kt + (c0 / kBlock) * (t.dq / 2) * kBlock + (x / 2) * kBlock;
         u.template load<6>(kb, k_stride);
         u.template load<7>(kb + 16, k_stride);
-        u.dot_2x2();
+        amx::dot_2x2_of<E>(u);
       }
       float* s = w.s + r0 * t.bcp + c0;
       u.template store<0>(s, s_stride);
@@ -211,8 +215,8 @@ HWY_INLINE float RowMaximum(D d, const Problem& p, const AmxTask& t, std::size_t
 
 // Row r's weights on [begin, end): P = exp(s - m) (from RowMaximum's scores), their sum before any
 // rounding (as flash-attn's kernels: l, hence the lse, keeps f32 accuracy), and P times the dropout
-// factor (kDrop: w.drop holds the factors from key begin on) rounded to bf16 for P V.
-template <bool kNativeBf16, bool kDrop, class D>
+// factor (kDrop: w.drop holds the factors from key begin on) rounded to E for P V.
+template <class E, bool kNativeConvert, bool kDrop, class D>
 HWY_INLINE float RowWeights(D d, const Problem& p, std::size_t r, bool plain, float m_new, std::size_t begin,
                             std::size_t end, const AmxTask& t, const AmxScratch& w) {
   const std::size_t N = hn::Lanes(d);
@@ -229,19 +233,19 @@ HWY_INLINE float RowWeights(D d, const Problem& p, std::size_t r, bool plain, fl
                           : exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, s + c), m);
     sum = hn::Add(sum, pv);
     if constexpr (kDrop)
-      StoreRoundedBf16<kNativeBf16>(d, hn::Mul(pv, hn::LoadU(d, w.drop + (c - begin))), prow + c);
+      StoreRounded<E, kNativeConvert>(d, hn::Mul(pv, hn::LoadU(d, w.drop + (c - begin))), prow + c);
     else
-      StoreRoundedBf16<kNativeBf16>(d, pv, prow + c);
+      StoreRounded<E, kNativeConvert>(d, pv, prow + c);
   }
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
 // Row r's softmax step on the tile, lanes along keys: the score rule on the keys it sees, [lo, hi), their
 // maximum into m (alpha = rescale_factor(m, m_new)), l = l alpha + the sum of P, and P (dropped, with
-// dropout) rounded to bf16 for the vectors that hold visible keys, 0 for the rest of [0, np).
+// dropout) rounded to E for the vectors that hold visible keys, 0 for the rest of [0, np).
 // Whole vectors only: the scratch rows are np >= hi rounded up to the lane count wide, and lanes of keys
 // outside [lo, hi) are replaced by -inf before they count (their S values are stale or never written).
-template <bool kNativeBf16, class D>
+template <class E, bool kNativeConvert, class D>
 HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t r, std::int64_t j0, std::size_t np,
                            const AmxScratch& w) {
   const std::size_t N = hn::Lanes(d);
@@ -266,9 +270,9 @@ HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t 
     philox_simd::HWY_NAMESPACE::DropRowFactors(d, p.dropout, static_cast<std::uint32_t>(t.query_of(r)),
                                                p.dropout.head_word(t.b, t.head_of(r)), first, (end - begin) / 4,
                                                w.drop);
-    sum = RowWeights<kNativeBf16, true>(d, p, r, plain, m_new, begin, end, t, w);
+    sum = RowWeights<E, kNativeConvert, true>(d, p, r, plain, m_new, begin, end, t, w);
   } else {
-    sum = RowWeights<kNativeBf16, false>(d, p, r, plain, m_new, begin, end, t, w);
+    sum = RowWeights<E, kNativeConvert, false>(d, p, r, plain, m_new, begin, end, t, w);
   }
   std::memset(prow, 0, 2 * begin);
   std::memset(prow + end, 0, 2 * (np - end));
@@ -290,7 +294,7 @@ HWY_INLINE void RescaleOutputs(D d, const AmxTask& t, const AmxScratch& w, std::
 // O += P V on the tiles: for each 32 x 32 block of O (tiles C0..C3 loaded from O and stored back), the
 // key blocks some row of the block sees.
 // vt: the packed values' pair row of the tile's first key.
-template <class Unit>
+template <class E, class Unit>
 HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, std::size_t np, const AmxScratch& w,
                            std::size_t r_begin, std::size_t r_end) {
   const std::int64_t p_stride = 2 * static_cast<std::int64_t>(t.bcp), v_stride = 4 * static_cast<std::int64_t>(t.dvp);
@@ -308,7 +312,7 @@ HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, s
         u.template load<5>(w.p + (r0 + 16) * t.bcp + c0, p_stride);
         u.template load<6>(vt + (c0 / 2) * t.dvp + x0, v_stride);
         u.template load<7>(vt + (c0 / 2) * t.dvp + x0 + 16, v_stride);
-        u.dot_2x2();
+        amx::dot_2x2_of<E>(u);
       }
       u.template store<0>(o, o_stride);
       u.template store<1>(o + 16, o_stride);
@@ -320,13 +324,14 @@ HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, s
 // O += P V one row at a time over only the keys the row sees: for a tile that cuts through some row's
 // window while some value is Inf or NaN, where a tile product's p = 0 x Inf would give NaN to a row that
 // must not see that value. Rare (a non-finite value), so plain loops; the same rounded P.
+template <class E>
 HWY_INLINE void AddPvRows(const AmxTask& t, const std::uint32_t* vt, const AmxScratch& w) {
   for (std::size_t r = 0; r < t.real; ++r) {
     float* o = w.o + r * t.dvp;
     for (std::int32_t c = w.lo[r]; c < w.hi[r]; ++c) {
-      const float pc = load<float>(bf16_t{w.p[r * t.bcp + static_cast<std::size_t>(c)]});
+      const float pc = load<float>(E{w.p[r * t.bcp + static_cast<std::size_t>(c)]});
       const auto* vrow = reinterpret_cast<const std::uint16_t*>(vt + static_cast<std::size_t>(c / 2) * t.dvp) + (c & 1);
-      for (std::size_t x = 0; x < t.dvp; ++x) o[x] += pc * load<float>(bf16_t{vrow[2 * x]});
+      for (std::size_t x = 0; x < t.dvp; ++x) o[x] += pc * load<float>(E{vrow[2 * x]});
     }
   }
 }
@@ -334,7 +339,7 @@ HWY_INLINE void AddPvRows(const AmxTask& t, const std::uint32_t* vt, const AmxSc
 // One task: a tile of queries of one kv head's group against every key tile any of them sees. Key
 // tiles start at multiples of kBlock (the packed keys' blocks); keys before the first a row sees are
 // masked like any other.
-template <class Unit, class D>
+template <class E, class Unit, class D>
 void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTask& task, const PackedHeads& heads,
              std::size_t head, const AmxScratch& w, std::size_t bcp) {
   AmxTask t;
@@ -364,26 +369,27 @@ void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTa
     // overlap the vector units' softmax of another in the out-of-order window.
     for (std::size_t r0 = 0; r0 < t.R; r0 += kBlock) {
       const std::size_t r1 = r0 + kBlock;
-      Scores(u, t, kt, np, w, r0, r1);
-      for (std::size_t r = r0; r < std::min(r1, t.real); ++r) RowSoftmax<Unit::kNativeBf16>(d, p, t, r, j0, np, w);
+      Scores<E>(u, t, kt, np, w, r0, r1);
+      for (std::size_t r = r0; r < std::min(r1, t.real); ++r)
+        RowSoftmax<E, Unit::kNativeConvert>(d, p, t, r, j0, np, w);
       RescaleOutputs(d, t, w, r0, std::min(r1, t.real));
-      if (!(masked && t.v_nonfinite)) AddPvTiles(u, t, vt, np, w, r0, r1);
+      if (!(masked && t.v_nonfinite)) AddPvTiles<E>(u, t, vt, np, w, r0, r1);
     }
-    if (masked && t.v_nonfinite) AddPvRows(t, vt, w);
+    if (masked && t.v_nonfinite) AddPvRows<E>(t, vt, w);
   }
-  // out is bf16, or (a ring block's partial output) f32.
+  // out is E, or (a ring block's partial output) f32.
   const bool acc_out = p.out.dtype != p.dtype;
   for (std::size_t r = 0; r < t.real; ++r) {
     const RowState<float> s{w.m + r, w.l + r, w.o + r * t.dvp, p.head_dim_v};
     if (acc_out)
       store_row<float>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
     else
-      store_row<bf16_t>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
+      store_row<E>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
   }
 }
 
 // Packs every kv head (one parallel loop), then runs the tasks (another) with one scratch per thread.
-template <class Unit>
+template <class Unit, class E>
 void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
               const std::vector<std::int64_t>& first_task, int threads) {
   const hn::ScalableTag<float> d;
@@ -422,24 +428,34 @@ void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plan
       const auto pi = static_cast<std::uint32_t>(it - first_task.begin() - 1);
       const TileTask task = task_of(ps[pi], plans[pi], pi, t - first_task[pi]);
       const std::size_t head = heads.first[pi] + static_cast<std::size_t>(task.b * ps[pi].kv_heads + task.kv_head);
-      RunTask(d, u, ps[pi], plans[pi], task, heads, head, w, bcp);
+      RunTask<E>(d, u, ps[pi], plans[pi], task, heads, head, w, bcp);
     }
     u.release();
     ::operator delete (base, std::align_val_t{64});
   }
 }
 
+// The element type's instance: f16 problems on TDPFP16PS, bf16 on TDPBF16PS (one dtype per call).
+template <class Unit>
+void RunTyped(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
+              const std::vector<std::int64_t>& first_task, int threads) {
+  if (ps[0].dtype == DType::f16)
+    RunAllOn<Unit, f16_t>(ps, plans, first_task, threads);
+  else
+    RunAllOn<Unit, bf16_t>(ps, plans, first_task, threads);
+}
+
 void RunEmulated(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
                  const std::vector<std::int64_t>& first_task, int threads) {
-  RunAllOn<amx::EmulatedTiles>(ps, plans, first_task, threads);
+  RunTyped<amx::EmulatedTiles>(ps, plans, first_task, threads);
 }
 
 void RunHardware(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
                  const std::vector<std::int64_t>& first_task, int threads) {
 #if defined(ATTN_AMX_HARDWARE)
-  RunAllOn<amx::HardwareTiles>(ps, plans, first_task, threads);
+  RunTyped<amx::HardwareTiles>(ps, plans, first_task, threads);
 #else
-  RunAllOn<amx::EmulatedTiles>(ps, plans, first_task, threads);  // unreachable: amx_backend() is never hardware here
+  RunTyped<amx::EmulatedTiles>(ps, plans, first_task, threads);  // unreachable: amx_backend() is never hardware here
 #endif
 }
 
@@ -454,7 +470,9 @@ HWY_EXPORT(RunEmulated);
 HWY_EXPORT(RunHardware);
 }  // namespace amx_simd
 
-bool amx_forward_takes(const Problem& p) { return p.dtype == DType::bf16; }
+bool amx_forward_takes(const Problem& p, amx::TileBackend backend) {
+  return p.dtype == DType::bf16 || (p.dtype == DType::f16 && amx_runs_fp16(backend));
+}
 
 TiledPlan amx_plan(const Problem& p, const TileOptions& tiles) {
   // About 128 stacked query rows and 512 keys a tile (the tiles' per-tile costs, O's loads and stores

@@ -28,7 +28,7 @@ constexpr std::size_t kBlock = 32;  // rows and keys (or columns) of a 2 x 2 blo
 
 inline std::size_t RoundUp(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
 
-// Every kv head's K and V, packed once per call into the tiles' B layouts (VNNI: bf16 pairs along the
+// Every kv head's K and V, packed once per call into the tiles' B layouts (VNNI: 16-bit pairs along the
 // dot product), zero past d, d_v and the last key; keys in blocks of 32 (kBlock):
 //   K  per block [dq/2][32] pairs: pair row x, column c = (k[c][2x], k[c][2x+1]); a B tile is 16 pair
 //      rows x 16 keys, rows 128 bytes apart
@@ -44,10 +44,11 @@ struct PackedHeads {
   std::uint32_t *k = nullptr, *v = nullptr;
 };
 
-// Key j's pair x as one 32-bit word: (k[j][2x], k[j][2x+1]), zero past d.
-inline std::uint32_t PairOf(const bf16_t* row, std::int64_t stride, std::size_t x, std::size_t dim) {
-  const std::uint32_t lo = row[2 * x * static_cast<std::size_t>(stride)].bits;
-  const std::uint32_t hi = 2 * x + 1 < dim ? row[(2 * x + 1) * static_cast<std::size_t>(stride)].bits : 0u;
+// Key j's pair x as one 32-bit word: (k[j][2x], k[j][2x+1]), zero past d. The rows' elements are read as
+// 16-bit patterns (bf16 or f16, the packing does not care).
+inline std::uint32_t PairOf(const std::uint16_t* row, std::int64_t stride, std::size_t x, std::size_t dim) {
+  const std::uint32_t lo = row[2 * x * static_cast<std::size_t>(stride)];
+  const std::uint32_t hi = 2 * x + 1 < dim ? row[(2 * x + 1) * static_cast<std::size_t>(stride)] : 0u;
   return lo | hi << 16;
 }
 
@@ -64,14 +65,15 @@ HWY_INLINE void PackKeysOfHead(const Problem& p, std::int64_t b, std::int64_t h,
   if (gather) {
     const auto rows = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<std::int32_t>(row_words)));
     for (; j + static_cast<std::int64_t>(N) <= p.seqlen_k; j += static_cast<std::int64_t>(N)) {
-      const auto* base = reinterpret_cast<const std::uint32_t*>(key_row_ptr<const bf16_t>(p.k, p.pages, b, j, h));
+      const auto* base =
+          reinterpret_cast<const std::uint32_t*>(key_row_ptr<const std::uint16_t>(p.k, p.pages, b, j, h));
       const std::size_t c = static_cast<std::size_t>(j);
       std::uint32_t* kd = kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock;
       for (std::size_t x = 0; x < dim / 2; ++x) hn::StoreU(hn::GatherIndex(du, base + x, rows), du, kd + x * kBlock);
     }
   }
   for (; j < p.seqlen_k; ++j) {
-    const bf16_t* ks = key_row_ptr<const bf16_t>(p.k, p.pages, b, j, h);
+    const std::uint16_t* ks = key_row_ptr<const std::uint16_t>(p.k, p.pages, b, j, h);
     const std::size_t c = static_cast<std::size_t>(j);
     std::uint32_t* kd = kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock;
     for (std::size_t x = 0; x < (dim + 1) / 2; ++x) kd[x * kBlock] = PairOf(ks, p.k.strides[3], x, dim);
@@ -85,14 +87,14 @@ HWY_INLINE bool PackValuesOfHead(const Problem& p, std::int64_t b, std::int64_t 
   const hn::Rebind<std::uint16_t, decltype(du)> d16;
   const std::size_t N = hn::Lanes(du), dim_v = static_cast<std::size_t>(p.head_dim_v);
   const std::size_t vs = static_cast<std::size_t>(p.v.strides[3]);
-  const auto lo_exp = hn::Set(du, 0x7F80u), hi_exp = hn::Set(du, 0x7F800000u);
+  // The exponent field of E: all ones is Inf or NaN.
+  const std::uint32_t exp16 = p.dtype == DType::f16 ? 0x7C00u : 0x7F80u;
+  const auto lo_exp = hn::Set(du, exp16), hi_exp = hn::Set(du, exp16 << 16);
   auto nonfinite_lanes = hn::Zero(du);
   std::uint32_t nonfinite = 0;
   for (std::int64_t j = 0; j < p.seqlen_k; j += 2) {
-    const auto* v0 = reinterpret_cast<const std::uint16_t*>(key_row_ptr<const bf16_t>(p.v, p.pages, b, j, h));
-    const auto* v1 = j + 1 < p.seqlen_k
-                         ? reinterpret_cast<const std::uint16_t*>(key_row_ptr<const bf16_t>(p.v, p.pages, b, j + 1, h))
-                         : nullptr;
+    const auto* v0 = key_row_ptr<const std::uint16_t>(p.v, p.pages, b, j, h);
+    const auto* v1 = j + 1 < p.seqlen_k ? key_row_ptr<const std::uint16_t>(p.v, p.pages, b, j + 1, h) : nullptr;
     std::uint32_t* vd = vh + static_cast<std::size_t>(j / 2) * dvp;
     std::size_t x = 0;
     if (vs == 1)
@@ -108,7 +110,7 @@ HWY_INLINE bool PackValuesOfHead(const Problem& p, std::int64_t b, std::int64_t 
     for (; x < dim_v; ++x) {
       const std::uint32_t lo = v0[x * vs], hi = v1 ? v1[x * vs] : 0u;
       vd[x] = lo | hi << 16;
-      nonfinite |= ((lo & 0x7F80u) == 0x7F80u) | ((hi & 0x7F80u) == 0x7F80u);
+      nonfinite |= ((lo & exp16) == exp16) | ((hi & exp16) == exp16);
     }
   }
   return nonfinite != 0 || !hn::AllFalse(du, hn::Ne(nonfinite_lanes, hn::Zero(du)));

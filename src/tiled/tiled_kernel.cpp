@@ -460,13 +460,15 @@ std::int64_t tiled_target() {
   return HWY_DYNAMIC_DISPATCH(Target)();
 }
 
-// bf16 problems go to the tiles when amx_backend() names a tile unit (the CPU's or the emulator) and the
-// AMX kernel takes all of them (amx_forward.hpp).
+// bf16 (and f16) problems go to the tiles when amx_backend() names a tile unit (the CPU's or the emulator)
+// and the AMX kernel takes all of them there (amx_forward.hpp).
 bool runs_on_tiles(const std::vector<Problem>& problems) {
-  if (problems[0].dtype != DType::bf16) return false;
+  if (problems[0].dtype != DType::bf16 && problems[0].dtype != DType::f16) return false;
+  const amx::TileBackend backend = amx_backend();
+  if (backend == amx::TileBackend::none) return false;
   for (const Problem& p : problems)
-    if (!amx_forward_takes(p)) return false;
-  return amx_backend() != amx::TileBackend::none;
+    if (!amx_forward_takes(p, backend)) return false;
+  return true;
 }
 
 void run_tiled(const std::vector<Problem>& problems, const TileOptions& tiles, int threads) {

@@ -7,13 +7,13 @@
 //   lse the kernel gets), plus a slack of about one unit in the last place.
 // Also: nothing written outside the gradients' elements, no input written, and a second thread count
 // gives identical bits.
-// With `amx` (the backward_amx target: bf16, on the CPU's AMX tiles where usable, else on the emulator) the
-// kernel rounds P and dS to bf16, and the rule is flash-attn's for such a path: 3 x the error of PyTorch's
-// bf16 math backward (math_reference_backward_bf16), or of the textbook's where that is larger. The math
-// backward sums D = P . dP from its own P; the kernel, like the textbook and FlashAttention-2, takes
-// D = dO . O from the forward's bf16 out, whose rounding dominates where dP - D cancels (one key nearly
-// all the weight: dk at 6x the math backward's error, 0.4x the textbook's; seed 51384128129680). Dropout
-// runs on the vector kernel (the tiles do not take it) and keeps the textbook rule.
+// With `amx` (the backward_amx target: bf16, or f16 for f16 configurations, on the CPU's AMX tiles where
+// usable, else on the emulator) the kernel rounds P and dS to that type, and the rule is flash-attn's for
+// such a path: 3 x the error of PyTorch's math backward in that type (math_reference_backward), or of the
+// textbook's where that is larger. The math backward sums D = P . dP from its own P; the kernel, like the
+// textbook and FlashAttention-2, takes D = dO . O from the forward's rounded out, whose rounding dominates
+// where dP - D cancels (one key nearly all the weight: dk at 6x the math backward's error, 0.4x the
+// textbook's; seed 51384128129680). Dropout included.
 #pragma once
 
 #include <cmath>
@@ -82,15 +82,15 @@ std::string check_backward(Config c, bool amx = false) {
                                  dense(qs, g[0].data()), dense(ks, g[1].data()), dense(vs, g[2].data()), c.opts);
     for (int i = 0; i < 3; ++i)
       for (const T& x : g[i]) textbook[i].push_back(detail::load<double>(x));
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      if (amx) {  // the baseline of a path that rounds P: PyTorch's bf16 math backward
+    if constexpr (std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>) {
+      if (amx) {  // the baseline of a path that rounds P: PyTorch's math backward in T
         auto tensor = [](const std::array<std::int64_t, 4>& sh, const std::vector<T>& x) {
           test::Tensor<T> t(sh[0], sh[1], sh[2], sh[3]);
           t.data = x;
           return t;
         };
-        const test::Bf16Grads m =
-            test::math_reference_backward_bf16(tensor(qs, qT), tensor(ks, kT), tensor(vs, vT), tensor(os, dT), c.opts);
+        const test::MathGrads<T> m =
+            test::math_reference_backward<T>(tensor(qs, qT), tensor(ks, kT), tensor(vs, vT), tensor(os, dT), c.opts);
         const std::vector<T>* mg[3] = {&m.dq, &m.dk, &m.dv};
         for (int i = 0; i < 3; ++i)
           for (const T& x : *mg[i]) math[i].push_back(detail::load<double>(x));
@@ -126,8 +126,9 @@ std::string check_backward(Config c, bool amx = false) {
       fail.add("wrote " + std::to_string(n) + " bytes outside " + names[i] + "'s view");
     fail.thread_bits(again[i].bytes == grads[i].bytes, c, std::string(names[i]) + ": ");
     const double err = test::max_error(read<T>(grads[i]), oracle[i]);
-    const double base =
-        std::max(test::max_error(textbook[i], oracle[i]), math[i].empty() ? 0.0 : test::max_error(math[i], oracle[i]));
+    // (A math reference that overflows T gives no baseline: Inf would accept anything.)
+    const double math_err = math[i].empty() ? 0.0 : test::max_error(math[i], oracle[i]);
+    const double base = std::max(test::max_error(textbook[i], oracle[i]), std::isfinite(math_err) ? math_err : 0.0);
     const double mag = test::max_magnitude(oracle[i]);
     // The logits the kernel recomputes differ from those behind the forward's lse by rounding (the
     // textbook backward recomputes them in the forward's own order, so its S - lse cancels exactly): an
@@ -173,9 +174,11 @@ inline std::string check_backward_any(const Config& c) {
   return detail::dispatch_dtype(c.dtype, [&]<class T>() { return check_backward<T>(c); });
 }
 
-// The backward on AMX tiles (backward/amx_backward.cpp): every configuration as bf16.
+// The backward on AMX tiles (backward/amx_backward.cpp): f16 configurations as f16 (TDPFP16PS; on a CPU
+// without AMX-FP16 they run on the vector kernel), every other as bf16.
 inline std::string check_backward_amx(const Config& c) {
   Config b = c;
+  if (c.dtype == DType::f16) return check_backward<f16_t>(b, true);
   b.dtype = DType::bf16;
   return check_backward<bf16_t>(b, true);
 }

@@ -36,6 +36,7 @@
 #include "buffers.hpp"
 #include "case.hpp"
 #include "amx/amx.hpp"
+#include "amx_reference.hpp"
 #include "cpu/dpbf16.hpp"
 #include "decode_quant_target.hpp"
 #include "decode_target.hpp"
@@ -48,9 +49,33 @@ namespace {
 using Runner = std::function<void(const Config&, const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const TensorView* lse, int threads)>;
 
-// Runs one dense-layout target on one config. Returns "" or what went wrong.
+// The error against the oracle of PyTorch's math attention at precision T (bf16 or f16: P rounded to T), the
+// baseline of flash-attn's rule for a path that rounds P (the AMX forward); 0 where T is wider, or where
+// that reference overflows T (its scores are T: a baseline of Inf would accept anything).
 template <class T>
-std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
+double math_reference_error(const Config& c, const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v,
+                            const std::vector<double>& oracle) {
+  if constexpr (std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>) {
+    const std::int64_t DV = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
+    auto tensor = [](std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, const std::vector<T>& x) {
+      test::Tensor<T> t(b, s, h, d);
+      t.data = x;
+      return t;
+    };
+    const double e = test::max_error(test::math_reference<T>(tensor(c.batch, c.seqlen_q, c.heads, c.head_dim, q),
+                                                             tensor(c.batch, c.seqlen_k, c.kv_heads, c.head_dim, k),
+                                                             tensor(c.batch, c.seqlen_k, c.kv_heads, DV, v), c.opts),
+                                     oracle);
+    return std::isfinite(e) ? e : 0.0;
+  } else {
+    return 0.0;
+  }
+}
+
+// Runs one dense-layout target on one config. Returns "" or what went wrong. rounds_p: the target rounds P
+// to T (the AMX forward), so its baseline is also the math reference's error (math_reference_error).
+template <class T>
+std::string check_dense(Config c, const Runner& run, bool bitwise_textbook, bool rounds_p = false) {
   const DType t = dtype_of<T>();
   const DType lt = t == DType::f64 ? DType::f64 : DType::f32;
   bind_arrays(c);
@@ -99,8 +124,10 @@ std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
   Notes fail;
   fail.writes(out, lse, c.want_lse);
   const auto got = read<T>(out);
-  fail.add(rule_verdict("out", t, test::max_error(got, oracle), test::max_error(text64, oracle),
-                        std::max(1.0, test::max_magnitude(oracle)), out_floor(c, t)));
+  double base = test::max_error(text64, oracle);
+  if (rounds_p) base = std::max(base, math_reference_error<T>(c, qT, kT, vT, oracle));
+  fail.add(rule_verdict("out", t, test::max_error(got, oracle), base, std::max(1.0, test::max_magnitude(oracle)),
+                        out_floor(c, t)));
   if (c.want_lse) {
     const double lse_mag = 1 + test::max_magnitude(oracle_lse);
     fail.add(rule_verdict("lse", t, test::max_error(read_values(lse), oracle_lse),
@@ -115,8 +142,8 @@ std::string check_dense(Config c, const Runner& run, bool bitwise_textbook) {
   return fail.text;
 }
 
-std::string check(const Config& c, const Runner& run, bool bitwise_textbook) {
-  return detail::dispatch_dtype(c.dtype, [&]<class T>() { return check_dense<T>(c, run, bitwise_textbook); });
+std::string check(const Config& c, const Runner& run, bool bitwise_textbook, bool rounds_p = false) {
+  return detail::dispatch_dtype(c.dtype, [&]<class T>() { return check_dense<T>(c, run, bitwise_textbook, rounds_p); });
 }
 
 // ---- Targets: one per public entry point. Each is a name and a function from a config to a verdict.
@@ -147,11 +174,12 @@ std::vector<Target> targets() {
                      },
                      false);
                }});
-  // The tiled forward on AMX tiles (tiled/amx_kernel.cpp): bf16 configurations, on the CPU's tiles where
-  // usable (unless ATTN_AMX=emulate asks for the emulator), else on the emulator; dropout included.
+  // The tiled forward on AMX tiles (tiled/amx_kernel.cpp): f16 configurations as f16 (TDPFP16PS), the rest
+  // as bf16, on the CPU's tiles where usable (unless ATTN_AMX=emulate asks for the emulator; f16 where the
+  // CPU lacks AMX-FP16 runs on the vector kernel), else on the emulator; dropout included.
   t.push_back({"tiled_amx", [](const Config& c) {
                  Config b = c;
-                 b.dtype = DType::bf16;
+                 b.dtype = c.dtype == DType::f16 ? DType::f16 : DType::bf16;
                  return check(
                      b,
                      [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
@@ -167,7 +195,7 @@ std::vector<Target> targets() {
                        else
                          unsetenv("ATTN_AMX");
                      },
-                     false);
+                     false, true);
                }});
   t.push_back({"splitk", [](const Config& c) {
                  return check(
