@@ -11,8 +11,8 @@ struct KernelInfo {
   std::string amx;         // where the bf16 forward, backward and wide decode run: "hardware" (the CPU's
                            // AMX tiles), "emulated" (ATTN_AMX=emulate) or "none" (the vector kernels)
   std::string amx_reason;  // why AMX can or cannot run: "AMX-BF16 usable", "the CPU has no AMX", ...
-  // the f16 forward runs on that tile unit too (TDPFP16PS: the emulator, or a CPU with AMX-FP16); false:
-  // on the vector kernel
+  // the f16 forward and backward run on that tile unit too (TDPFP16PS: the emulator, or a CPU with AMX-FP16); false:
+  // on the vector kernels
   bool f16_on_tiles = false;
   bool bf16_dots = false;  // the bf16 vector kernels take VDPBF16PS (AVX512-BF16) instead of widening to f32
   // DecodeOptions::quantized_query runs its integer kernel (AVX512-VNNI) for the head dims it takes (64,

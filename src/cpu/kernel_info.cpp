@@ -31,7 +31,7 @@ KernelInfo kernel_info() {
                : tiles == detail::amx::TileBackend::emulated
                    ? ", bf16 forward, backward and wide decode on the AMX emulator (slow)"
                    : "";
-  if (k.f16_on_tiles) k.summary += ", f16 forward on the tiles too";
+  if (k.f16_on_tiles) k.summary += ", f16 forward and backward on the tiles too";
   k.summary += k.bf16_dots                    ? ", bf16 dot products (AVX512-BF16)"
                : detail::cpu_has_avx512bf16() ? ", bf16 widened to f32 (AVX512-BF16 not used)"
                                               : ", bf16 widened to f32";

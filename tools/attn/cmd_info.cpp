@@ -58,18 +58,18 @@ void run_info(const InfoArgs& a) {
                    {"amx_reason", amx.reason()},
                    {"amx_mode", detail::amx_mode_name(mode)},
                    {"amx_enabled", amx_on},
-                   {"amx_f16_forward", detail::amx_runs_fp16(detail::amx_backend())}};
+                   {"amx_f16", detail::amx_runs_fp16(detail::amx_backend())}};
   if (!a.json)
     std::printf(
         "attn info: %s\nkernels: %s\nSIMD targets compiled:%s; this CPU runs:%s\n"
         "AMX: %s (CPU: %s); ATTN_AMX=%s, so the bf16 forward and backward (and a bf16 decode with 16 or more\n"
-        "query rows per kv head) run on %s; the f16 forward on %s\n",
+        "query rows per kv head) run on %s; the f16 forward and backward on %s\n",
         machine_name().c_str(), kernel_paths().c_str(), compiled.c_str(), supported.c_str(), amx.reason().c_str(),
         amx_features(amx).c_str(), detail::amx_mode_name(mode),
         amx_on                                                        ? "the AMX tiles"
         : detail::amx_backend() == detail::amx::TileBackend::emulated ? "the AMX emulator (slow)"
                                                                       : "the vector kernels",
-        !detail::amx_runs_fp16(detail::amx_backend()) ? "the vector kernel"
+        !detail::amx_runs_fp16(detail::amx_backend()) ? "the vector kernels"
         : amx_on                                      ? "the AMX tiles (AMX-FP16)"
                                                       : "the AMX emulator");
   if (a.peaks) {
