@@ -162,12 +162,19 @@ TEST(AmxEmulator, Fp16SubnormalInputsKeepTheirValue) {
   EXPECT_EQ(bits_of(c[0][5]), 0u) << "denormal C";
 }
 
-// The AMX forward's f16 rounding of P on SIMD lanes (RoundToF16, on this build's static target) is
-// float_to_f16 bit for bit: every f16 value, the halfway points around it, and random f32 patterns.
-TEST(AmxRounding, RoundToF16IsFloatToF16) {
+// RoundToF16 on this build's static Highway target, over n floats (a multiple of the lane count). HWY_ATTR:
+// the target's attributes, which NEON's operations need on AArch64.
+HWY_ATTR void round_to_f16_lanes(const float* x, std::size_t n, std::uint32_t* out) {
   namespace hn = hwy::HWY_NAMESPACE;
   const hn::ScalableTag<float> d;
-  const std::size_t N = hn::Lanes(d);
+  const hn::RebindToUnsigned<decltype(d)> du;
+  for (std::size_t i = 0; i < n; i += hn::Lanes(d))
+    hn::StoreU(detail::amx_simd::HWY_NAMESPACE::RoundToF16(d, hn::LoadU(d, x + i)), du, out + i);
+}
+
+// The AMX kernels' f16 rounding of P on SIMD lanes (RoundToF16) is float_to_f16 bit for bit: every f16
+// value, the halfway points around it, and random f32 patterns.
+TEST(AmxRounding, RoundToF16IsFloatToF16) {
   std::vector<float> xs;
   for (std::uint32_t h = 0; h < 0x10000u; ++h) {
     const float v = f16_value(static_cast<std::uint16_t>(h));
@@ -180,14 +187,11 @@ TEST(AmxRounding, RoundToF16IsFloatToF16) {
   }
   std::mt19937 rng(11);
   for (int i = 0; i < (1 << 18); ++i) xs.push_back(f32_of_bits(static_cast<std::uint32_t>(rng())));
-  xs.resize((xs.size() + N - 1) / N * N, 0.0f);
-  std::vector<std::uint32_t> got(N);
-  for (std::size_t i = 0; i < xs.size(); i += N) {
-    hn::StoreU(detail::amx_simd::HWY_NAMESPACE::RoundToF16(d, hn::LoadU(d, &xs[i])),
-               hn::RebindToUnsigned<decltype(d)>(), got.data());
-    for (std::size_t l = 0; l < N; ++l)
-      ASSERT_EQ(got[l], detail::store<f16_t>(xs[i + l]).bits) << xs[i + l] << " (bits " << bits_of(xs[i + l]) << ")";
-  }
+  xs.resize((xs.size() + 63) / 64 * 64, 0.0f);  // whole vectors of any lane count up to 64
+  std::vector<std::uint32_t> got(xs.size());
+  round_to_f16_lanes(xs.data(), xs.size(), got.data());
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    ASSERT_EQ(got[i], detail::store<f16_t>(xs[i]).bits) << xs[i] << " (bits " << bits_of(xs[i]) << ")";
 }
 
 TEST(AmxEmulator, ConfigurationAndUseOutsideItThrow) {
