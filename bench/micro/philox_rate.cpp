@@ -66,7 +66,7 @@ int main() {
       for (std::size_t c = 0; c < kKeys; c += N) {
         const auto pv = attn::detail::exp_simd::HWY_NAMESPACE::Exp2(d, hn::MulSub(hn::Load(d, &s[c]), c1, mc));
         sum = hn::Add(sum, pv);
-        attn::detail::amx_simd::HWY_NAMESPACE::StoreRoundedBf16<kNative>(d, pv, &p[c]);
+        attn::detail::amx_simd::HWY_NAMESPACE::StoreRounded<attn::bf16_t, kNative>(d, pv, &p[c]);
       }
     sink += hn::GetLane(hn::SumOfLanes(d, sum));
   };

@@ -33,41 +33,6 @@ HWY_INLINE hn::Vec<D> RoundToBf16(D /*d*/, hn::Vec<D> x) {
       D(), hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), hn::And(quiet_nan, hn::Set(du, 0xFFFF0000u)), rounded));
 }
 
-// Stores the high halves of x's lanes (bf16 patterns from RoundToBf16) as N 16-bit values.
-template <class D>
-HWY_INLINE void StoreBf16(D /*d*/, hn::Vec<D> x, std::uint16_t* dst) {
-  const hn::RebindToUnsigned<D> du;
-  const hn::RebindToSigned<D> di;
-  const hn::Rebind<std::uint16_t, D> d16;  // the values are < 2^16: the saturating demotion keeps them
-  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, x)))), d16, dst);
-}
-
-// Two rows' bf16 patterns (RoundToBf16) as pairs, the tiles' VNNI layout along those rows: lane i holds
-// (lo[i], hi[i]) as one 32-bit word.
-template <class D>
-HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> PairBf16(D /*d*/, hn::Vec<D> lo, hn::Vec<D> hi) {
-  const hn::RebindToUnsigned<D> du;
-  return hn::Or(hn::ShiftRight<16>(hn::BitCast(du, lo)), hn::BitCast(du, hi));
-}
-
-// RoundToBf16 and StoreBf16 in one instruction where the CPU's tiles run: VCVTNEPS2BF16 (AVX512-BF16,
-// which every AMX CPU has) rounds to nearest even as RoundToBf16 does, except that it reads a subnormal
-// p as zero, which TDPBF16PS then does with RoundToBf16's subnormal too: the products are the same bit
-// for bit. Inline assembly, so that the kernel needs no avx512bf16 attribute (its emulated instance runs
-// on CPUs without it).
-template <bool kNative, class D>
-HWY_INLINE void StoreRoundedBf16(D d, hn::Vec<D> x, std::uint16_t* dst) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if constexpr (kNative) {
-    __m256i packed;
-    __asm__("vcvtneps2bf16 %1, %0" : "=v"(packed) : "v"(x.raw));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), packed);
-    return;
-  }
-#endif
-  StoreBf16(d, RoundToBf16(d, x), dst);
-}
-
 // f32 lanes rounded to f16 (to nearest even, overflow to Inf, NaN quieted), as the f16 patterns in the low
 // 16 bits of each lane: float_to_f16 (core/element.hpp) on lanes, operation for operation, so the two give
 // the same bits.
@@ -111,25 +76,27 @@ HWY_INLINE hn::Vec<DU> Pair16(DU /*du*/, hn::Vec<DU> lo, hn::Vec<DU> hi) {
   return hn::Or(lo, hn::ShiftLeft<16>(hi));
 }
 
-// P rounded to the tiles' element type E (bf16_t or f16_t) and stored as N 16-bit values: on the CPU's
-// instructions where the tiles are the CPU's (kNative; VCVTPS2PH rounds to nearest even as RoundToF16),
-// else in software.
+// P rounded to the tiles' element type E (bf16_t or f16_t) and stored as N 16-bit values: in one
+// instruction where the CPU's tiles run (kNative), else Store16(Rounded16). VCVTNEPS2BF16 (AVX512-BF16,
+// which every AMX CPU has) rounds to nearest even as RoundToBf16 does, except that it reads a subnormal p
+// as zero, which TDPBF16PS then does with RoundToBf16's subnormal too: the products are the same bit for
+// bit. VCVTPS2PH (F16C) rounds to nearest even as RoundToF16. Inline assembly, so that the kernels need no
+// avx512bf16 attribute (their emulated instances run on CPUs without it).
 template <class E, bool kNative, class D>
 HWY_INLINE void StoreRounded(D d, hn::Vec<D> x, std::uint16_t* dst) {
-  if constexpr (std::is_same_v<E, bf16_t>) {
-    StoreRoundedBf16<kNative>(d, x, dst);
-  } else {
-    static_assert(std::is_same_v<E, f16_t>, "the tiles take bf16 or f16");
+  static_assert(std::is_same_v<E, bf16_t> || std::is_same_v<E, f16_t>, "the tiles take bf16 or f16");
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if constexpr (kNative) {
-      __m256i packed;
+  if constexpr (kNative) {
+    __m256i packed;
+    if constexpr (std::is_same_v<E, bf16_t>)
+      __asm__("vcvtneps2bf16 %1, %0" : "=v"(packed) : "v"(x.raw));
+    else
       __asm__("vcvtps2ph $0, %1, %0" : "=v"(packed) : "v"(x.raw));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), packed);
-      return;
-    }
-#endif
-    Store16(d, RoundToF16(d, x), dst);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), packed);
+    return;
   }
+#endif
+  Store16(d, Rounded16<E>(d, x), dst);
 }
 
 }  // namespace HWY_NAMESPACE
