@@ -17,6 +17,7 @@
 #include "attn/backward.hpp"
 #include "attn/varlen.hpp"
 #include "amx/amx.hpp"
+#include "amx_cases.hpp"
 #include "amx_reference.hpp"
 #include "support.hpp"
 
@@ -28,33 +29,10 @@ using test::random_tensor;
 using test::ScopedAmxEnv;
 using test::Tensor;
 
-struct Case {
-  std::int64_t b, sq, sk, h, hk, d, dv;
-  bool causal = false;
-  std::int64_t left = -1, right = -1;
-  double softcap = 0;
-  bool alibi = false, sinks = false;
-  std::int64_t q_tile = 0, k_tile = 0;  // 0 = the AMX plan's
-  int threads = 2;
-  double dropout = 0;  // dropout_p (seed 1234, offset 5)
-  bool f16 = false;    // f16 inputs (TDPFP16PS) instead of bf16
-};
-
-Case with_dropout(Case c, double p) {
-  c.dropout = p;
-  return c;
-}
-Case in_f16(Case c) {
-  c.f16 = true;
-  return c;
-}
-
-std::ostream& operator<<(std::ostream& os, const Case& c) {
-  return os << "b" << c.b << " sq" << c.sq << " sk" << c.sk << " h" << c.h << "/" << c.hk << " d" << c.d << "/" << c.dv
-            << (c.causal ? " causal" : "") << " win(" << c.left << "," << c.right << ") cap" << c.softcap
-            << (c.alibi ? " alibi" : "") << (c.sinks ? " sinks" : "") << " tiles " << c.q_tile << "x" << c.k_tile
-            << " thr" << c.threads << " dropout " << c.dropout << (c.f16 ? " f16" : " bf16");
-}
+using Case = test::AmxCase;
+using test::amx_modes;
+using test::in_f16;
+using test::with_dropout;
 
 // bf16 inputs with the forward's out (rounded to bf16) and lse (f32) from the f64 oracle.
 template <class T>
@@ -77,18 +55,7 @@ Inputs<T> inputs_of(const Case& c) {
                {},
                {},
                {}};
-  in.o = test::options_of({c.b, c.sq, c.sk, c.h, c.hk, c.d, c.causal, c.left, c.right, c.softcap, c.alibi}, 0.5f,
-                          in.slopes);
-  if (c.sinks) {
-    in.sinks = test::sinks_for(c.h);
-    in.o.sinks = in.sinks;
-  }
-  in.o.num_threads = c.threads;
-  in.o.dropout_p = c.dropout;
-  in.o.dropout_seed = 1234;
-  in.o.dropout_offset = 5;
-  if (c.q_tile) in.tiles.q_tile = c.q_tile;
-  if (c.k_tile) in.tiles.k_tile = c.k_tile;
+  test::set_case_options(c, in.slopes, in.sinks, in.o, in.tiles);
   std::vector<double> lse;
   const std::vector<double> out = test::oracle_forward(in.q, in.k, in.v, in.o, &lse);
   for (std::size_t e = 0; e < out.size(); ++e) in.out.data[e] = detail::store<T>(out[e]);
@@ -127,14 +94,6 @@ std::vector<std::vector<double>> oracle_grads(const Inputs<T>& in) {
   attention_backward_reference(q.view(), k.view(), v.view(), out.view(), dout.view(), lv, dq.view(), dk.view(),
                                dv.view(), in.o);
   return {dq.data, dk.data, dv.data};
-}
-
-// The modes the AMX kernel runs in on this machine: the emulator always, the tiles where usable (for f16:
-// where they run TDPFP16PS).
-std::vector<const char*> amx_modes(bool f16 = false) {
-  std::vector<const char*> m{"emulate"};
-  if (detail::amx_support().usable() && (!f16 || detail::amx_support().cpu_fp16)) m.push_back("on");
-  return m;
 }
 
 bool same_bits(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b) {
