@@ -38,8 +38,8 @@ enum { kKnob = kShared, kDropout, kCount };
 static_assert(kCount == 20);
 
 // Split-K (and its partials) is an inference path: it takes no dropout (docs/dropout.md).
-// Entry 5 is attention_tiled on the AMX tile emulator (ATTN_AMX=emulate, bf16 or f16 inputs): the
-// tiled forward's AMX path (tiled/amx_kernel.cpp) on any CPU.
+// Entry 5 is attention_tiled on the AMX tile emulator (ATTN_AMX=emulate; bf16, f16, or f32 split into bf16
+// parts with ATTN_AMX_F32=bf16x3): the tiled forward's AMX path (tiled/amx_kernel.cpp) on any CPU.
 #define ATTN_FUZZ_TILED (ATTN_FUZZ_ENTRY == 2 || ATTN_FUZZ_ENTRY == 5)
 constexpr bool kTakesDropout = ATTN_FUZZ_ENTRY <= 2 || ATTN_FUZZ_ENTRY == 5;
 
@@ -49,9 +49,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Bytes in(data, size);
   const std::uint8_t flags = in.u8();
 #if ATTN_FUZZ_ENTRY == 5
-  static const bool emulated_tiles = setenv("ATTN_AMX", "emulate", 1) == 0;
-  if (!emulated_tiles) die("setenv ATTN_AMX failed");
-  const DType dt = (flags & 3) == static_cast<int>(DType::f16) ? DType::f16 : DType::bf16;
+  static const bool emulated_tiles = setenv("ATTN_AMX", "emulate", 1) == 0 && setenv("ATTN_AMX_F32", "bf16x3", 1) == 0;
+  if (!emulated_tiles) die("setenv ATTN_AMX or ATTN_AMX_F32 failed");
+  const DType drawn = static_cast<DType>(flags & 3);
+  const DType dt = drawn == DType::f16 || drawn == DType::f32 ? drawn : DType::bf16;
 #else
   const DType dt = static_cast<DType>(flags & 3);
 #endif

@@ -15,6 +15,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <hwy/targets.h>
@@ -31,27 +32,33 @@
 
 namespace attn::test {
 
-// Sets ATTN_AMX (or unsets it, for nullopt) for one test, and puts back what was there.
-class ScopedAmxEnv {
+// Sets the environment variable `name` (or unsets it, for nullopt) for one test, and puts back what was
+// there.
+class ScopedEnv {
  public:
-  explicit ScopedAmxEnv(const std::optional<std::string>& value) {
-    if (const char* v = std::getenv("ATTN_AMX")) saved_ = v;
-    if (value)
-      setenv("ATTN_AMX", value->c_str(), 1);
-    else
-      unsetenv("ATTN_AMX");
+  ScopedEnv(std::string name, const std::optional<std::string>& value) : name_(std::move(name)) {
+    if (const char* v = std::getenv(name_.c_str())) saved_ = v;
+    set(value);
   }
-  ~ScopedAmxEnv() {
-    if (saved_)
-      setenv("ATTN_AMX", saved_->c_str(), 1);
-    else
-      unsetenv("ATTN_AMX");
-  }
-  ScopedAmxEnv(const ScopedAmxEnv&) = delete;
-  ScopedAmxEnv& operator=(const ScopedAmxEnv&) = delete;
+  ~ScopedEnv() { set(saved_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
+  void set(const std::optional<std::string>& value) const {
+    if (value)
+      setenv(name_.c_str(), value->c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+  std::string name_;
   std::optional<std::string> saved_;
+};
+
+// ATTN_AMX for one test.
+class ScopedAmxEnv : public ScopedEnv {
+ public:
+  explicit ScopedAmxEnv(const std::optional<std::string>& value) : ScopedEnv("ATTN_AMX", value) {}
 };
 
 // Sanitizer builds run -O0 instrumented code, 20-60x slower than the release build, and the AArch64

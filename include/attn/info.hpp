@@ -14,6 +14,9 @@ struct KernelInfo {
   // the f16 forward and backward run on that tile unit too (TDPFP16PS: the emulator, or a CPU with AMX-FP16); false:
   // on the vector kernels
   bool f16_on_tiles = false;
+  // the f32 forward runs on that tile unit, each f32 split into three bf16 parts (ATTN_AMX_F32=bf16x3, opt-in
+  // until timed against the vector kernel on an AMX CPU); false: on the vector kernels
+  bool f32_on_tiles = false;
   bool bf16_dots = false;  // the bf16 vector kernels take VDPBF16PS (AVX512-BF16) instead of widening to f32
   // DecodeOptions::quantized_query runs its integer kernel (AVX512-VNNI) for the head dims it takes (64,
   // 128, 192, 256); false: that option runs the exact kernel here

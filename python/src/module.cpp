@@ -334,6 +334,7 @@ NB_MODULE(_C, m) {
         d["amx"] = k.amx;
         d["amx_reason"] = k.amx_reason;
         d["f16_on_tiles"] = k.f16_on_tiles;
+        d["f32_on_tiles"] = k.f32_on_tiles;
         d["bf16_dots"] = k.bf16_dots;
         d["quantized_query"] = k.quantized_query;
         d["summary"] = k.summary;

@@ -118,6 +118,14 @@ amx::TileBackend amx_backend() {
   return s.usable() ? amx::TileBackend::hardware : amx::TileBackend::none;
 }
 
+bool amx_f32_by_parts() {
+  const char* v = std::getenv("ATTN_AMX_F32");
+  const std::string s = v == nullptr ? "" : v;
+  if (s.empty() || s == "off") return false;
+  if (s == "bf16x3") return true;
+  throw std::invalid_argument("ATTN_AMX_F32: must be bf16x3 or off, not '" + s + "'");
+}
+
 bool amx_runs_fp16(amx::TileBackend backend) {
   return backend == amx::TileBackend::emulated || (backend == amx::TileBackend::hardware && amx_support().cpu_fp16);
 }

@@ -55,6 +55,12 @@ amx::TileBackend amx_backend();
 // has AMX-FP16 (Granite Rapids and later), none never.
 bool amx_runs_fp16(amx::TileBackend backend);
 
+// ATTN_AMX_F32: bf16x3 sends f32 forwards to the tiles (each f32 split into three bf16 parts, six part
+// products per block product; within the f32 accuracy rule), off (the default, also when unset or empty)
+// keeps them on the vector kernels: opt-in until it is timed against them on an AMX CPU (docs/prefill.md).
+// Any other value throws std::invalid_argument naming ATTN_AMX_F32 and the values it takes.
+bool amx_f32_by_parts();
+
 // Whether the AMX kernels run on the CPU's tiles: AMX usable and ATTN_AMX auto or on. With ATTN_AMX=on on a machine
 // where AMX is not usable it throws std::invalid_argument("ATTN_AMX=on: <reason>"): whoever forces AMX hears that it
 // cannot run rather than timing the fallback unawares. It may throw, so kernels ask it once per call, before their

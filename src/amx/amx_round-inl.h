@@ -10,6 +10,8 @@
 
 #include <hwy/highway.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -97,6 +99,40 @@ HWY_INLINE void StoreRounded(D d, hn::Vec<D> x, std::uint16_t* dst) {
   }
 #endif
   Store16(d, Rounded16<E>(d, x), dst);
+}
+
+// f32 on bf16 tiles by parts (bf16x3, oneMKL's float_to_bf16x3): x as the sum of three bf16 values, each the
+// nearest (to even) to what the earlier ones left, |x - sum| <= 2^-27 |x| for normal x. The tiles then sum
+// six part products (a0 b0 ... a2 b0; the three smallest, a1 b2, a2 b1, a2 b2, are below f32's rounding).
+// A non-finite x is its first part and zeros (x - x would be NaN); a first part that rounds past bf16's
+// largest value is truncated instead. Scalar, for the packing of Q, K and V.
+struct Bf16Parts {
+  std::uint16_t part[3];
+};
+inline Bf16Parts SplitBf16x3(float x) {
+  Bf16Parts out;
+  float rest = x;
+  for (std::uint16_t& part : out.part) {
+    bf16_t b = float_to_bf16(rest);
+    if (std::isfinite(rest) && !std::isfinite(bf16_to_float(b)))
+      b.bits = static_cast<std::uint16_t>(float_bits(rest) >> 16);
+    part = b.bits;
+    rest = std::isfinite(rest) ? rest - bf16_to_float(b) : 0.0f;
+  }
+  return out;
+}
+
+// SplitBf16x3 on lanes, for P (finite and at most 1 / (1 - dropout), or NaN in a poisoned row, whose parts
+// are NaN): the three parts stored as N bf16 values each at dst[0], dst[plane], dst[2 plane].
+template <class D>
+HWY_INLINE void StoreSplitBf16x3(D d, hn::Vec<D> x, std::uint16_t* dst, std::size_t plane) {
+  const hn::RebindToUnsigned<D> du;
+  auto rest = x;
+  for (std::size_t k = 0; k < 3; ++k) {
+    const auto part = RoundToBf16(d, rest);
+    Store16(d, hn::ShiftRight<16>(hn::BitCast(du, part)), dst + k * plane);
+    rest = hn::Sub(rest, part);
+  }
 }
 
 }  // namespace HWY_NAMESPACE

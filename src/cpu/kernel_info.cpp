@@ -26,12 +26,14 @@ KernelInfo kernel_info() {
                                                         : "none";
   k.amx_reason = detail::amx_support().reason();
   k.f16_on_tiles = detail::amx_runs_fp16(tiles);
+  k.f32_on_tiles = tiles != detail::amx::TileBackend::none && detail::amx_f32_by_parts();
   k.summary = "SIMD " + k.simd;
   k.summary += tiles == detail::amx::TileBackend::hardware ? ", bf16 forward, backward and wide decode on AMX tiles"
                : tiles == detail::amx::TileBackend::emulated
                    ? ", bf16 forward, backward and wide decode on the AMX emulator (slow)"
                    : "";
   if (k.f16_on_tiles) k.summary += ", f16 forward and backward on the tiles too";
+  if (k.f32_on_tiles) k.summary += ", f32 forward on the tiles as bf16x3 parts";
   k.summary += k.bf16_dots                    ? ", bf16 dot products (AVX512-BF16)"
                : detail::cpu_has_avx512bf16() ? ", bf16 widened to f32 (AVX512-BF16 not used)"
                                               : ", bf16 widened to f32";

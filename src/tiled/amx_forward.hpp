@@ -12,8 +12,9 @@
 
 namespace attn::detail {
 
-// bf16 inputs on any tile unit, f16 inputs on one that runs TDPFP16PS (amx_runs_fp16), with every option
-// (masks, windows, soft-cap, ALiBi, sinks, GQA, head_dim_v, dropout, the lse, varlen and paged keys).
+// bf16 inputs on any tile unit, f16 inputs on one that runs TDPFP16PS (amx_runs_fp16), f32 inputs split into
+// bf16 parts where ATTN_AMX_F32=bf16x3 (amx_f32_by_parts), with every option (masks, windows, soft-cap,
+// ALiBi, sinks, GQA, head_dim_v, dropout, the lse, varlen and paged keys).
 bool amx_forward_takes(const Problem& p, amx::TileBackend backend);
 
 // Query rows per head and keys per tile: the caller's TileOptions where set, else about 128 stacked rows

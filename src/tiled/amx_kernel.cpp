@@ -21,7 +21,9 @@
 //   finalize each row (store_row: the sink, attn::finalize, the lse) and store it.
 // P is rounded to bf16 before P V, as flash-attn and PyTorch's CPU flash attention do on these CPUs;
 // l sums the f32 weights, so the lse keeps f32 accuracy. f16 inputs run the same with f16 for bf16
-// (E, the element type: the packing copies 16-bit patterns whatever they encode).
+// (E, the element type: the packing copies 16-bit patterns whatever they encode). f32 inputs
+// (ATTN_AMX_F32=bf16x3) run on bf16 tiles by parts: Q, K, V and P split into three bf16 planes each,
+// every block product the sum of six part products (Format, PartProducts in amx_task-inl.h).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tiled/amx_kernel.cpp"
 #ifndef HWY_DISABLED_TARGETS
@@ -54,6 +56,7 @@
 #include "cpu/tile_ops.hpp"
 #include "tiled/amx_forward.hpp"
 #include "tiled/amx_pack-inl.h"
+#include "tiled/amx_task-inl.h"
 #include "tiled/tiled_kernel.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -61,95 +64,10 @@ namespace attn::detail::amx_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// One task's geometry (after GQA stacking) and one thread's scratch, carved from one aligned block.
-struct AmxTask {
-  std::size_t real, R;  // stacked query rows, and R = real rounded up to kBlock
-  std::size_t dq, dvp;  // head dims rounded up to kBlock
-  std::size_t bcp;      // the key tile's scratch width (the tile rounded up to kBlock)
-  std::int64_t g, rows_h, i0, b, kv_head;
-  const std::uint32_t* k;  // this kv head's packed keys and values (PackedHeads)
-  const std::uint32_t* v;
-  bool v_nonfinite;
-  std::int64_t head_of(std::size_t r) const { return kv_head * g + static_cast<std::int64_t>(r) / rows_h; }
-  std::int64_t query_of(std::size_t r) const { return i0 + static_cast<std::int64_t>(r) % rows_h; }
-};
-
-struct AmxScratch {
-  std::uint16_t* q;  // [R][dq] E bits
-  float* s;          // [R][bcp]
-  std::uint16_t* p;  // [R][bcp] E bits
-  float* o;          // [R][dvp]
-  float *m, *l, *alpha, *tmp;
-  std::int32_t *lo, *hi;                         // the keys [lo, hi) of the current tile row r sees
-  float* drop;                                   // [bcp + kDropSlack]: one row's dropout factors (DropRowFactors)
-  static constexpr std::size_t kDropSlack = 64;  // DropRowFactors writes whole vectors of groups: 4 x 16 lanes
-  static std::size_t bytes(std::size_t R, std::size_t dq, std::size_t dvp, std::size_t bcp) {
-    return 2 * R * dq + 4 * R * bcp + 2 * R * bcp + 4 * R * dvp + 4 * (3 * R + dvp) + 4 * 2 * R +
-           4 * (bcp + kDropSlack);
-  }
-  AmxScratch(void* base, std::size_t R, std::size_t dq, std::size_t dvp, std::size_t bcp) {
-    auto* x = static_cast<std::uint8_t*>(base);  // every block a multiple of 64 bytes (R, dq, dvp, bcp of 32)
-    q = reinterpret_cast<std::uint16_t*>(x), x += 2 * R * dq;
-    s = reinterpret_cast<float*>(x), x += 4 * R * bcp;
-    p = reinterpret_cast<std::uint16_t*>(x), x += 2 * R * bcp;
-    o = reinterpret_cast<float*>(x), x += 4 * R * dvp;
-    m = reinterpret_cast<float*>(x), l = m + R, alpha = l + R, tmp = alpha + R;
-    lo = reinterpret_cast<std::int32_t*>(tmp + dvp), hi = lo + R;
-    drop = reinterpret_cast<float*>(hi + R);
-  }
-};
-
-// The task's queries as 16-bit rows [R][dq], zero past d and past the real rows; the row states reset.
-HWY_INLINE void PackQueries(const Problem& p, const AmxTask& t, const AmxScratch& w) {
-  std::memset(w.q, 0, 2 * t.R * t.dq);
-  const std::size_t dim = static_cast<std::size_t>(p.head_dim);
-  for (std::size_t r = 0; r < t.real; ++r) {
-    const std::uint16_t* src = row_ptr<const std::uint16_t>(p.q, t.b, t.query_of(r), t.head_of(r));
-    std::uint16_t* dst = w.q + r * t.dq;
-    if (p.q.strides[3] == 1)
-      std::memcpy(dst, src, 2 * dim);
-    else
-      for (std::size_t x = 0; x < dim; ++x) dst[x] = src[x * p.q.strides[3]];
-  }
-  std::fill(w.m, w.m + t.R, -std::numeric_limits<float>::infinity());
-  std::fill(w.l, w.l + t.R, 0.0f);
-  std::fill(w.o, w.o + t.R * t.dvp, 0.0f);
-  std::memset(w.p, 0, 2 * t.R * t.bcp);  // the padding rows' weights stay zero for every tile
-}
-
-// Each row's visible keys of the tile [j0, j0 + n) (padding rows: none); whether some row does not see
-// every key the tile's blocks hold, [j0, j0 + np): the packed heads hold real keys past n (the next
-// tile's, and before j0 + lo those of a window's start), which P V multiplies by p = 0.
-HWY_INLINE bool RowBounds(const Problem& p, const AmxTask& t, std::int64_t j0, std::int64_t n, std::size_t np,
-                          const AmxScratch& w) {
-  bool masked = false;
-  const Mask mask = p.mask();
-  for (std::size_t r = 0; r < t.R; ++r) {
-    std::int64_t lo = 0, hi = 0;
-    if (r < t.real) {
-      const std::int64_t i = t.query_of(r);
-      const Mask::TileKeys keys = mask.tile_keys(i, j0, n);
-      lo = keys.lo;
-      hi = keys.hi;
-    }
-    w.lo[r] = static_cast<std::int32_t>(lo);
-    w.hi[r] = static_cast<std::int32_t>(hi);
-    masked |= r < t.real && (lo > 0 || hi < static_cast<std::int64_t>(np));
-  }
-  return masked;
-}
-
-// Whether some row of [r0, r0 + kBlock) sees a key of [c0, c0 + kBlock).
-HWY_INLINE bool BlockSeen(const AmxScratch& w, std::size_t r0, std::size_t c0) {
-  for (std::size_t r = r0; r < r0 + kBlock; ++r)
-    if (w.lo[r] < w.hi[r] && static_cast<std::size_t>(w.lo[r]) < c0 + kBlock && static_cast<std::size_t>(w.hi[r]) > c0)
-      return true;
-  return false;
-}
-
-// S = Q K^T for the tile's np keys, 32 x 32 blocks (tiles C0..C3) that some row sees.
+// S = Q K^T for the tile's np keys, 32 x 32 blocks (tiles C0..C3) that some row sees, each the sum of the
+// part products (PartProducts) over the head dim.
 // kt: the packed keys' block of the tile's first key.
-template <class E, class Unit>
+template <class F, class Unit>
 HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::size_t np, const AmxScratch& w,
                        std::size_t r_begin, std::size_t r_end) {
   const std::int64_t q_stride = 2 * static_cast<std::int64_t>(t.dq), k_stride = 4 * static_cast<std::int64_t>(kBlock);
@@ -161,19 +79,39 @@ HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::
       u.template zero<1>();
       u.template zero<2>();
       u.template zero<3>();
-      for (std::size_t x = 0; x < t.dq; x += kBlock) {
-        u.template load<4>(w.q + r0 * t.dq + x, q_stride);
-        u.template load<5>(w.q + (r0 + 16) * t.dq + x, q_stride);
-        const std::uint32_t* kb = kt + (c0 / kBlock) * (t.dq / 2) * kBlock + (x / 2) * kBlock;
-        u.template load<6>(kb, k_stride);
-        u.template load<7>(kb + 16, k_stride);
-        amx::dot_2x2_of<E>(u);
-      }
+      for (const PartPair& pair : PartProducts<F>())
+        for (std::size_t x = 0; x < t.dq; x += kBlock) {
+          const std::uint16_t* qa = w.q + pair.a * w.q_plane;
+          u.template load<4>(qa + r0 * t.dq + x, q_stride);
+          u.template load<5>(qa + (r0 + 16) * t.dq + x, q_stride);
+          const std::uint32_t* kb = kt + pair.b * t.k_plane + (c0 / kBlock) * (t.dq / 2) * kBlock + (x / 2) * kBlock;
+          u.template load<6>(kb, k_stride);
+          u.template load<7>(kb + 16, k_stride);
+          amx::dot_2x2_of<typename F::E>(u);
+        }
       float* s = w.s + r0 * t.bcp + c0;
       u.template store<0>(s, s_stride);
       u.template store<1>(s + 16, s_stride);
       u.template store<2>(s + 16 * t.bcp, s_stride);
       u.template store<3>(s + 16 * t.bcp + 16, s_stride);
+    }
+}
+
+// S = Q K^T one score at a time in f32 from the parts' sums (the f32 inputs), in the textbook's order: for
+// an f32 task with an Inf or NaN query or key, where a part product such as q0 k1 = Inf x 0 would give a
+// NaN to a score whose f32 dot product is Inf. Rare, so plain loops.
+template <class F>
+HWY_INLINE void ScoresRows(const AmxTask& t, const std::uint32_t* kt, std::size_t np, const AmxScratch& w,
+                           std::size_t r_begin, std::size_t r_end) {
+  const auto* kh = reinterpret_cast<const std::uint16_t*>(kt);
+  for (std::size_t r = r_begin; r < std::min(r_end, t.real); ++r)
+    for (std::size_t c = 0; c < np; ++c) {
+      float sum = 0.0f;
+      for (std::size_t x = 0; x < t.dq; ++x) {
+        const std::size_t word = (c / kBlock) * (t.dq / 2) * kBlock + (x / 2) * kBlock + c % kBlock;
+        sum += PartsSum<F>(w.q + r * t.dq + x, w.q_plane) * PartsSum<F>(kh + 2 * word + (x & 1), 2 * t.k_plane);
+      }
+      w.s[r * t.bcp + c] = sum;
     }
 }
 
@@ -215,8 +153,9 @@ HWY_INLINE float RowMaximum(D d, const Problem& p, const AmxTask& t, std::size_t
 
 // Row r's weights on [begin, end): P = exp(s - m) (from RowMaximum's scores), their sum before any
 // rounding (as flash-attn's kernels: l, hence the lse, keeps f32 accuracy), and P times the dropout
-// factor (kDrop: w.drop holds the factors from key begin on) rounded to E for P V.
-template <class E, bool kNativeConvert, bool kDrop, class D>
+// factor (kDrop: w.drop holds the factors from key begin on) rounded to E for P V (f32: split into its
+// three bf16 parts).
+template <class F, bool kNativeConvert, bool kDrop, class D>
 HWY_INLINE float RowWeights(D d, const Problem& p, std::size_t r, bool plain, float m_new, std::size_t begin,
                             std::size_t end, const AmxTask& t, const AmxScratch& w) {
   const std::size_t N = hn::Lanes(d);
@@ -232,10 +171,11 @@ HWY_INLINE float RowWeights(D d, const Problem& p, std::size_t r, bool plain, fl
     const auto pv = plain ? exp_simd::HWY_NAMESPACE::Exp2(d, hn::MulSub(hn::Load(d, s + c), c1, mc))
                           : exp_simd::HWY_NAMESPACE::ExpDiff(d, hn::Load(d, s + c), m);
     sum = hn::Add(sum, pv);
-    if constexpr (kDrop)
-      StoreRounded<E, kNativeConvert>(d, hn::Mul(pv, hn::LoadU(d, w.drop + (c - begin))), prow + c);
+    const auto pd = kDrop ? hn::Mul(pv, hn::LoadU(d, w.drop + (c - begin))) : pv;
+    if constexpr (F::kParts == 3)
+      StoreSplitBf16x3(d, pd, prow + c, w.p_plane);
     else
-      StoreRounded<E, kNativeConvert>(d, pv, prow + c);
+      StoreRounded<typename F::E, kNativeConvert>(d, pd, prow + c);
   }
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
@@ -245,14 +185,14 @@ HWY_INLINE float RowWeights(D d, const Problem& p, std::size_t r, bool plain, fl
 // dropout) rounded to E for the vectors that hold visible keys, 0 for the rest of [0, np).
 // Whole vectors only: the scratch rows are np >= hi rounded up to the lane count wide, and lanes of keys
 // outside [lo, hi) are replaced by -inf before they count (their S values are stale or never written).
-template <class E, bool kNativeConvert, class D>
+template <class F, bool kNativeConvert, class D>
 HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t r, std::int64_t j0, std::size_t np,
                            const AmxScratch& w) {
   const std::size_t N = hn::Lanes(d);
   const std::size_t lo = static_cast<std::size_t>(w.lo[r]), hi = static_cast<std::size_t>(w.hi[r]);
   std::uint16_t* prow = w.p + r * t.bcp;
   if (lo >= hi) {  // no key of this tile: the state is unchanged
-    std::memset(prow, 0, 2 * np);
+    for (std::size_t k = 0; k < F::kParts; ++k) std::memset(prow + k * w.p_plane, 0, 2 * np);
     w.alpha[r] = 1.0f;
     return;
   }
@@ -270,12 +210,14 @@ HWY_INLINE void RowSoftmax(D d, const Problem& p, const AmxTask& t, std::size_t 
     philox_simd::HWY_NAMESPACE::DropRowFactors(d, p.dropout, static_cast<std::uint32_t>(t.query_of(r)),
                                                p.dropout.head_word(t.b, t.head_of(r)), first, (end - begin) / 4,
                                                w.drop);
-    sum = RowWeights<E, kNativeConvert, true>(d, p, r, plain, m_new, begin, end, t, w);
+    sum = RowWeights<F, kNativeConvert, true>(d, p, r, plain, m_new, begin, end, t, w);
   } else {
-    sum = RowWeights<E, kNativeConvert, false>(d, p, r, plain, m_new, begin, end, t, w);
+    sum = RowWeights<F, kNativeConvert, false>(d, p, r, plain, m_new, begin, end, t, w);
   }
-  std::memset(prow, 0, 2 * begin);
-  std::memset(prow + end, 0, 2 * (np - end));
+  for (std::size_t k = 0; k < F::kParts; ++k) {
+    std::memset(prow + k * w.p_plane, 0, 2 * begin);
+    std::memset(prow + k * w.p_plane + end, 0, 2 * (np - end));
+  }
   w.l[r] = w.l[r] * w.alpha[r] + sum;
 }
 
@@ -294,7 +236,7 @@ HWY_INLINE void RescaleOutputs(D d, const AmxTask& t, const AmxScratch& w, std::
 // O += P V on the tiles: for each 32 x 32 block of O (tiles C0..C3 loaded from O and stored back), the
 // key blocks some row of the block sees.
 // vt: the packed values' pair row of the tile's first key.
-template <class E, class Unit>
+template <class F, class Unit>
 HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, std::size_t np, const AmxScratch& w,
                            std::size_t r_begin, std::size_t r_end) {
   const std::int64_t p_stride = 2 * static_cast<std::int64_t>(t.bcp), v_stride = 4 * static_cast<std::int64_t>(t.dvp);
@@ -312,7 +254,7 @@ HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, s
         u.template load<5>(w.p + (r0 + 16) * t.bcp + c0, p_stride);
         u.template load<6>(vt + (c0 / 2) * t.dvp + x0, v_stride);
         u.template load<7>(vt + (c0 / 2) * t.dvp + x0 + 16, v_stride);
-        amx::dot_2x2_of<E>(u);
+        amx::dot_2x2_of<typename F::E>(u);
       }
       u.template store<0>(o, o_stride);
       u.template store<1>(o + 16, o_stride);
@@ -321,17 +263,56 @@ HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, s
     }
 }
 
+// O += P V for bf16x3: per 32 x 32 block of O, the six part products summed smallest first from zero
+// into C0..C3, then added to O on the vectors (loading O into the accumulators, as AddPvTiles does, would
+// round each small product at O's scale).
+template <class F, class Unit, class D>
+HWY_INLINE void AddPvTilesByParts(D d, Unit& u, const AmxTask& t, const std::uint32_t* vt, std::size_t np,
+                                  const AmxScratch& w, std::size_t r_begin, std::size_t r_end) {
+  const std::int64_t p_stride = 2 * static_cast<std::int64_t>(t.bcp), v_stride = 4 * static_cast<std::int64_t>(t.dvp);
+  const std::int64_t b_stride = 4 * static_cast<std::int64_t>(kBlock);
+  const std::size_t N = hn::Lanes(d);
+  for (std::size_t r0 = r_begin; r0 < r_end; r0 += kBlock)
+    for (std::size_t x0 = 0; x0 < t.dvp; x0 += kBlock) {
+      u.template zero<0>();
+      u.template zero<1>();
+      u.template zero<2>();
+      u.template zero<3>();
+      for (const PartPair& pair : PartProducts<F>())
+        for (std::size_t c0 = 0; c0 < np; c0 += kBlock) {
+          if (!BlockSeen(w, r0, c0)) continue;
+          const std::uint16_t* pa = w.p + pair.a * w.p_plane;
+          const std::uint32_t* vb = vt + pair.b * t.v_plane + (c0 / 2) * t.dvp + x0;
+          u.template load<4>(pa + r0 * t.bcp + c0, p_stride);
+          u.template load<5>(pa + (r0 + 16) * t.bcp + c0, p_stride);
+          u.template load<6>(vb, v_stride);
+          u.template load<7>(vb + 16, v_stride);
+          amx::dot_2x2_of<typename F::E>(u);
+        }
+      u.template store<0>(w.block, b_stride);
+      u.template store<1>(w.block + 16, b_stride);
+      u.template store<2>(w.block + 16 * kBlock, b_stride);
+      u.template store<3>(w.block + 16 * kBlock + 16, b_stride);
+      for (std::size_t r = 0; r < kBlock; ++r) {
+        float* o = w.o + (r0 + r) * t.dvp + x0;
+        for (std::size_t x = 0; x < kBlock; x += N)
+          hn::Store(hn::Add(hn::Load(d, o + x), hn::Load(d, w.block + r * kBlock + x)), d, o + x);
+      }
+    }
+}
+
 // O += P V one row at a time over only the keys the row sees: for a tile that cuts through some row's
 // window while some value is Inf or NaN, where a tile product's p = 0 x Inf would give NaN to a row that
-// must not see that value. Rare (a non-finite value), so plain loops; the same rounded P.
-template <class E>
+// must not see that value (bf16x3: any tile, where p1 v0 = 0 x Inf would give NaN to a row whose f32
+// product is Inf). Rare (a non-finite value), so plain loops; the same rounded P (bf16x3: its parts' sum).
+template <class F>
 HWY_INLINE void AddPvRows(const AmxTask& t, const std::uint32_t* vt, const AmxScratch& w) {
   for (std::size_t r = 0; r < t.real; ++r) {
     float* o = w.o + r * t.dvp;
     for (std::int32_t c = w.lo[r]; c < w.hi[r]; ++c) {
-      const float pc = load<float>(E{w.p[r * t.bcp + static_cast<std::size_t>(c)]});
+      const float pc = PartsSum<F>(w.p + r * t.bcp + static_cast<std::size_t>(c), w.p_plane);
       const auto* vrow = reinterpret_cast<const std::uint16_t*>(vt + static_cast<std::size_t>(c / 2) * t.dvp) + (c & 1);
-      for (std::size_t x = 0; x < t.dvp; ++x) o[x] += pc * load<float>(E{vrow[2 * x]});
+      for (std::size_t x = 0; x < t.dvp; ++x) o[x] += pc * PartsSum<F>(vrow + 2 * x, 2 * t.v_plane);
     }
   }
 }
@@ -339,9 +320,9 @@ HWY_INLINE void AddPvRows(const AmxTask& t, const std::uint32_t* vt, const AmxSc
 // One task: a tile of queries of one kv head's group against every key tile any of them sees. Key
 // tiles start at multiples of kBlock (the packed keys' blocks); keys before the first a row sees are
 // masked like any other.
-template <class E, class Unit, class D>
+template <class F, class Unit, class D>
 void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTask& task, const PackedHeads& heads,
-             std::size_t head, const AmxScratch& w, std::size_t bcp) {
+             std::size_t problem, std::size_t head, const AmxScratch& w, std::size_t bcp) {
   AmxTask t;
   t.g = p.group();
   t.rows_h = task.rows;
@@ -355,8 +336,13 @@ void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTa
   t.bcp = bcp;
   t.k = heads.k + heads.k_at[head];
   t.v = heads.v + heads.v_at[head];
+  t.k_plane = heads.k_plane(problem);
+  t.v_plane = heads.v_plane(problem);
   t.v_nonfinite = heads.v_nonfinite[head] != 0;
-  PackQueries(p, t, w);
+  t.qk_nonfinite = PackQueries<F>(p, t, w) || heads.k_nonfinite[head] != 0;
+  // bf16x3 takes a non-finite input off the part products (ScoresRows, AddPvRows)
+  constexpr bool kByParts = F::kParts > 1;
+  const bool score_rows = kByParts && t.qk_nonfinite;
   const auto block = static_cast<std::int64_t>(kBlock);
   const std::int64_t k_begin = p.first_key(t.i0) / block * block, k_end = p.end_key(t.i0 + t.rows_h - 1);
   for (std::int64_t j0 = k_begin; j0 < k_end; j0 += plan.k_tile) {
@@ -365,31 +351,39 @@ void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTa
     const std::uint32_t* kt = t.k + static_cast<std::size_t>(j0 / block) * (t.dq / 2) * kBlock;
     const std::uint32_t* vt = t.v + static_cast<std::size_t>(j0 / 2) * t.dvp;
     const bool masked = RowBounds(p, t, j0, n, np, w);
+    const bool pv_rows = t.v_nonfinite && (masked || kByParts);
     // Row block by row block: the tile unit's work on one block (its P V, the next block's scores) can
     // overlap the vector units' softmax of another in the out-of-order window.
     for (std::size_t r0 = 0; r0 < t.R; r0 += kBlock) {
       const std::size_t r1 = r0 + kBlock;
-      Scores<E>(u, t, kt, np, w, r0, r1);
+      if (score_rows)
+        ScoresRows<F>(t, kt, np, w, r0, r1);
+      else
+        Scores<F>(u, t, kt, np, w, r0, r1);
       for (std::size_t r = r0; r < std::min(r1, t.real); ++r)
-        RowSoftmax<E, Unit::kNativeConvert>(d, p, t, r, j0, np, w);
+        RowSoftmax<F, Unit::kNativeConvert>(d, p, t, r, j0, np, w);
       RescaleOutputs(d, t, w, r0, std::min(r1, t.real));
-      if (!(masked && t.v_nonfinite)) AddPvTiles<E>(u, t, vt, np, w, r0, r1);
+      if (pv_rows) continue;
+      if constexpr (kByParts)
+        AddPvTilesByParts<F>(d, u, t, vt, np, w, r0, r1);
+      else
+        AddPvTiles<F>(u, t, vt, np, w, r0, r1);
     }
-    if (masked && t.v_nonfinite) AddPvRows<E>(t, vt, w);
+    if (pv_rows) AddPvRows<F>(t, vt, w);
   }
-  // out is E, or (a ring block's partial output) f32.
+  // out is the input's type, or (a ring block's partial output) f32.
   const bool acc_out = p.out.dtype != p.dtype;
   for (std::size_t r = 0; r < t.real; ++r) {
     const RowState<float> s{w.m + r, w.l + r, w.o + r * t.dvp, p.head_dim_v};
     if (acc_out)
       store_row<float>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
     else
-      store_row<E>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
+      store_row<typename F::In>(p, s, w.tmp, t.b, t.query_of(r), t.head_of(r));
   }
 }
 
 // Packs every kv head (one parallel loop), then runs the tasks (another) with one scratch per thread.
-template <class Unit, class E>
+template <class Unit, class F>
 void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
               const std::vector<std::int64_t>& first_task, int threads) {
   const hn::ScalableTag<float> d;
@@ -399,13 +393,13 @@ void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plan
     bcp = std::max(bcp, RoundUp(static_cast<std::size_t>(plans[i].k_tile), kBlock));
   }
   std::size_t k_total = 0, v_total = 0;
-  PackedHeads heads = PlanHeads(ps, k_total, v_total);
+  PackedHeads heads = PlanHeads(ps, F::kParts, k_total, v_total);
   std::unique_ptr<std::uint32_t[]> once;
   heads.k = PackBuffer(k_total + v_total, once);
   heads.v = heads.k + k_total;
   const auto n_heads = static_cast<std::int64_t>(heads.k_at.size());
   const std::int64_t tasks = first_task.back();
-  const std::size_t bytes = AmxScratch::bytes(R, heads.dq, heads.dvp, bcp);
+  const std::size_t bytes = AmxScratch::bytes(R, heads.dq, heads.dvp, bcp, F::kParts);
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(dynamic, 1)
@@ -414,12 +408,11 @@ void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plan
           std::upper_bound(heads.first.begin(), heads.first.end(), static_cast<std::size_t>(hi)) - heads.first.begin() -
           1);
       const std::int64_t local = hi - static_cast<std::int64_t>(heads.first[pi]);
-      PackHead(ps[pi], local / ps[pi].kv_heads, local % ps[pi].kv_heads, heads.keys[pi], static_cast<std::size_t>(hi),
-               heads);
+      PackHead(ps[pi], local / ps[pi].kv_heads, local % ps[pi].kv_heads, pi, static_cast<std::size_t>(hi), heads);
     }  // the loop's barrier: every head is packed before a task reads one
     void* base = ::operator new (bytes, std::align_val_t{64});
     std::memset(base, 0, bytes);
-    const AmxScratch w(base, R, heads.dq, heads.dvp, bcp);
+    const AmxScratch w(base, R, heads.dq, heads.dvp, bcp, F::kParts);
     Unit u;
     u.configure(amx::full_tiles());
 #pragma omp for schedule(dynamic, 1)
@@ -428,21 +421,24 @@ void RunAllOn(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plan
       const auto pi = static_cast<std::uint32_t>(it - first_task.begin() - 1);
       const TileTask task = task_of(ps[pi], plans[pi], pi, t - first_task[pi]);
       const std::size_t head = heads.first[pi] + static_cast<std::size_t>(task.b * ps[pi].kv_heads + task.kv_head);
-      RunTask<E>(d, u, ps[pi], plans[pi], task, heads, head, w, bcp);
+      RunTask<F>(d, u, ps[pi], plans[pi], task, heads, pi, head, w, bcp);
     }
     u.release();
     ::operator delete (base, std::align_val_t{64});
   }
 }
 
-// The element type's instance: f16 problems on TDPFP16PS, bf16 on TDPBF16PS (one dtype per call).
+// The element type's instance: f16 problems on TDPFP16PS, bf16 on TDPBF16PS, f32 on TDPBF16PS by parts
+// (one dtype per call).
 template <class Unit>
 void RunTyped(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
               const std::vector<std::int64_t>& first_task, int threads) {
   if (ps[0].dtype == DType::f16)
-    RunAllOn<Unit, f16_t>(ps, plans, first_task, threads);
+    RunAllOn<Unit, F16Tiles>(ps, plans, first_task, threads);
+  else if (ps[0].dtype == DType::f32)
+    RunAllOn<Unit, F32Bf16x3>(ps, plans, first_task, threads);
   else
-    RunAllOn<Unit, bf16_t>(ps, plans, first_task, threads);
+    RunAllOn<Unit, Bf16Tiles>(ps, plans, first_task, threads);
 }
 
 void RunEmulated(const std::vector<Problem>& ps, const std::vector<TiledPlan>& plans,
@@ -471,7 +467,8 @@ HWY_EXPORT(RunHardware);
 }  // namespace amx_simd
 
 bool amx_forward_takes(const Problem& p, amx::TileBackend backend) {
-  return p.dtype == DType::bf16 || (p.dtype == DType::f16 && amx_runs_fp16(backend));
+  return p.dtype == DType::bf16 || (p.dtype == DType::f16 && amx_runs_fp16(backend)) ||
+         (p.dtype == DType::f32 && amx_f32_by_parts());
 }
 
 TiledPlan amx_plan(const Problem& p, const TileOptions& tiles) {

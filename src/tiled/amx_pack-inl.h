@@ -10,12 +10,14 @@
 
 #include <hwy/highway.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "amx/amx_round-inl.h"
 #include "core/element.hpp"
 #include "validate/problem.hpp"
 
@@ -34,14 +36,19 @@ inline std::size_t RoundUp(std::size_t x, std::size_t m) { return (x + m - 1) / 
 //      rows x 16 keys, rows 128 bytes apart
 //   V  [keys/2][dvp] pairs: pair row y, column x = (v[2y][x], v[2y+1][x]); a B tile is 16 pair rows
 //      (32 keys) x 16 columns, rows 4 dvp bytes apart
+// f32 inputs (bf16x3) are packed as three such planes each, part k of every element in plane k.
 // Packing per task instead would redo it for every query tile (it cost more than the tiles' work).
 struct PackedHeads {
   std::size_t dq, dvp;
+  std::size_t parts;                      // 16-bit parts of each input: 1, or 3 for f32 (bf16x3)
   std::vector<std::size_t> first;         // per problem: the index of its (b, kv_head) = (0, 0) head
   std::vector<std::size_t> keys;          // per problem: seqlen_k rounded up to kBlock
   std::vector<std::size_t> k_at, v_at;    // per head: offsets into k and v (32-bit pairs)
   std::vector<std::uint8_t> v_nonfinite;  // per head: some value is Inf or NaN
+  std::vector<std::uint8_t> k_nonfinite;  // per head, f32 only: some key is Inf or NaN
   std::uint32_t *k = nullptr, *v = nullptr;
+  std::size_t k_plane(std::size_t problem) const { return keys[problem] * dq / 2; }  // pairs between parts
+  std::size_t v_plane(std::size_t problem) const { return keys[problem] / 2 * dvp; }
 };
 
 // Key j's pair x as one 32-bit word: (k[j][2x], k[j][2x+1]), zero past d. The rows' elements are read as
@@ -116,14 +123,62 @@ HWY_INLINE bool PackValuesOfHead(const Problem& p, std::int64_t b, std::int64_t 
   return nonfinite != 0 || !hn::AllFalse(du, hn::Ne(nonfinite_lanes, hn::Zero(du)));
 }
 
+// f32 keys (bf16x3): pair x of key j split into its three parts, part k into plane k of the layout above.
+// Scalar: the packing is a small share of the six-product kernel's time. Returns whether some key is Inf
+// or NaN.
+HWY_INLINE bool PackSplitKeysOfHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t dq, std::size_t plane,
+                                    std::uint32_t* kh) {
+  const std::size_t dim = static_cast<std::size_t>(p.head_dim), ks = static_cast<std::size_t>(p.k.strides[3]);
+  bool nonfinite = false;
+  for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
+    const float* row = key_row_ptr<const float>(p.k, p.pages, b, j, h);
+    const std::size_t c = static_cast<std::size_t>(j);
+    std::uint32_t* kd = kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock;
+    for (std::size_t x = 0; x < dim; x += 2) {
+      const float lo = row[x * ks], hi = x + 1 < dim ? row[(x + 1) * ks] : 0.0f;
+      nonfinite |= !std::isfinite(lo) || !std::isfinite(hi);
+      const Bf16Parts a = SplitBf16x3(lo), e = SplitBf16x3(hi);
+      for (std::size_t k = 0; k < 3; ++k)
+        kd[k * plane + x / 2 * kBlock] = a.part[k] | static_cast<std::uint32_t>(e.part[k]) << 16;
+    }
+  }
+  return nonfinite;
+}
+
+// f32 values (bf16x3): pair row y split into three planes of the layout above. Returns whether some value
+// is Inf or NaN.
+HWY_INLINE bool PackSplitValuesOfHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t dvp,
+                                      std::size_t plane, std::uint32_t* vh) {
+  const std::size_t dim_v = static_cast<std::size_t>(p.head_dim_v), vs = static_cast<std::size_t>(p.v.strides[3]);
+  bool nonfinite = false;
+  for (std::int64_t j = 0; j < p.seqlen_k; j += 2) {
+    const float* v0 = key_row_ptr<const float>(p.v, p.pages, b, j, h);
+    const float* v1 = j + 1 < p.seqlen_k ? key_row_ptr<const float>(p.v, p.pages, b, j + 1, h) : nullptr;
+    std::uint32_t* vd = vh + static_cast<std::size_t>(j / 2) * dvp;
+    for (std::size_t x = 0; x < dim_v; ++x) {
+      const float lo = v0[x * vs], hi = v1 ? v1[x * vs] : 0.0f;
+      nonfinite |= !std::isfinite(lo) || !std::isfinite(hi);
+      const Bf16Parts a = SplitBf16x3(lo), e = SplitBf16x3(hi);
+      for (std::size_t k = 0; k < 3; ++k) vd[k * plane + x] = a.part[k] | static_cast<std::uint32_t>(e.part[k]) << 16;
+    }
+  }
+  return nonfinite;
+}
+
 // Head `hi` of problem `p` (batch b, kv head h) into its place in `heads`, zero past d, d_v and the
 // last key.
-HWY_INLINE void PackHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t keys, std::size_t hi,
+HWY_INLINE void PackHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t problem, std::size_t hi,
                          PackedHeads& heads) {
   std::uint32_t* kh = heads.k + heads.k_at[hi];
   std::uint32_t* vh = heads.v + heads.v_at[hi];
-  std::memset(kh, 0, 4 * keys * heads.dq / 2);
-  std::memset(vh, 0, 4 * keys / 2 * heads.dvp);
+  const std::size_t k_plane = heads.k_plane(problem), v_plane = heads.v_plane(problem);
+  std::memset(kh, 0, 4 * heads.parts * k_plane);
+  std::memset(vh, 0, 4 * heads.parts * v_plane);
+  if (heads.parts == 3) {
+    heads.k_nonfinite[hi] = PackSplitKeysOfHead(p, b, h, heads.dq, k_plane, kh);
+    heads.v_nonfinite[hi] = PackSplitValuesOfHead(p, b, h, heads.dvp, v_plane, vh);
+    return;
+  }
   PackKeysOfHead(p, b, h, heads.dq, kh);
   heads.v_nonfinite[hi] = PackValuesOfHead(p, b, h, heads.dvp, vh);
 }
@@ -148,9 +203,12 @@ inline std::uint32_t* PackBuffer(std::size_t words, std::unique_ptr<std::uint32_
   return kept.get();
 }
 
-// The packed heads' layout for `ps` (their storage is allocated by the caller: k_total and v_total pairs).
-inline PackedHeads PlanHeads(const std::vector<Problem>& ps, std::size_t& k_total, std::size_t& v_total) {
+// The packed heads' layout for `ps` (their storage is allocated by the caller: k_total and v_total pairs),
+// `parts` planes each.
+inline PackedHeads PlanHeads(const std::vector<Problem>& ps, std::size_t parts, std::size_t& k_total,
+                             std::size_t& v_total) {
   PackedHeads heads;
+  heads.parts = parts;
   heads.dq = RoundUp(static_cast<std::size_t>(ps[0].head_dim), kBlock);
   heads.dvp = RoundUp(static_cast<std::size_t>(ps[0].head_dim_v), kBlock);
   k_total = v_total = 0;
@@ -161,11 +219,12 @@ inline PackedHeads PlanHeads(const std::vector<Problem>& ps, std::size_t& k_tota
     for (std::int64_t h = 0; h < p.batch * p.kv_heads; ++h) {
       heads.k_at.push_back(k_total);
       heads.v_at.push_back(v_total);
-      k_total += keys * heads.dq / 2;
-      v_total += keys / 2 * heads.dvp;
+      k_total += parts * keys * heads.dq / 2;
+      v_total += parts * keys / 2 * heads.dvp;
     }
   }
   heads.v_nonfinite.assign(heads.k_at.size(), 0);
+  heads.k_nonfinite.assign(heads.k_at.size(), 0);
   return heads;
 }
 

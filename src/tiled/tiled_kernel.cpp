@@ -460,10 +460,10 @@ std::int64_t tiled_target() {
   return HWY_DYNAMIC_DISPATCH(Target)();
 }
 
-// bf16 (and f16) problems go to the tiles when amx_backend() names a tile unit (the CPU's or the emulator)
-// and the AMX kernel takes all of them there (amx_forward.hpp).
+// bf16 (f16; f32 with ATTN_AMX_F32=bf16x3) problems go to the tiles when amx_backend() names a tile unit
+// (the CPU's or the emulator) and the AMX kernel takes all of them there (amx_forward.hpp).
 bool runs_on_tiles(const std::vector<Problem>& problems) {
-  if (problems[0].dtype != DType::bf16 && problems[0].dtype != DType::f16) return false;
+  if (problems[0].dtype == DType::f64) return false;
   const amx::TileBackend backend = amx_backend();
   if (backend == amx::TileBackend::none) return false;
   for (const Problem& p : problems)

@@ -174,28 +174,25 @@ std::vector<Target> targets() {
                      },
                      false);
                }});
-  // The tiled forward on AMX tiles (tiled/amx_kernel.cpp): f16 configurations as f16 (TDPFP16PS), the rest
-  // as bf16, on the CPU's tiles where usable (unless ATTN_AMX=emulate asks for the emulator; f16 where the
-  // CPU lacks AMX-FP16 runs on the vector kernel), else on the emulator; dropout included.
+  // The tiled forward on AMX tiles (tiled/amx_kernel.cpp): f16 configurations as f16 (TDPFP16PS), f32 as
+  // f32 split into bf16 parts (ATTN_AMX_F32=bf16x3: held to the f32 textbook's rule, P is not rounded), the
+  // rest as bf16, on the CPU's tiles where usable (unless ATTN_AMX=emulate asks for the emulator; f16 where
+  // the CPU lacks AMX-FP16 runs on the vector kernel), else on the emulator; dropout included.
   t.push_back({"tiled_amx", [](const Config& c) {
                  Config b = c;
-                 b.dtype = c.dtype == DType::f16 ? DType::f16 : DType::bf16;
+                 b.dtype = c.dtype == DType::f16 || c.dtype == DType::f32 ? c.dtype : DType::bf16;
                  return check(
                      b,
                      [](const Config& c, auto& q, auto& k, auto& v, auto& o, auto* l, int th) {
-                       const char* saved = std::getenv("ATTN_AMX");
-                       const std::string restore = saved ? saved : "";
-                       const bool tiles = detail::amx_support().usable() && restore != "emulate";
-                       setenv("ATTN_AMX", tiles ? "on" : "emulate", 1);
+                       const char* amx = std::getenv("ATTN_AMX");
+                       const bool tiles = detail::amx_support().usable() && !(amx && std::string(amx) == "emulate");
+                       const test::ScopedAmxEnv amx_env{std::string(tiles ? "on" : "emulate")};
+                       const test::ScopedEnv f32_env{"ATTN_AMX_F32", std::string("bf16x3")};
                        AttentionOptions opts = c.opts;
                        opts.num_threads = th;
                        attention_tiled(q, k, v, o, opts, c.tiles, l);
-                       if (saved)
-                         setenv("ATTN_AMX", restore.c_str(), 1);
-                       else
-                         unsetenv("ATTN_AMX");
                      },
-                     false, true);
+                     false, b.dtype != DType::f32);
                }});
   t.push_back({"splitk", [](const Config& c) {
                  return check(

@@ -58,6 +58,10 @@ void print_header(const Shapes& s) {
           "  peak = GFLOP/s / f32 FMA peak; on AVX512-BF16 CPUs bf16 scores run on VDPBF16PS, two products\n"
           "  per lane per instruction, so bf16 rows can pass 100%%\n");
   }
+  if (std::find(s.dtypes.begin(), s.dtypes.end(), DType::f32) != s.dtypes.end() && kernel_info().f32_on_tiles)
+    std::printf(
+        "  f32 rows run on the AMX tiles by bf16 parts (ATTN_AMX_F32=bf16x3: six tile products per product);\n"
+        "  peak = GFLOP/s / f32 FMA peak, the vector kernel's ceiling\n");
   std::printf("\n");
   print_case_heads();
   std::printf(" %4s %3s %11s", "drop", "thr", "seconds");
