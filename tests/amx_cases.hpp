@@ -21,6 +21,7 @@ struct AmxCase {
   int threads = 2;
   double dropout = 0;  // dropout_p (seed 1234, offset 5)
   bool f16 = false;    // f16 inputs (TDPFP16PS) instead of bf16
+  bool f32 = false;    // f32 inputs, on the tiles by bf16 parts (test_amx_forward_f32)
 };
 
 inline AmxCase with_dropout(AmxCase c, double p) {
@@ -31,12 +32,19 @@ inline AmxCase in_f16(AmxCase c) {
   c.f16 = true;
   return c;
 }
+inline AmxCase in_f32(AmxCase c) {
+  c.f32 = true;
+  return c;
+}
 
 inline std::ostream& operator<<(std::ostream& os, const AmxCase& c) {
   return os << "b" << c.b << " sq" << c.sq << " sk" << c.sk << " h" << c.h << "/" << c.hk << " d" << c.d << "/" << c.dv
             << (c.causal ? " causal" : "") << " win(" << c.left << "," << c.right << ") cap" << c.softcap
             << (c.alibi ? " alibi" : "") << (c.sinks ? " sinks" : "") << " tiles " << c.q_tile << "x" << c.k_tile
-            << " thr" << c.threads << " dropout " << c.dropout << (c.f16 ? " f16" : " bf16");
+            << " thr" << c.threads << " dropout " << c.dropout
+            << (c.f16   ? " f16"
+                : c.f32 ? " f32"
+                        : " bf16");
 }
 
 // The case's options (masks, soft-cap, ALiBi slopes and sinks, which point into `slopes` and `sinks`,

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -193,51 +192,6 @@ TEST(AmxRounding, RoundToF16IsFloatToF16) {
   round_to_f16_lanes(xs.data(), xs.size(), got.data());
   for (std::size_t i = 0; i < xs.size(); ++i)
     ASSERT_EQ(got[i], detail::store<f16_t>(xs[i]).bits) << xs[i] << " (bits " << bits_of(xs[i]) << ")";
-}
-
-// StoreSplitBf16x3 on this build's static Highway target, over n floats: part k of x[i] at out[k n + i].
-HWY_ATTR void split_lanes(const float* x, std::size_t n, std::uint16_t* out) {
-  namespace hn = hwy::HWY_NAMESPACE;
-  const hn::ScalableTag<float> d;
-  for (std::size_t i = 0; i < n; i += hn::Lanes(d))
-    detail::amx_simd::HWY_NAMESPACE::StoreSplitBf16x3(d, hn::LoadU(d, x + i), out + i, n);
-}
-
-// f32 on the tiles by parts (bf16x3): the three bf16 parts of a normal f32 sum back to it exactly (smallest
-// first) and each is the bf16 nearest to what the earlier ones left; an Inf or NaN is its first part and
-// zeros; a value past bf16's largest is truncated, not rounded to Inf. The kernels' split of P on SIMD
-// lanes (StoreSplitBf16x3) gives the scalar split's parts, bit for bit, for P's values (0 to 10).
-TEST(AmxRounding, SplitBf16x3SumsBackToTheF32) {
-  using detail::amx_simd::HWY_NAMESPACE::SplitBf16x3;
-  auto sum = [](const auto& p) { return (bf16_value(p.part[2]) + bf16_value(p.part[1])) + bf16_value(p.part[0]); };
-  std::mt19937 rng(12);
-  for (int i = 0; i < (1 << 18); ++i) {
-    const float x = f32_of_bits(static_cast<std::uint32_t>(rng()));
-    if (!std::isfinite(x) || std::fabs(x) < std::ldexp(1.0f, -100)) continue;  // low parts would be subnormal
-    const auto p = SplitBf16x3(x);
-    ASSERT_EQ(sum(p), x) << x;
-    const bool overflows = std::isinf(bf16_value(bf16_bits(x)));  // past bf16's largest: truncated
-    ASSERT_EQ(p.part[0], overflows ? bits_of(x) >> 16 : bf16_bits(x)) << x;
-    ASSERT_EQ(p.part[1], bf16_bits(x - bf16_value(p.part[0]))) << x;
-  }
-  for (const float x : {INFINITY, -INFINITY, NAN}) {
-    const auto p = SplitBf16x3(x);
-    EXPECT_EQ(p.part[1], 0u);
-    EXPECT_EQ(p.part[2], 0u);
-    EXPECT_EQ(bits_of(bf16_value(p.part[0])) & 0x7f800000u, 0x7f800000u);
-  }
-  const float big = std::numeric_limits<float>::max();
-  EXPECT_TRUE(std::isfinite(bf16_value(SplitBf16x3(big).part[0])));
-  EXPECT_EQ(sum(SplitBf16x3(big)), big);
-
-  std::vector<float> xs;
-  for (int i = 0; i < (1 << 16); ++i) xs.push_back(std::uniform_real_distribution<float>(0.0f, 10.0f)(rng));
-  xs.insert(xs.end(), {0.0f, 1.0f, 0.5f, std::ldexp(1.0f, -60)});
-  xs.resize((xs.size() + 63) / 64 * 64, 0.25f);  // whole vectors of any lane count up to 64
-  std::vector<std::uint16_t> got(3 * xs.size());
-  split_lanes(xs.data(), xs.size(), got.data());
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    for (std::size_t k = 0; k < 3; ++k) ASSERT_EQ(got[k * xs.size() + i], SplitBf16x3(xs[i]).part[k]) << xs[i];
 }
 
 TEST(AmxEmulator, ConfigurationAndUseOutsideItThrow) {

@@ -70,7 +70,7 @@ class AmxF32Forward : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AmxF32Forward, WithinTwiceTheTextbookError) {
   const Case& c = GetParam();
-  SCOPED_TRACE(::testing::Message() << c << " (f32 inputs)");
+  SCOPED_TRACE(::testing::Message() << c);
   const F32Inputs in = inputs_of(c);
   std::vector<double> oracle_lse;
   const std::vector<double> oracle = test::oracle_forward(in.q, in.k, in.v, in.o, &oracle_lse);
@@ -93,26 +93,34 @@ TEST_P(AmxF32Forward, WithinTwiceTheTextbookError) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    HeadDimsAndTiles, AmxF32Forward,
-    ::testing::Values(Case{1, 67, 131, 2, 1, 64, 64}, Case{1, 40, 75, 2, 2, 128, 128}, Case{1, 33, 45, 2, 2, 3, 3},
-                      Case{1, 33, 45, 2, 1, 100, 72}, Case{1, 30, 50, 2, 1, 192, 128},
-                      Case{1, 90, 90, 2, 2, 32, 32, true, -1, -1, 0, false, false, 7, 9},      // tiny tiles, tails
-                      Case{1, 90, 90, 8, 2, 32, 32, false, -1, -1, 0, false, false, 5, 33},    // GQA, odd tiles
-                      Case{2, 70, 70, 2, 2, 64, 64, false, -1, -1, 0, false, false, 0, 0, 1},  // 1 thread
-                      Case{1, 1, 300, 4, 4, 64, 64, true}));                                   // one query row
+// The cases, marked as f32 ones (their names say f32).
+std::vector<Case> f32_cases(std::vector<Case> cases) {
+  for (Case& c : cases) c = test::in_f32(c);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDimsAndTiles, AmxF32Forward,
+                         ::testing::ValuesIn(f32_cases(
+                             {Case{1, 67, 131, 2, 1, 64, 64}, Case{1, 40, 75, 2, 2, 128, 128},
+                              Case{1, 33, 45, 2, 2, 3, 3}, Case{1, 33, 45, 2, 1, 100, 72},
+                              Case{1, 30, 50, 2, 1, 192, 128},
+                              Case{1, 90, 90, 2, 2, 32, 32, true, -1, -1, 0, false, false, 7, 9},  // tiny tiles, tails
+                              Case{1, 90, 90, 8, 2, 32, 32, false, -1, -1, 0, false, false, 5, 33},    // GQA, odd tiles
+                              Case{2, 70, 70, 2, 2, 64, 64, false, -1, -1, 0, false, false, 0, 0, 1},  // 1 thread
+                              Case{1, 1, 300, 4, 4, 64, 64, true}})));                                 // one query row
 
 INSTANTIATE_TEST_SUITE_P(
     Options, AmxF32Forward,
-    ::testing::Values(Case{1, 150, 201, 4, 1, 64, 64, true},                           // MQA, causal
-                      Case{1, 200, 5, 2, 1, 16, 16, true},                             // first rows see nothing
-                      Case{1, 160, 160, 2, 2, 64, 64, false, 20, 0},                   // sliding window
-                      Case{1, 100, 160, 2, 2, 64, 64, false, 7, 30},                   // window both sides
-                      Case{1, 120, 120, 2, 1, 64, 64, true, -1, -1, 30.0},             // soft-cap
-                      Case{2, 80, 100, 4, 2, 64, 64, true, -1, -1, 0, true},           // ALiBi
-                      Case{1, 120, 140, 3, 1, 64, 64, false, -1, -1, 0, false, true},  // sinks
-                      with_dropout(Case{1, 67, 131, 2, 1, 64, 64}, 0.2),
-                      with_dropout(Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40}, 0.4)));
+    ::testing::ValuesIn(f32_cases({Case{1, 150, 201, 4, 1, 64, 64, true},                  // MQA, causal
+                                   Case{1, 200, 5, 2, 1, 16, 16, true},                    // first rows see nothing
+                                   Case{1, 160, 160, 2, 2, 64, 64, false, 20, 0},          // sliding window
+                                   Case{1, 100, 160, 2, 2, 64, 64, false, 7, 30},          // window both sides
+                                   Case{1, 120, 120, 2, 1, 64, 64, true, -1, -1, 30.0},    // soft-cap
+                                   Case{2, 80, 100, 4, 2, 64, 64, true, -1, -1, 0, true},  // ALiBi
+                                   Case{1, 120, 140, 3, 1, 64, 64, false, -1, -1, 0, false, true},  // sinks
+                                   with_dropout(Case{1, 67, 131, 2, 1, 64, 64}, 0.2),
+                                   with_dropout(Case{1, 64, 64, 2, 2, 128, 128, false, 5, 5, 20.0, true, true, 16, 40},
+                                                0.4)})));
 
 // Each element's class (finite, Inf, NaN) in `out`, as a string ("f", "i", "n"), for comparing patterns.
 std::string classes(const std::vector<float>& out) {

@@ -10,8 +10,6 @@
 //   /tmp/philox_rate
 #include <hwy/highway.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -19,29 +17,15 @@
 #include "amx/amx_round-inl.h"
 #include "core/dropout.hpp"
 #include "cpu/exp_simd-inl.h"
+#include "per_score.hpp"
 #include "cpu/philox-inl.h"
 
 namespace hn = hwy::HWY_NAMESPACE;
 namespace ps = attn::detail::philox_simd::HWY_NAMESPACE;
 
-namespace {
-
-constexpr std::size_t kKeys = 512, kRows = 4096;
-
-template <class F>
-double median_ns_per_score(F&& f) {
-  std::vector<double> t;
-  for (int run = 0; run < 15; ++run) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
-                static_cast<double>(kKeys * kRows));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
+using attn::micro::kKeys;
+using attn::micro::kRows;
+using attn::micro::median_ns_per_score;
 
 int main() {
   const hn::ScalableTag<float> d;
@@ -55,20 +39,14 @@ int main() {
   rule.heads = 16;
   alignas(64) static float s[kKeys], factors[kKeys + 64];
   alignas(64) static std::uint16_t p[kKeys];
-  for (std::size_t c = 0; c < kKeys; ++c) s[c] = static_cast<float>(c % 37) * 0.1f - 2.0f;
+  attn::micro::fill_scores(s);
   float sink = 0;
   // P rounded by VCVTNEPS2BF16 where the CPU has it (every AMX CPU does), else in software.
   const bool native = __builtin_cpu_supports("avx512bf16");
   auto exp_step = [&]<bool kNative>() {
-    const auto c1 = hn::Set(d, 0.125f * 1.4426950408889634f), mc = hn::Set(d, 1.5f);
-    auto sum = hn::Zero(d);
-    for (std::size_t r = 0; r < kRows; ++r)
-      for (std::size_t c = 0; c < kKeys; c += N) {
-        const auto pv = attn::detail::exp_simd::HWY_NAMESPACE::Exp2(d, hn::MulSub(hn::Load(d, &s[c]), c1, mc));
-        sum = hn::Add(sum, pv);
-        attn::detail::amx_simd::HWY_NAMESPACE::StoreRounded<attn::bf16_t, kNative>(d, pv, &p[c]);
-      }
-    sink += hn::GetLane(hn::SumOfLanes(d, sum));
+    sink += attn::micro::weight_steps(d, s, [&](auto pv, std::size_t c) {
+      attn::detail::amx_simd::HWY_NAMESPACE::StoreRounded<attn::bf16_t, kNative>(d, pv, &p[c]);
+    });
   };
   const double exp_ns = median_ns_per_score([&] {
     if (native)

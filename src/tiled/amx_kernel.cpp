@@ -173,7 +173,7 @@ HWY_INLINE float RowWeights(D d, const Problem& p, std::size_t r, bool plain, fl
     sum = hn::Add(sum, pv);
     const auto pd = kDrop ? hn::Mul(pv, hn::LoadU(d, w.drop + (c - begin))) : pv;
     if constexpr (F::kParts == 3)
-      StoreSplitBf16x3(d, pd, prow + c, w.p_plane);
+      StoreSplitBf16x3<kNativeConvert>(d, pd, prow + c, w.p_plane);
     else
       StoreRounded<typename F::E, kNativeConvert>(d, pd, prow + c);
   }
