@@ -44,6 +44,7 @@ HWY_AFTER_NAMESPACE();
 #include <random>
 #include <vector>
 
+#include "cpu/dpbf16.hpp"
 #include "support.hpp"
 
 namespace attn::test_split {
@@ -113,7 +114,7 @@ TEST(AmxSplit, SoftwareGivesTheScalarParts) {
 
 TEST(AmxSplit, Vcvtneps2bf16GivesTheScalarParts) {
 #if HWY_TARGETS & HWY_AVX3
-  if (!__builtin_cpu_supports("avx512bf16") || !(hwy::SupportedTargets() & HWY_AVX3))
+  if (!detail::cpu_has_avx512bf16() || !(hwy::SupportedTargets() & HWY_AVX3))
     GTEST_SKIP() << "needs a CPU with AVX512-BF16 (VCVTNEPS2BF16)";
   const std::vector<float> xs = weights();
   std::vector<std::uint16_t> got(3 * xs.size());
