@@ -29,6 +29,16 @@ void Split(const float* x, std::size_t n, std::uint16_t* out) {
     detail::amx_simd::HWY_NAMESPACE::StoreSplitBf16x3<kNative>(d, hn::LoadU(d, x + i), out + i, n);
 }
 void SplitSoftware(const float* x, std::size_t n, std::uint16_t* out) { Split<false>(x, n, out); }
+// SplitInputBf16x3 (the packing's split, for any f32), the same layout.
+void SplitInput(const float* x, std::size_t n, std::uint16_t* out) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  for (std::size_t i = 0; i < n; i += hn::Lanes(d)) {
+    hn::Vec<decltype(du)> parts[3];
+    detail::amx_simd::HWY_NAMESPACE::SplitInputBf16x3(d, hn::LoadU(d, x + i), parts);
+    for (std::size_t k = 0; k < 3; ++k) detail::amx_simd::HWY_NAMESPACE::Store16(d, parts[k], out + k * n + i);
+  }
+}
 void SplitNative(const float* x, std::size_t n, std::uint16_t* out) { Split<true>(x, n, out); }
 std::int64_t Target() { return HWY_TARGET; }
 
@@ -49,6 +59,7 @@ HWY_AFTER_NAMESPACE();
 
 namespace attn::test_split {
 HWY_EXPORT(SplitSoftware);
+HWY_EXPORT(SplitInput);
 HWY_EXPORT(SplitNative);
 HWY_EXPORT(Target);
 
@@ -108,6 +119,22 @@ TEST(AmxSplit, SoftwareGivesTheScalarParts) {
   test::for_each_simd_target("split", &split_target, [&](std::int64_t) {
     std::vector<std::uint16_t> got(3 * xs.size());
     HWY_DYNAMIC_DISPATCH(SplitSoftware)(xs.data(), xs.size(), got.data());
+    expect_scalar_parts(xs, got);
+  });
+}
+
+// The packing's split on lanes gives the scalar split's parts for every kind of f32: random bit patterns
+// (subnormals, Inf, NaN, values past bf16's largest) and P's values.
+TEST(AmxSplit, InputSplitOnLanesGivesTheScalarParts) {
+  std::vector<float> xs = weights();
+  std::mt19937 rng(14);
+  for (int i = 0; i < (1 << 16); ++i) xs.push_back(detail::bits_float(static_cast<std::uint32_t>(rng())));
+  const float big = std::numeric_limits<float>::max();
+  xs.insert(xs.end(), {INFINITY, -INFINITY, NAN, big, -big, std::nextafter(big, 0.0f), 1e-40f, -0.0f});
+  xs.resize((xs.size() + 15) / 16 * 16, 0.25f);
+  test::for_each_simd_target("split", &split_target, [&](std::int64_t) {
+    std::vector<std::uint16_t> got(3 * xs.size());
+    HWY_DYNAMIC_DISPATCH(SplitInput)(xs.data(), xs.size(), got.data());
     expect_scalar_parts(xs, got);
   });
 }

@@ -122,6 +122,24 @@ inline Bf16Parts SplitBf16x3(float x) {
   return out;
 }
 
+// SplitBf16x3 on lanes, for any input (the packing of K and V): the three parts' bf16 patterns in the
+// low halves of u32 lanes, bit for bit SplitBf16x3's (an Inf or NaN its first part and zeros, a first part
+// past bf16's largest value truncated).
+template <class D>
+HWY_INLINE void SplitInputBf16x3(D d, hn::Vec<D> x, hn::Vec<hn::RebindToUnsigned<D>>* parts) {
+  const hn::RebindToUnsigned<D> du;
+  const auto finite = hn::IsFinite(x);
+  const auto rounded = RoundToBf16(d, x);
+  const auto truncated = hn::BitCast(d, hn::And(hn::BitCast(du, x), hn::Set(du, 0xFFFF0000u)));
+  const auto first = hn::IfThenElse(hn::AndNot(hn::IsFinite(rounded), finite), truncated, rounded);
+  auto rest = hn::IfThenElseZero(finite, hn::Sub(x, first));
+  parts[0] = hn::ShiftRight<16>(hn::BitCast(du, first));
+  const auto second = RoundToBf16(d, rest);
+  parts[1] = hn::ShiftRight<16>(hn::BitCast(du, second));
+  rest = hn::Sub(rest, second);
+  parts[2] = hn::ShiftRight<16>(hn::BitCast(du, RoundToBf16(d, rest)));
+}
+
 // SplitBf16x3 on lanes, for P (finite and at most 1 / (1 - dropout), or NaN in a poisoned row, whose parts
 // are NaN): the three parts stored as N bf16 values each at dst[0], dst[plane], dst[2 plane]. Where the CPU's
 // tiles run (kNative), each part is one VCVTNEPS2BF16 and its widening one shift, against about seven

@@ -123,46 +123,91 @@ HWY_INLINE bool PackValuesOfHead(const Problem& p, std::int64_t b, std::int64_t 
   return nonfinite != 0 || !hn::AllFalse(du, hn::Ne(nonfinite_lanes, hn::Zero(du)));
 }
 
+// Whether some lane of v has a bit set.
+template <class D>
+HWY_INLINE bool AnyLaneSet(D /*d*/, hn::Vec<D> v) {
+  const hn::RebindToUnsigned<D> du;
+  return !hn::AllFalse(du, hn::Ne(hn::BitCast(du, v), hn::Zero(du)));
+}
+
+// Pair words of two f32 vectors' bf16x3 parts: (lo's part k, hi's part k) into dst[k plane], N lanes each.
+// Returns the lanes where lo or hi is Inf or NaN.
+template <class D>
+HWY_INLINE hn::Mask<D> StoreSplitPairs(D d, hn::Vec<D> lo, hn::Vec<D> hi, std::uint32_t* dst, std::size_t plane) {
+  const hn::RebindToUnsigned<D> du;
+  hn::Vec<decltype(du)> a[3], e[3];
+  SplitInputBf16x3(d, lo, a);
+  SplitInputBf16x3(d, hi, e);
+  for (std::size_t k = 0; k < 3; ++k) hn::StoreU(hn::Or(a[k], hn::ShiftLeft<16>(e[k])), du, dst + k * plane);
+  return hn::Not(hn::And(hn::IsFinite(lo), hn::IsFinite(hi)));
+}
+
+// The same for one pair of scalars.
+inline bool StoreSplitPair(float lo, float hi, std::uint32_t* dst, std::size_t plane) {
+  const Bf16Parts a = SplitBf16x3(lo), e = SplitBf16x3(hi);
+  for (std::size_t k = 0; k < 3; ++k) dst[k * plane] = a.part[k] | static_cast<std::uint32_t>(e.part[k]) << 16;
+  return !std::isfinite(lo) || !std::isfinite(hi);
+}
+
 // f32 keys (bf16x3): pair x of key j split into its three parts, part k into plane k of the layout above.
-// Scalar: the packing is a small share of the six-product kernel's time. Returns whether some key is Inf
-// or NaN.
+// Rows a fixed stride apart (not paged, contiguous dims) go N keys at a time, gathered as PackKeysOfHead
+// gathers bf16 pairs. Returns whether some key is Inf or NaN.
 HWY_INLINE bool PackSplitKeysOfHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t dq, std::size_t plane,
                                     std::uint32_t* kh) {
-  const std::size_t dim = static_cast<std::size_t>(p.head_dim), ks = static_cast<std::size_t>(p.k.strides[3]);
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const std::size_t N = hn::Lanes(d), dim = static_cast<std::size_t>(p.head_dim);
+  const std::size_t ks = static_cast<std::size_t>(p.k.strides[3]);
+  const bool gather =
+      !p.pages.paged() && ks == 1 && p.k.strides[1] * static_cast<std::int64_t>(N) < (std::int64_t{1} << 31);
+  auto bad = hn::Zero(d);  // all-ones lanes where some input was Inf or NaN
   bool nonfinite = false;
-  for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
+  std::int64_t j = 0;
+  if (gather) {
+    const auto rows = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<std::int32_t>(p.k.strides[1])));
+    for (; j + static_cast<std::int64_t>(N) <= p.seqlen_k; j += static_cast<std::int64_t>(N)) {
+      const float* base = key_row_ptr<const float>(p.k, p.pages, b, j, h);
+      const std::size_t c = static_cast<std::size_t>(j);
+      std::uint32_t* kd = kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock;
+      for (std::size_t x = 0; x < dim; x += 2) {
+        const auto lo = hn::GatherIndex(d, base + x, rows);
+        const auto hi = x + 1 < dim ? hn::GatherIndex(d, base + x + 1, rows) : hn::Zero(d);
+        bad = hn::Or(bad, hn::VecFromMask(d, StoreSplitPairs(d, lo, hi, kd + x / 2 * kBlock, plane)));
+      }
+    }
+  }
+  for (; j < p.seqlen_k; ++j) {
     const float* row = key_row_ptr<const float>(p.k, p.pages, b, j, h);
     const std::size_t c = static_cast<std::size_t>(j);
     std::uint32_t* kd = kh + (c / kBlock) * (dq / 2) * kBlock + c % kBlock;
-    for (std::size_t x = 0; x < dim; x += 2) {
-      const float lo = row[x * ks], hi = x + 1 < dim ? row[(x + 1) * ks] : 0.0f;
-      nonfinite |= !std::isfinite(lo) || !std::isfinite(hi);
-      const Bf16Parts a = SplitBf16x3(lo), e = SplitBf16x3(hi);
-      for (std::size_t k = 0; k < 3; ++k)
-        kd[k * plane + x / 2 * kBlock] = a.part[k] | static_cast<std::uint32_t>(e.part[k]) << 16;
-    }
+    for (std::size_t x = 0; x < dim; x += 2)
+      nonfinite |= StoreSplitPair(row[x * ks], x + 1 < dim ? row[(x + 1) * ks] : 0.0f, kd + x / 2 * kBlock, plane);
   }
-  return nonfinite;
+  return nonfinite || AnyLaneSet(d, bad);
 }
 
-// f32 values (bf16x3): pair row y split into three planes of the layout above. Returns whether some value
-// is Inf or NaN.
+// f32 values (bf16x3): pair row y split into three planes of the layout above, N columns at a time where
+// the dims are contiguous. Returns whether some value is Inf or NaN.
 HWY_INLINE bool PackSplitValuesOfHead(const Problem& p, std::int64_t b, std::int64_t h, std::size_t dvp,
                                       std::size_t plane, std::uint32_t* vh) {
-  const std::size_t dim_v = static_cast<std::size_t>(p.head_dim_v), vs = static_cast<std::size_t>(p.v.strides[3]);
+  const hn::ScalableTag<float> d;
+  const std::size_t N = hn::Lanes(d), dim_v = static_cast<std::size_t>(p.head_dim_v);
+  const std::size_t vs = static_cast<std::size_t>(p.v.strides[3]);
+  auto bad = hn::Zero(d);  // all-ones lanes where some input was Inf or NaN
   bool nonfinite = false;
   for (std::int64_t j = 0; j < p.seqlen_k; j += 2) {
     const float* v0 = key_row_ptr<const float>(p.v, p.pages, b, j, h);
     const float* v1 = j + 1 < p.seqlen_k ? key_row_ptr<const float>(p.v, p.pages, b, j + 1, h) : nullptr;
     std::uint32_t* vd = vh + static_cast<std::size_t>(j / 2) * dvp;
-    for (std::size_t x = 0; x < dim_v; ++x) {
-      const float lo = v0[x * vs], hi = v1 ? v1[x * vs] : 0.0f;
-      nonfinite |= !std::isfinite(lo) || !std::isfinite(hi);
-      const Bf16Parts a = SplitBf16x3(lo), e = SplitBf16x3(hi);
-      for (std::size_t k = 0; k < 3; ++k) vd[k * plane + x] = a.part[k] | static_cast<std::uint32_t>(e.part[k]) << 16;
-    }
+    std::size_t x = 0;
+    if (vs == 1)
+      for (; x + N <= dim_v; x += N) {
+        const auto hi = v1 ? hn::LoadU(d, v1 + x) : hn::Zero(d);
+        bad = hn::Or(bad, hn::VecFromMask(d, StoreSplitPairs(d, hn::LoadU(d, v0 + x), hi, vd + x, plane)));
+      }
+    for (; x < dim_v; ++x) nonfinite |= StoreSplitPair(v0[x * vs], v1 ? v1[x * vs] : 0.0f, vd + x, plane);
   }
-  return nonfinite;
+  return nonfinite || AnyLaneSet(d, bad);
 }
 
 // Head `hi` of problem `p` (batch b, kv head h) into its place in `heads`, zero past d, d_v and the
