@@ -140,14 +140,22 @@ HWY_INLINE void SplitInputBf16x3(D d, hn::Vec<D> x, hn::Vec<hn::RebindToUnsigned
   parts[2] = hn::ShiftRight<16>(hn::BitCast(du, RoundToBf16(d, rest)));
 }
 
-// SplitBf16x3 on lanes, for P (finite and at most 1 / (1 - dropout), or NaN in a poisoned row, whose parts
-// are NaN): the three parts stored as N bf16 values each at dst[0], dst[plane], dst[2 plane]. Where the CPU's
-// tiles run (kNative), each part is one VCVTNEPS2BF16 and its widening one shift, against about seven
-// integer operations for RoundToBf16: the same bits but where a rest is subnormal (P below about 2^-100),
-// which VCVTNEPS2BF16 reads as zero and TDPBF16PS reads RoundToBf16's subnormal as: the same products.
+// SplitInputBf16x3's three parts stored as N bf16 values each at dst[0], dst[plane], dst[2 plane].
+template <class D>
+HWY_INLINE void StoreSplitInput(D d, hn::Vec<D> x, std::uint16_t* dst, std::size_t plane) {
+  hn::Vec<hn::RebindToUnsigned<D>> parts[3];
+  SplitInputBf16x3(d, x, parts);
+  for (std::size_t k = 0; k < 3; ++k) Store16(d, parts[k], dst + k * plane);
+}
+
+// P split into its three bf16 parts and stored as StoreSplitInput stores them, for P finite (at most
+// 1 / (1 - dropout)) or NaN (a poisoned row: its first part NaN, the others NaN by the instruction and
+// zero in software, the row NaN either way). Where the CPU's tiles run (kNative), each part is one
+// VCVTNEPS2BF16 and its widening one shift, against about seven integer operations for RoundToBf16: the
+// same bits but where a rest is subnormal (P below about 2^-100), which VCVTNEPS2BF16 reads as zero and
+// TDPBF16PS reads RoundToBf16's subnormal as: the same products.
 template <bool kNative, class D>
 HWY_INLINE void StoreSplitBf16x3(D d, hn::Vec<D> x, std::uint16_t* dst, std::size_t plane) {
-  const hn::RebindToUnsigned<D> du;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if constexpr (kNative) {
     __m512 rest = x.raw;
@@ -160,12 +168,7 @@ HWY_INLINE void StoreSplitBf16x3(D d, hn::Vec<D> x, std::uint16_t* dst, std::siz
     return;
   }
 #endif
-  auto rest = x;
-  for (std::size_t k = 0; k < 3; ++k) {
-    const auto part = RoundToBf16(d, rest);
-    Store16(d, hn::ShiftRight<16>(hn::BitCast(du, part)), dst + k * plane);
-    rest = hn::Sub(rest, part);
-  }
+  StoreSplitInput(d, x, dst, plane);
 }
 
 }  // namespace HWY_NAMESPACE

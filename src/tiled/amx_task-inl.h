@@ -25,6 +25,7 @@
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail::amx_simd {
 namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 
 // The tiles' operands for inputs of type In: E, the 16-bit element the tiles multiply, and how many parts
 // in E each input is (1; 3 for f32 on bf16 tiles: bf16x3, amx_round-inl.h's SplitBf16x3).
@@ -104,12 +105,22 @@ template <class F>
 HWY_INLINE bool PackQueries(const Problem& p, const AmxTask& t, const AmxScratch& w) {
   std::memset(w.q, 0, 2 * F::kParts * w.q_plane);
   const std::size_t dim = static_cast<std::size_t>(p.head_dim), stride = static_cast<std::size_t>(p.q.strides[3]);
+  const hn::ScalableTag<float> d;
+  const std::size_t N = hn::Lanes(d);
+  auto bad = hn::Zero(d);  // all-ones lanes where some query was Inf or NaN (f32, on lanes)
   bool nonfinite = false;
   for (std::size_t r = 0; r < t.real; ++r) {
     std::uint16_t* dst = w.q + r * t.dq;
     if constexpr (F::kParts == 3) {
       const float* src = row_ptr<const float>(p.q, t.b, t.query_of(r), t.head_of(r));
-      for (std::size_t x = 0; x < dim; ++x) {
+      std::size_t x = 0;
+      if (stride == 1)
+        for (; x + N <= dim; x += N) {
+          const auto q = hn::LoadU(d, src + x);
+          bad = hn::Or(bad, hn::VecFromMask(d, hn::Not(hn::IsFinite(q))));
+          StoreSplitInput(d, q, dst + x, w.q_plane);
+        }
+      for (; x < dim; ++x) {
         nonfinite |= !std::isfinite(src[x * stride]);
         const Bf16Parts parts = SplitBf16x3(src[x * stride]);
         for (std::size_t k = 0; k < 3; ++k) dst[k * w.q_plane + x] = parts.part[k];
@@ -126,7 +137,7 @@ HWY_INLINE bool PackQueries(const Problem& p, const AmxTask& t, const AmxScratch
   std::fill(w.l, w.l + t.R, 0.0f);
   std::fill(w.o, w.o + t.R * t.dvp, 0.0f);
   std::memset(w.p, 0, 2 * F::kParts * w.p_plane);  // the padding rows' weights stay zero for every tile
-  return nonfinite;
+  return nonfinite || AnyLaneSet(d, bad);
 }
 
 // Each row's visible keys of the tile [j0, j0 + n) (padding rows: none); whether some row does not see
