@@ -64,6 +64,32 @@ namespace attn::detail::amx_simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The accumulator tiles C0..C3 of a 32 x 32 f32 block at `block`, its rows `row` floats apart: zeroed,
+// loaded, stored.
+template <class Unit>
+HWY_INLINE void ZeroBlock(Unit& u) {
+  u.template zero<0>();
+  u.template zero<1>();
+  u.template zero<2>();
+  u.template zero<3>();
+}
+template <class Unit>
+HWY_INLINE void LoadBlock(Unit& u, const float* block, std::size_t row) {
+  const std::int64_t stride = 4 * static_cast<std::int64_t>(row);
+  u.template load<0>(block, stride);
+  u.template load<1>(block + 16, stride);
+  u.template load<2>(block + 16 * row, stride);
+  u.template load<3>(block + 16 * row + 16, stride);
+}
+template <class Unit>
+HWY_INLINE void StoreBlock(Unit& u, float* block, std::size_t row) {
+  const std::int64_t stride = 4 * static_cast<std::int64_t>(row);
+  u.template store<0>(block, stride);
+  u.template store<1>(block + 16, stride);
+  u.template store<2>(block + 16 * row, stride);
+  u.template store<3>(block + 16 * row + 16, stride);
+}
+
 // S = Q K^T for the tile's np keys, 32 x 32 blocks (tiles C0..C3) that some row sees, each the sum of the
 // part products (PartProducts) over the head dim.
 // kt: the packed keys' block of the tile's first key.
@@ -71,14 +97,10 @@ template <class F, class Unit>
 HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::size_t np, const AmxScratch& w,
                        std::size_t r_begin, std::size_t r_end) {
   const std::int64_t q_stride = 2 * static_cast<std::int64_t>(t.dq), k_stride = 4 * static_cast<std::int64_t>(kBlock);
-  const std::int64_t s_stride = 4 * static_cast<std::int64_t>(t.bcp);
   for (std::size_t r0 = r_begin; r0 < r_end; r0 += kBlock)
     for (std::size_t c0 = 0; c0 < np; c0 += kBlock) {
       if (!BlockSeen(w, r0, c0)) continue;
-      u.template zero<0>();
-      u.template zero<1>();
-      u.template zero<2>();
-      u.template zero<3>();
+      ZeroBlock(u);
       for (const PartPair& pair : PartProducts<F>())
         for (std::size_t x = 0; x < t.dq; x += kBlock) {
           const std::uint16_t* qa = w.q + pair.a * w.q_plane;
@@ -89,11 +111,7 @@ HWY_INLINE void Scores(Unit& u, const AmxTask& t, const std::uint32_t* kt, std::
           u.template load<7>(kb + 16, k_stride);
           amx::dot_2x2_of<typename F::E>(u);
         }
-      float* s = w.s + r0 * t.bcp + c0;
-      u.template store<0>(s, s_stride);
-      u.template store<1>(s + 16, s_stride);
-      u.template store<2>(s + 16 * t.bcp, s_stride);
-      u.template store<3>(s + 16 * t.bcp + 16, s_stride);
+      StoreBlock(u, w.s + r0 * t.bcp + c0, t.bcp);
     }
 }
 
@@ -233,51 +251,23 @@ HWY_INLINE void RescaleOutputs(D d, const AmxTask& t, const AmxScratch& w, std::
   }
 }
 
-// O += P V on the tiles: for each 32 x 32 block of O (tiles C0..C3 loaded from O and stored back), the
-// key blocks some row of the block sees.
+// O += P V on the tiles: for each 32 x 32 block of O, the key blocks some row of the block sees, each the
+// sum of the part products (PartProducts). One part: the accumulators C0..C3 are loaded from O and stored
+// back. bf16x3: they start from zero, the six products go smallest first, and the block is then added to O
+// on the vectors (loading O into them would round each small product at O's scale).
 // vt: the packed values' pair row of the tile's first key.
-template <class F, class Unit>
-HWY_INLINE void AddPvTiles(Unit& u, const AmxTask& t, const std::uint32_t* vt, std::size_t np, const AmxScratch& w,
+template <class F, class Unit, class D>
+HWY_INLINE void AddPvTiles(D d, Unit& u, const AmxTask& t, const std::uint32_t* vt, std::size_t np, const AmxScratch& w,
                            std::size_t r_begin, std::size_t r_end) {
   const std::int64_t p_stride = 2 * static_cast<std::int64_t>(t.bcp), v_stride = 4 * static_cast<std::int64_t>(t.dvp);
-  const std::int64_t o_stride = 4 * static_cast<std::int64_t>(t.dvp);
-  for (std::size_t r0 = r_begin; r0 < r_end; r0 += kBlock)
-    for (std::size_t x0 = 0; x0 < t.dvp; x0 += kBlock) {
-      float* o = w.o + r0 * t.dvp + x0;
-      u.template load<0>(o, o_stride);
-      u.template load<1>(o + 16, o_stride);
-      u.template load<2>(o + 16 * t.dvp, o_stride);
-      u.template load<3>(o + 16 * t.dvp + 16, o_stride);
-      for (std::size_t c0 = 0; c0 < np; c0 += kBlock) {
-        if (!BlockSeen(w, r0, c0)) continue;
-        u.template load<4>(w.p + r0 * t.bcp + c0, p_stride);
-        u.template load<5>(w.p + (r0 + 16) * t.bcp + c0, p_stride);
-        u.template load<6>(vt + (c0 / 2) * t.dvp + x0, v_stride);
-        u.template load<7>(vt + (c0 / 2) * t.dvp + x0 + 16, v_stride);
-        amx::dot_2x2_of<typename F::E>(u);
-      }
-      u.template store<0>(o, o_stride);
-      u.template store<1>(o + 16, o_stride);
-      u.template store<2>(o + 16 * t.dvp, o_stride);
-      u.template store<3>(o + 16 * t.dvp + 16, o_stride);
-    }
-}
-
-// O += P V for bf16x3: per 32 x 32 block of O, the six part products summed smallest first from zero
-// into C0..C3, then added to O on the vectors (loading O into the accumulators, as AddPvTiles does, would
-// round each small product at O's scale).
-template <class F, class Unit, class D>
-HWY_INLINE void AddPvTilesByParts(D d, Unit& u, const AmxTask& t, const std::uint32_t* vt, std::size_t np,
-                                  const AmxScratch& w, std::size_t r_begin, std::size_t r_end) {
-  const std::int64_t p_stride = 2 * static_cast<std::int64_t>(t.bcp), v_stride = 4 * static_cast<std::int64_t>(t.dvp);
-  const std::int64_t b_stride = 4 * static_cast<std::int64_t>(kBlock);
   const std::size_t N = hn::Lanes(d);
   for (std::size_t r0 = r_begin; r0 < r_end; r0 += kBlock)
     for (std::size_t x0 = 0; x0 < t.dvp; x0 += kBlock) {
-      u.template zero<0>();
-      u.template zero<1>();
-      u.template zero<2>();
-      u.template zero<3>();
+      float* o = w.o + r0 * t.dvp + x0;
+      if constexpr (F::kParts == 1)
+        LoadBlock(u, o, t.dvp);
+      else
+        ZeroBlock(u);
       for (const PartPair& pair : PartProducts<F>())
         for (std::size_t c0 = 0; c0 < np; c0 += kBlock) {
           if (!BlockSeen(w, r0, c0)) continue;
@@ -289,14 +279,14 @@ HWY_INLINE void AddPvTilesByParts(D d, Unit& u, const AmxTask& t, const std::uin
           u.template load<7>(vb + 16, v_stride);
           amx::dot_2x2_of<typename F::E>(u);
         }
-      u.template store<0>(w.block, b_stride);
-      u.template store<1>(w.block + 16, b_stride);
-      u.template store<2>(w.block + 16 * kBlock, b_stride);
-      u.template store<3>(w.block + 16 * kBlock + 16, b_stride);
-      for (std::size_t r = 0; r < kBlock; ++r) {
-        float* o = w.o + (r0 + r) * t.dvp + x0;
-        for (std::size_t x = 0; x < kBlock; x += N)
-          hn::Store(hn::Add(hn::Load(d, o + x), hn::Load(d, w.block + r * kBlock + x)), d, o + x);
+      if constexpr (F::kParts == 1) {
+        StoreBlock(u, o, t.dvp);
+      } else {
+        StoreBlock(u, w.block, kBlock);
+        for (std::size_t r = 0; r < kBlock; ++r)
+          for (std::size_t x = 0; x < kBlock; x += N)
+            hn::Store(hn::Add(hn::Load(d, o + r * t.dvp + x), hn::Load(d, w.block + r * kBlock + x)), d,
+                      o + r * t.dvp + x);
       }
     }
 }
@@ -363,11 +353,7 @@ void RunTask(D d, Unit& u, const Problem& p, const TiledPlan& plan, const TileTa
       for (std::size_t r = r0; r < std::min(r1, t.real); ++r)
         RowSoftmax<F, Unit::kNativeConvert>(d, p, t, r, j0, np, w);
       RescaleOutputs(d, t, w, r0, std::min(r1, t.real));
-      if (pv_rows) continue;
-      if constexpr (kByParts)
-        AddPvTilesByParts<F>(d, u, t, vt, np, w, r0, r1);
-      else
-        AddPvTiles<F>(u, t, vt, np, w, r0, r1);
+      if (!pv_rows) AddPvTiles<F>(d, u, t, vt, np, w, r0, r1);
     }
     if (pv_rows) AddPvRows<F>(t, vt, w);
   }
