@@ -41,13 +41,12 @@ std::string amx_features(const detail::AmxSupport& s) {
 }
 
 // Where the f32 forward runs, for the text of `attn info`.
-const char* f32_path(bool amx_on) {
-  if (kernel_info().f32_on_tiles)
+const char* f32_path(const KernelInfo& k, bool amx_on) {
+  if (k.f32_on_tiles)
     return amx_on ? "the AMX tiles, by bf16 parts (ATTN_AMX_F32=bf16x3)"
                   : "the AMX emulator, by bf16 parts (ATTN_AMX_F32=bf16x3)";
-  return detail::amx_backend() == detail::amx::TileBackend::none
-             ? "the vector kernels"
-             : "the vector kernels (ATTN_AMX_F32=bf16x3 would send it to the tiles, by bf16 parts)";
+  return k.amx == "none" ? "the vector kernels"
+                         : "the vector kernels (ATTN_AMX_F32=bf16x3 would send it to the tiles, by bf16 parts)";
 }
 
 void run_info(const InfoArgs& a) {
@@ -55,10 +54,11 @@ void run_info(const InfoArgs& a) {
   const detail::AmxMode mode = detail::amx_mode_from_env();
   const bool amx_on = detail::amx_enabled();
   const detail::AmxSupport& amx = detail::amx_support();
+  const KernelInfo k = kernel_info();
   const std::string compiled = detail::target_names(HWY_TARGETS);
   const std::string supported = detail::target_names(hwy::SupportedTargets() & HWY_TARGETS);
   nlohmann::json j{{"machine", machine_name()},
-                   {"kernels", kernel_paths()},
+                   {"kernels", k.summary},
                    {"simd_compiled", compiled.empty() ? "" : compiled.substr(1)},
                    {"simd_supported", supported.empty() ? "" : supported.substr(1)},
                    {"amx_features", amx_features(amx)},
@@ -68,22 +68,22 @@ void run_info(const InfoArgs& a) {
                    {"amx_reason", amx.reason()},
                    {"amx_mode", detail::amx_mode_name(mode)},
                    {"amx_enabled", amx_on},
-                   {"amx_f16", detail::amx_runs_fp16(detail::amx_backend())},
-                   {"amx_f32", kernel_info().f32_on_tiles}};
+                   {"amx_f16", k.f16_on_tiles},
+                   {"amx_f32", k.f32_on_tiles}};
   if (!a.json)
     std::printf(
         "attn info: %s\nkernels: %s\nSIMD targets compiled:%s; this CPU runs:%s\n"
         "AMX: %s (CPU: %s); ATTN_AMX=%s, so the bf16 forward and backward (and a bf16 decode with 16 or more\n"
         "query rows per kv head) run on %s; the f16 forward and backward on %s; the f32 forward on %s\n",
-        machine_name().c_str(), kernel_paths().c_str(), compiled.c_str(), supported.c_str(), amx.reason().c_str(),
+        machine_name().c_str(), k.summary.c_str(), compiled.c_str(), supported.c_str(), amx.reason().c_str(),
         amx_features(amx).c_str(), detail::amx_mode_name(mode),
         amx_on                                                        ? "the AMX tiles"
         : detail::amx_backend() == detail::amx::TileBackend::emulated ? "the AMX emulator (slow)"
                                                                       : "the vector kernels",
-        !detail::amx_runs_fp16(detail::amx_backend()) ? "the vector kernels"
-        : amx_on                                      ? "the AMX tiles (AMX-FP16)"
-                                                      : "the AMX emulator",
-        f32_path(amx_on));
+        !k.f16_on_tiles ? "the vector kernels"
+        : amx_on        ? "the AMX tiles (AMX-FP16)"
+                        : "the AMX emulator",
+        f32_path(k, amx_on));
   if (a.peaks) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const auto threads =
