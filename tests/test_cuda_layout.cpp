@@ -230,6 +230,37 @@ TEST(CudaTiles, ScheduleSkipsOnlyInvisibleTilesAndMasksOnlyWhereNeeded) {
   }
 }
 
+// The backward's key blocks visit the rows query_rows gives: every row that sees a key of the block is
+// inside, and the range is no wider than from the first such row to the last.
+TEST(CudaTiles, QueryRowsHoldEveryRowThatSeesTheKeys) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 400; ++trial) {
+    std::uniform_int_distribution<int> len(0, 200), w(-1, 40);
+    detail::ScoreRule rule;
+    rule.window_left = w(rng);
+    rule.window_right = trial % 3 == 0 ? 0 : w(rng);  // every third causal
+    const detail::Mask m = rule.mask(len(rng), 1 + len(rng));
+    for (std::int64_t bk : {16, 64})
+      for (std::int64_t j0 = 0; j0 < m.seqlen_k; j0 += bk) {
+        const std::int64_t j1 = std::min(j0 + bk, m.seqlen_k);
+        const RowRange r = query_rows(m, j0, j1);
+        std::int64_t first = m.seqlen_q, last = -1;
+        for (std::int64_t i = 0; i < m.seqlen_q; ++i)
+          for (std::int64_t j = j0; j < j1; ++j)
+            if (visible(m, i, j)) {
+              first = std::min(first, i);
+              last = std::max(last, i);
+            }
+        if (last < 0) {
+          EXPECT_GE(r.begin, r.end) << "keys [" << j0 << ", " << j1 << ") seen by no row";
+          continue;
+        }
+        EXPECT_EQ(r.begin, first) << "keys [" << j0 << ", " << j1 << ")";
+        EXPECT_EQ(r.end, last + 1) << "keys [" << j0 << ", " << j1 << ")";
+      }
+  }
+}
+
 TEST(CudaTiles, CausalSquareSkipsTheUpperTriangle) {
   detail::ScoreRule causal;
   causal.window_right = 0;

@@ -59,6 +59,24 @@ void attention_varlen_paged(const TensorView& q, const TensorView& k, const Tens
                             const TensorView* lse = nullptr, Stream stream = nullptr,
                             const std::int32_t* host_block_table = nullptr);
 
+// The backward of attention and of attention_varlen (include/attn/backward.hpp: the same shapes, rules
+// and named errors), FlashAttention-2's algorithm on tensor cores: dq like q, dk like k, dv like v, dout
+// like out, lse the forward's (required, f32); dsink (optional, needs opts.sinks) [1, heads, 1] f32. The
+// CUDA rules above apply to every tensor; no dropout. Deterministic (no atomics: each gradient element
+// is summed by one block in a fixed order). P and dS are rounded to 16 bits before their products, as
+// in flash-attn: flash-attn's accuracy rule (at most 3x the error of the math backward in the same
+// dtype). Scratch: 8 bytes per (head, query row), allocated on `stream`. Keys no query sees get dk = dv
+// = 0; a query that sees no key gets dq = 0.
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const AttentionOptions& opts = {}, const TensorView* dsink = nullptr,
+                        Stream stream = nullptr);
+void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                               const TensorView& dout, const TensorView& lse, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const VarlenBatch& varlen,
+                               const AttentionOptions& opts = {}, const TensorView* dsink = nullptr,
+                               Stream stream = nullptr);
+
 // Decode over a contiguous or paged cache (include/attn/decode.hpp), split-K over the keys with a
 // merge kernel. DecodeOptions::num_splits = 0 picks the split count from the number of SMs
 // (cuda::decode_num_splits, src/cuda/heuristics.hpp); any value >= 1 gives the same result up to rounding.

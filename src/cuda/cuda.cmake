@@ -34,6 +34,7 @@ if(ATTN_WITH_CUDA)
   add_library(attn_cuda OBJECT
     ${PROJECT_SOURCE_DIR}/src/cuda/forward.cu
     ${PROJECT_SOURCE_DIR}/src/cuda/decode.cu
+    ${PROJECT_SOURCE_DIR}/src/cuda/backward.cu
     ${PROJECT_SOURCE_DIR}/src/cuda/cuda_api.cpp)
   # The device code is C++17: CMake 3.25 does not know nvcc 13's CUDA20 dialect.
   # Directory-wide flags (sanitizers) are for the host compiler; nvcc rejects them.

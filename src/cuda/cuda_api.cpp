@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "validate/backward_problem.hpp"
 #include "validate/problem.hpp"
 #include "validate/validate.hpp"
 #include "validate/page_rules.hpp"
@@ -149,6 +150,48 @@ void launch_varlen(const char* who, const detail::Problem& p, const VarlenBatch&
   f.pages = pages;
   if (max_q == 0) return;
   check_cuda(who, cuda_detail::launchers().forward(f, p.dtype, max_q, stream), "kernel launch");
+}
+
+// What the backward kernels take beyond the CPU's rules: the forward's (validate_forward) for q, k, v,
+// out and lse, no dropout, the kernels' layout for dout and the gradients, dsink in device memory.
+void validate_backward_for_cuda(const char* who, const detail::BackwardProblem& p, const AttentionOptions& opts) {
+  detail::reject_dropout(who, p.dropout, "the CUDA backward runs");
+  validate_forward(who, p, p.q, p.k, p.v, p.out, opts, p.lse);
+  for (auto [name, t] :
+       {std::pair<const char*, const TensorView*>{"dout", &p.dout}, {"dq", &p.dq}, {"dk", &p.dk}, {"dv", &p.dv}})
+    require_kernel_layout(who, name, *t);
+  if (p.dsink) require_device(who, "dsink", p.dsink->data);
+}
+
+// The backward's parameters, its scratch (two f32 per head and query row) allocated and freed on `stream`
+// around the launches; batch: the grid's sequences (varlen: the batch's, the views being packed).
+void launch_backward(const char* who, const detail::BackwardProblem& p, std::int64_t batch, std::int64_t max_q,
+                     std::int64_t max_k, const VarlenBatch* vb, Stream stream) {
+  cuda_detail::BwdParams b{};
+  b.f = forward_params(p, p.lse);
+  b.f.batch = batch;
+  if (vb) {
+    b.f.cu_q = vb->cu_seqlens_q;
+    b.f.cu_k = vb->cu_seqlens_k;
+  }
+  b.dout = p.dout.data;
+  b.dq = p.dq.data;
+  b.dk = p.dk.data;
+  b.dv = p.dv.data;
+  copy_strides(b.dos, p.dout);
+  copy_strides(b.dqs, p.dq);
+  copy_strides(b.dks, p.dk);
+  copy_strides(b.dvs, p.dv);
+  b.dsink = p.dsink ? static_cast<float*>(p.dsink->data) : nullptr;
+  b.rows = p.batch * p.seqlen_q;
+  void* scratch = nullptr;
+  const std::size_t bytes = static_cast<std::size_t>(2 * p.heads * b.rows) * 4;
+  if (bytes) check_cuda(who, cudaMallocAsync(&scratch, bytes, stream), "allocating the row statistics");
+  b.delta = static_cast<float*>(scratch);
+  b.lse2 = b.delta + p.heads * b.rows;
+  const int err = cuda_detail::launch_backward(b, p.dtype, max_q, max_k, stream);
+  if (scratch) (void)cudaFreeAsync(scratch, stream);
+  check_cuda(who, err, "kernel launch");
 }
 
 // The index arrays attention_decode's validation reads (seqlens, and the block table, batch_idx and leftpad
@@ -345,6 +388,38 @@ void attention_varlen_paged(const TensorView& q, const TensorView& k, const Tens
       who, q, k, v, out, VarlenBatch{cq.data(), ck.data(), vb.batch}, host_pages, opts, lse, pages.block_table);
   validate_forward(who, p, p.q, p.k, p.v, p.out, opts, lse);
   launch_varlen(who, p, vb, cq, lse, stream, detail::PageTable{pages.block_table, bt_stride, k.shape[1]});
+}
+
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const AttentionOptions& opts, const TensorView* dsink, Stream stream) {
+  const char* who = "attn::cuda::attention_backward";
+  const detail::BackwardProblem p = detail::validate_backward(who, q, k, v, out, dout, lse, dq, dk, dv, opts, dsink);
+  validate_backward_for_cuda(who, p, opts);
+  launch_backward(who, p, p.batch, p.seqlen_q, p.seqlen_k, nullptr, stream);
+}
+
+void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                               const TensorView& dout, const TensorView& lse, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const VarlenBatch& vb,
+                               const AttentionOptions& opts, const TensorView* dsink, Stream stream) {
+  const char* who = "attn::cuda::attention_varlen_backward";
+  const detail::BackwardProblem p =
+      detail::validate_packed_backward(who, q, k, v, out, dout, lse, dq, dk, dv, vb.batch, opts, dsink);
+  if (!vb.cu_seqlens_q) fail(who, "cu_seqlens_q", "pointer is null");
+  if (!vb.cu_seqlens_k) fail(who, "cu_seqlens_k", "pointer is null");
+  validate_backward_for_cuda(who, p, opts);
+  require_device(who, "cu_seqlens_q", vb.cu_seqlens_q);
+  require_device(who, "cu_seqlens_k", vb.cu_seqlens_k);
+  const auto cq = host_array(who, vb.cu_seqlens_q, vb.host_cu_seqlens_q, vb.batch + 1, stream);
+  const auto ck = host_array(who, vb.cu_seqlens_k, vb.host_cu_seqlens_k, vb.batch + 1, stream);
+  detail::check_varlen_offsets(who, VarlenBatch{cq.data(), ck.data(), vb.batch}, p.seqlen_q, p.seqlen_k);
+  std::int64_t max_q = 0, max_k = 0;
+  for (std::int64_t b = 0; b < vb.batch; ++b) {
+    max_q = std::max<std::int64_t>(max_q, cq[b + 1] - cq[b]);
+    max_k = std::max<std::int64_t>(max_k, ck[b + 1] - ck[b]);
+  }
+  launch_backward(who, p, vb.batch, max_q, max_k, &vb, stream);
 }
 
 std::int64_t decode_num_splits(std::int64_t max_keys, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,

@@ -13,6 +13,8 @@ template <int D_, int WARPS_, int MT_, int BC_, int MIN_BLOCKS_>
 struct FwdTraits;  // forward_kernel.cuh
 template <int D_, int BK_, int STAGES_, int WARPS_, int HB_>
 struct DecTraits;  // decode_kernel.cuh
+template <int D_, int WARPS_, int BC_, int SPLIT_>
+struct BwdTraits;  // backward_kernel.cuh
 
 // Forward: 4 warps of 16-row slabs; a warp owns MT slabs so that each K and V fragment it loads from
 // shared memory feeds MT mma (d = 128: 48 ldmatrix per 128 mma instead of 72 with MT = 1), within 255
@@ -21,6 +23,17 @@ struct DecTraits;  // decode_kernel.cuh
 using Fwd64 = FwdTraits<64, 4, 2, 64, 1>;    // 16 + 32 KB
 using Fwd128 = FwdTraits<128, 4, 2, 32, 1>;  // 32 + 32 KB
 using Fwd256 = FwdTraits<256, 4, 1, 32, 1>;  // 32 + 64 KB
+
+// Backward: blocks of 64 rows (keys in dkdv, queries in dq), 16 a warp. A dkdv warp keeps dK and dV of
+// its 16 keys in registers (2 x DC / 2 f32 a thread: 128 at d = 128) beside S^T and dP^T of BC query
+// columns (2 x BC / 2), so BC shrinks as D grows; at d = 256 two warps share each 16 rows, one for each
+// half of the columns (DC = 128), since 256 accumulators alone fill a thread's 255 registers (with one
+// warp a slab, ptxas spilled 588 bytes in the dkdv loop). Registers and spills: scripts/sass-report.
+// Unmeasured on a GPU.
+//                       D   warps  other side's rows  column groups   smem (2 x 64 + 2 x BC rows, 16-bit)
+using Bwd64 = BwdTraits<64, 4, 64, 1>;    // 32 KB
+using Bwd128 = BwdTraits<128, 4, 32, 1>;  // 48 KB
+using Bwd256 = BwdTraits<256, 8, 32, 2>;  // 96 KB
 
 // Decode: memory-bound, so the tile and the stage count keep enough bytes in flight per SM (about
 // 96 KB of K and V in shared memory, 2 blocks per SM for d <= 128); 4 warps, one kv head per block.

@@ -112,6 +112,33 @@ ATTN_HOST_DEVICE inline bool tile_needs_mask(const detail::Mask& m, std::int64_t
   const std::int64_t j0 = t * k_tile, j1 = j0 + k_tile;
   return j1 > m.seqlen_k || !all_rows_see(m, i0, last, j0, j1);
 }
+// The query rows that may see a key of [j0, j1) (j0 < j1): [begin, end), the rows whose end_key passes
+// j0 and whose first_key is below j1 (both non-decreasing in i, so two binary searches). A row inside
+// may still see none of them (a fully masked row); none outside sees any. The backward's key blocks
+// (backward_kernel.cuh) visit these rows only.
+struct RowRange {
+  std::int64_t begin, end;
+};
+ATTN_HOST_DEVICE inline RowRange query_rows(const detail::Mask& m, std::int64_t j0, std::int64_t j1) {
+  std::int64_t lo = 0, hi = m.seqlen_q;  // first row with end_key > j0
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (m.end_key(mid) > j0)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  const std::int64_t begin = lo;
+  hi = m.seqlen_q;  // first row with first_key >= j1
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (m.first_key(mid) >= j1)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return {begin, lo};
+}
 // Whether key j is visible to query i (the per-element rule the masked tiles apply).
 ATTN_HOST_DEVICE inline bool visible(const detail::Mask& m, std::int64_t i, std::int64_t j) {
   return i < m.seqlen_q && j < m.seqlen_k && m.first_key(i) <= j && j < m.end_key(i);

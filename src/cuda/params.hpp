@@ -53,7 +53,24 @@ struct DecodeParams {
   void* q_rot = nullptr;
 };
 
+// The backward (backward_kernel.cuh): the forward's parameter block (q, k, v, out, lse -- required here,
+// read --, shapes, varlen offsets, the score rule) plus dout and the gradients, and two device scratch
+// arrays of one f32 per (query head, query row): row r of head h at [h * rows + r], with r = b * seqlen_q
+// + i, or the packed row in a varlen batch.
+struct BwdParams {
+  FwdParams f;
+  const void* dout;
+  void *dq, *dk, *dv;
+  std::int64_t dos[3], dqs[3], dks[3], dvs[3];
+  float* dsink = nullptr;  // [heads], written when requested
+  float* delta;            // scratch: D = dout . out per row
+  float* lse2;             // scratch: the lse in base 2 (+inf for a row without weights: every P is 0)
+  std::int64_t rows;       // batch * seqlen_q, or total_q (varlen)
+};
+
 // Launch on `stream`; return the cudaError_t of the launch (0 = success) as int.
+int launch_backward(const BwdParams& p, DType t, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
+                    CUstream_st* stream);
 int launch_forward(const FwdParams& p, DType t, std::int64_t max_seqlen_q, CUstream_st* stream);
 int launch_decode(const DecodeParams& p, DType t, CUstream_st* stream);
 

@@ -161,13 +161,16 @@ __device__ __forceinline__ void warp_qk(float (&s)[MT][NT][4], const std::uint16
 
 // o[mt][d][.] += P[mt] V[v_row0 .. +8*NT) for one warp's MT slabs; p holds each slab's 16 x 8*NT
 // probabilities in C-fragment layout (as warp_qk left them), V is a swizzled [*][D] tile, v_row0 a
-// multiple of 8. Each V fragment is loaded once for all MT slabs.
-template <class E, int D, int NT, int MT>
-__device__ __forceinline__ void warp_pv(float (&o)[MT][D / 8][4], const float (&p)[MT][NT][4], const std::uint16_t* sv,
-                                        int v_row0) {
+// multiple of 8. Each V fragment is loaded once for all MT slabs. o may hold only DC of the D columns,
+// from col0 on (a multiple of 64: the swizzle repeats every 64 columns, so the columns' lane offsets are
+// those of column 0 moved by 128 bytes per 64 columns).
+template <class E, int D, int NT, int MT, int DC = D>
+__device__ __forceinline__ void warp_pv(float (&o)[MT][DC / 8][4], const float (&p)[MT][NT][4], const std::uint16_t* sv,
+                                        int v_row0, int col0 = 0) {
+  static_assert(DC % 16 == 0 && D % DC == 0);
   const int lane = threadIdx.x % 32;
   const LaneOffsets<D> vb(ldmatrix_bt_addr(lane));
-  const std::uint32_t v_base = smem_addr(sv + v_row0 * D);
+  const std::uint32_t v_base = smem_addr(sv + v_row0 * D) + static_cast<std::uint32_t>(col0 / 64) * 128;
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     // The C fragments of n-tiles 2kk and 2kk+1 are exactly the A fragment of a 16 x 16 k-step.
@@ -180,7 +183,7 @@ __device__ __forceinline__ void warp_pv(float (&o)[MT][D / 8][4], const float (&
       a[mt][3] = pack2<E>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
     }
 #pragma unroll
-    for (int d2 = 0; d2 < D / 16; ++d2) {
+    for (int d2 = 0; d2 < DC / 16; ++d2) {
       std::uint32_t b[4];
       ldmatrix_x4_trans(b, vb.at(v_base, kk * 16, d2));
 #pragma unroll
