@@ -265,13 +265,13 @@ class _VarlenAttention(torch.autograd.Function):
 def _cuda_forward(who, q, k, v, options: AttentionOptions, with_lse, cu_seqlens=None, block_table=None):
     """(out, lse or None) of attn's CUDA backend (attn._C.forward_cuda, or varlen_forward_cuda with
     cu_seqlens = (cu_seqlens_q, cu_seqlens_k) and, for a paged cache k, v, block_table), on torch's current
-    stream of q's device. Inference only: that backend has no backward, so a call through which a gradient
-    could flow is an error, not a result without gradients."""
+    stream of q's device. Inference only: the CUDA backward (attn::cuda::attention_backward) is not bound
+    yet, so a call through which a gradient could flow is an error, not a result without gradients."""
     cu_q, cu_k = cu_seqlens or (None, None)
     require_cuda(who, q, k=k, v=v, alibi_slopes=options.alibi_slopes, sinks=options.sinks, cu_seqlens_q=cu_q,
                  cu_seqlens_k=cu_k, block_table=block_table)
     if _needs_grad(q, k, v, options.sinks):
-        raise _C.AttnError(f"{who}: q: the CUDA backend has no backward pass: call it under torch.no_grad() or "
+        raise _C.AttnError(f"{who}: q: this package's CUDA path has no backward pass yet: call it under torch.no_grad() or "
                            "with tensors that do not require grad")
     kw = options._replace(alibi_slopes=_dl_opt(options.alibi_slopes), sinks=_dl_opt(options.sinks))._asdict()
     with torch.cuda.device(q.device):

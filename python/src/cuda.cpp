@@ -3,7 +3,7 @@
 // as DLPack capsules, zero-copy, on the stream the Python side passes (torch's current stream of the
 // tensors' device, which it makes current): the forward, its varlen forms (packed or paged keys) and the
 // kvcache call.
-// Inference only: the CUDA backend has no backward.
+// Inference only: the CUDA backend's backward (attn::cuda::attention_backward) is not bound here yet.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
