@@ -157,6 +157,77 @@ void report_oracle(const char* what, std::int64_t rows, double err) {
   g_oracle_ok = g_oracle_ok && err <= kOracleTolerance;
 }
 
+// The f64 oracle's dq for one query row i that sees keys [0, keys): P from the scores, dP = dout . v_j,
+// D = sum_j P_j dP_j (= dout . out), dS = P (dP - D), dq = sum_j dS_j k_j / sqrt(d); the largest |dq - that|.
+template <class Q, class K, class V, class G, class DQ>
+double dq_row_error(Q q, K key, V value, G dout, DQ dq, std::int64_t keys, std::int64_t d) {
+  const double scale = 1 / std::sqrt(static_cast<double>(d));
+  std::vector<double> p(static_cast<std::size_t>(keys)), dp(p.size()), want(static_cast<std::size_t>(d), 0.0);
+  double m = -INFINITY, l = 0, sum = 0;
+  for (std::int64_t j = 0; j < keys; ++j) {
+    double dot = 0, g = 0;
+    for (std::int64_t x = 0; x < d; ++x) dot += q(x) * key(j, x), g += dout(x) * value(j, x);
+    p[j] = dot * scale;
+    dp[j] = g;
+    m = std::max(m, p[j]);
+  }
+  for (std::int64_t j = 0; j < keys; ++j) l += p[j] = std::exp(p[j] - m);
+  for (std::int64_t j = 0; j < keys; ++j) sum += (p[j] /= l) * dp[j];
+  for (std::int64_t j = 0; j < keys; ++j)
+    for (std::int64_t x = 0; x < d; ++x) want[x] += p[j] * (dp[j] - sum) * scale * key(j, x);
+  double err = 0;
+  for (std::int64_t x = 0; x < d; ++x) {
+    const double e = std::fabs(dq(x) - want[x]);
+    if (!(e <= err)) err = std::isnan(e) ? INFINITY : e;
+  }
+  return err;
+}
+
+// Backward: bf16, d = 128, seq 4096, batch 4 x 32 heads, after a forward for out and lse; FLOPs 2.5x the
+// forward's (FlashAttention's count: five block products to the forward's two). dq's rows of the first
+// and last (batch, head) sampled against the f64 oracle.
+void bench_backward(bool quick, bool tiny) {
+  for (bool causal : {false, true}) {
+    const std::int64_t B = tiny ? 1 : 4, S = tiny ? 128 : 4096, H = tiny ? 2 : 32, D = 128;
+    const std::size_t n = static_cast<std::size_t>(B * S * H * D);
+    void *q = random_bf16(n, 12), *k = random_bf16(n, 13), *v = random_bf16(n, 14), *g = random_bf16(n, 15);
+    void *o = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr, *lse = nullptr;
+    for (void** p : {&o, &dq, &dk, &dv}) CHECK(cudaMalloc(p, n * 2));
+    CHECK(cudaMalloc(&lse, static_cast<std::size_t>(B * H * S) * 4));
+    attn::AttentionOptions opts;
+    opts.causal = causal;
+    auto view = [&](void* p) { return attn::TensorView::contiguous(static_cast<const attn::bf16_t*>(p), B, S, H, D); };
+    const auto lv = attn::TensorView::contiguous(static_cast<const float*>(lse), B, H, S);
+    attn::cuda::attention(view(q), view(k), view(v), view(o), opts, &lv);
+    const double flops = 2.5 * 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+    const double ms = median_ms(
+        [&] {
+          attn::cuda::attention_backward(view(q), view(k), view(v), view(o), view(g), lv, view(dq), view(dk), view(dv),
+                                         opts);
+        },
+        2, quick ? 3 : 10);
+    std::printf("{\"what\":\"backward\",\"causal\":%s,\"impl\":\"attn\",\"ms\":%.4f,\"tflops\":%.1f}\n",
+                causal ? "true" : "false", ms, flops / ms / 1e9);
+    const auto hq = host_bf16(q, n), hk = host_bf16(k, n), hv = host_bf16(v, n), hg = host_bf16(g, n),
+               hdq = host_bf16(dq, n);
+    double err = 0;
+    std::int64_t rows = 0;
+    for (std::int64_t bh : {std::int64_t{0}, B * H - 1})
+      for (std::int64_t i = 0; i < S; i += std::max<std::int64_t>(1, S / 8), ++rows) {
+        auto at = [&](const std::vector<std::uint16_t>& t, std::int64_t row, std::int64_t x) {
+          return double(bf16_value(t[static_cast<std::size_t>(((bh / H * S + row) * H + bh % H) * D + x)]));
+        };
+        err = std::max(err, dq_row_error([&](std::int64_t x) { return at(hq, i, x); },
+                                         [&](std::int64_t j, std::int64_t x) { return at(hk, j, x); },
+                                         [&](std::int64_t j, std::int64_t x) { return at(hv, j, x); },
+                                         [&](std::int64_t x) { return at(hg, i, x); },
+                                         [&](std::int64_t x) { return at(hdq, i, x); }, causal ? i + 1 : S, D));
+      }
+    report_oracle(causal ? "backward dq causal" : "backward dq", rows, err);
+    for (void* p : {q, k, v, g, o, dq, dk, dv, lse}) CHECK(cudaFree(p));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -258,6 +329,8 @@ int main(int argc, char** argv) {
 #endif
     for (void* p : {q, k, v, o, o2}) CHECK(cudaFree(p));
   }
+
+  bench_backward(quick, tiny);
 
   // Decode: batch 1, 32 heads / 8 kv heads, d = 128, 128k cached keys; bytes = K + V. Two layouts of the
   // same cache: "keys" = [1, N, HK, D] (flash-attn's), "kv-heads" = [1, HK, N, D] (torch's), as strides.

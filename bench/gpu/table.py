@@ -22,6 +22,12 @@ for causal in (False, True):
         tt = t["tflops"] if t else nan
         print(f"{'forward bf16 d128 s8192 b4 h32' + (' causal' if causal else ''):44} {a['tflops']:7.0f} TF {tt:7.0f} TF "
               f"{ratio(a['tflops'], tt):10.2f} {ratio(a['tflops'], mm_t):12.2f}")
+for causal in (False, True):
+    a, t = get("backward", "attn", causal=causal), get("backward", "torch", causal=causal)
+    if a:
+        tt = t["tflops"] if t else nan
+        print(f"{'backward bf16 d128 s4096 b4 h32' + (' causal' if causal else ''):44} {a['tflops']:7.0f} TF "
+              f"{tt:7.0f} TF {ratio(a['tflops'], tt):10.2f} {ratio(a['tflops'], mm_t):12.2f}")
 t = get("decode", "torch")
 tg = t["gbps"] if t else nan
 for layout in ("keys", "kv-heads"):

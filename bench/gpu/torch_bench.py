@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch side of the GPU benchmark (scripts/gpu-check): SDPA forward (flash backend) and decode, a
+"""PyTorch side of the GPU benchmark (scripts/gpu-check): SDPA forward and backward (flash backend) and decode, a
 device-to-device copy and a bf16 matmul, timed with CUDA events (median after warm-up), random data.
 One JSON object per line, the shapes of bench/gpu/attn_gpu_bench.cpp."""
 import json, statistics, sys
@@ -53,6 +53,17 @@ for causal in (False, True):
     emit(what="forward", causal=causal, impl="torch sdpa flash", ms=ms,
          tflops=4 * B * H * S * S * D * (0.5 if causal else 1.0) / ms / 1e9)
 del q, k, v
+
+S = 4096  # backward: attn_gpu_bench's shape; FLOPs 2.5x the forward's
+q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+for causal in (False, True):
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        dout = torch.randn_like(out)
+        ms = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), reps=3 if quick else 10)
+    emit(what="backward", causal=causal, impl="torch sdpa flash", ms=ms,
+         tflops=2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0) / ms / 1e9)
+del q, k, v, out, dout
 
 N, H, HK = 131072, 32, 8
 q = torch.randn(1, H, 1, D, device=dev, dtype=torch.bfloat16)

@@ -234,7 +234,8 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, options):
         ctx.options = _detached(options)
-        out, lse = _fwd_eager(q.detach(), k.detach(), v.detach(), *ctx.options)
+        fwd_ = _cuda_fwd if q.is_cuda else _fwd_eager
+        out, lse = fwd_(q.detach(), k.detach(), v.detach(), *ctx.options)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -242,7 +243,8 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv, dsink = _bwd_eager(dout.contiguous(), q, k, v, out, lse, *ctx.options)
+        bwd_ = _cuda_bwd if q.is_cuda else _bwd_eager
+        dq, dk, dv, dsink = bwd_(dout.contiguous(), q, k, v, out, lse, *ctx.options)
         return dq, dk, dv, dsink if ctx.options.sinks is not None else None, None
 
 
@@ -250,7 +252,8 @@ class _VarlenAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, sinks, options):
         ctx.options = _detached(options)
-        out, lse = _varlen_fwd_eager(q.detach(), k.detach(), v.detach(), cu_q, cu_k, *ctx.options)
+        fwd_ = _cuda_varlen_fwd if q.is_cuda else _varlen_fwd_eager
+        out, lse = fwd_(q.detach(), k.detach(), v.detach(), cu_q, cu_k, *ctx.options)
         ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -258,21 +261,65 @@ class _VarlenAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
-        dq, dk, dv, dsink = _varlen_bwd_eager(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
+        bwd_ = _cuda_varlen_bwd if q.is_cuda else _varlen_bwd_eager
+        dq, dk, dv, dsink = bwd_(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
         return dq, dk, dv, None, None, dsink if ctx.options.sinks is not None else None, None
+
+
+def _cuda_fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
+              num_threads, sinks, with_lse=True):
+    """_fwd_eager's CUDA twin: (out, lse or None) of attn._C.forward_cuda on torch's current stream."""
+    options = AttentionOptions(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+                               seed, num_threads, sinks)
+    return _cuda_launch(q, k, v, options, with_lse)
+
+
+def _cuda_bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+              dropout_p, seed, num_threads, sinks):
+    """_bwd_eager's CUDA twin: attn._C.backward_cuda into new dq, dk, dv (and the sinks' gradient)."""
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dsink = _dsink(sinks, lse)
+    with torch.cuda.device(q.device):
+        _C.backward_cuda(*map(_dl, (q, k, v, out, dout, lse, dq, dk, dv)), _dl_opt(dsink), stream=cuda_stream(q),
+                         **_kw(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
+                               num_threads, sinks))
+    return dq, dk, dv, _sink_grad(sinks, dsink)
+
+
+def _cuda_varlen_fwd(q, k, v, cu_q, cu_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                     dropout_p, seed, num_threads, sinks):
+    options = AttentionOptions(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+                               seed, num_threads, sinks)
+    return _cuda_launch(q, k, v, options, True, (cu_q, cu_k))
+
+
+def _cuda_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, softmax_scale, causal, window_left, window_right, softcap,
+                     alibi_slopes, dropout_p, seed, num_threads, sinks):
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dsink = _dsink(sinks, lse)
+    with torch.cuda.device(q.device):
+        _C.varlen_backward_cuda(*map(_dl, (q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k)), _dl_opt(dsink),
+                                stream=cuda_stream(q), **_kw(softmax_scale, causal, window_left, window_right, softcap,
+                                                             alibi_slopes, dropout_p, seed, num_threads, sinks))
+    return dq, dk, dv, _sink_grad(sinks, dsink)
+
+
+def _require_cuda_call(who, q, k, v, options: AttentionOptions, cu_seqlens=None, block_table=None):
+    cu_q, cu_k = cu_seqlens or (None, None)
+    require_cuda(who, q, k=k, v=v, alibi_slopes=options.alibi_slopes, sinks=options.sinks, cu_seqlens_q=cu_q,
+                 cu_seqlens_k=cu_k, block_table=block_table)
 
 
 def _cuda_forward(who, q, k, v, options: AttentionOptions, with_lse, cu_seqlens=None, block_table=None):
     """(out, lse or None) of attn's CUDA backend (attn._C.forward_cuda, or varlen_forward_cuda with
     cu_seqlens = (cu_seqlens_q, cu_seqlens_k) and, for a paged cache k, v, block_table), on torch's current
-    stream of q's device. Inference only: the CUDA backward (attn::cuda::attention_backward) is not bound
-    yet, so a call through which a gradient could flow is an error, not a result without gradients."""
-    cu_q, cu_k = cu_seqlens or (None, None)
-    require_cuda(who, q, k=k, v=v, alibi_slopes=options.alibi_slopes, sinks=options.sinks, cu_seqlens_q=cu_q,
-                 cu_seqlens_k=cu_k, block_table=block_table)
-    if _needs_grad(q, k, v, options.sinks):
-        raise _C.AttnError(f"{who}: q: this package's CUDA path has no backward pass yet: call it under torch.no_grad() or "
-                           "with tensors that do not require grad")
+    stream of q's device, for a call through which no gradient flows (the differentiable calls go through
+    _Attention and _VarlenAttention, whose steps take the CUDA twins of the CPU ops)."""
+    _require_cuda_call(who, q, k, v, options, cu_seqlens, block_table)
+    return _cuda_launch(q, k, v, options, with_lse, cu_seqlens, block_table)
+
+
+def _cuda_launch(q, k, v, options: AttentionOptions, with_lse, cu_seqlens=None, block_table=None):
     kw = options._replace(alibi_slopes=_dl_opt(options.alibi_slopes), sinks=_dl_opt(options.sinks))._asdict()
     with torch.cuda.device(q.device):
         out = _out_for(q, v)
@@ -370,7 +417,10 @@ def attention(q, k, v, options: AttentionOptions, with_lse=True):
     if not _all_tensors(q, k, v):  # flash_attn_func has sent NumPy and DLPack arrays elsewhere
         require_tensors("attn.flash_attn_func", q=q, k=k, v=v)
     if q.is_cuda:
-        return _cuda_forward("attn.flash_attn_func", q, k, v, options, with_lse)
+        _require_cuda_call("attn.flash_attn_func", q, k, v, options)
+        if not _needs_grad(q, k, v, options.sinks):
+            return _cuda_fwd(q, k, v, *options, with_lse=with_lse)
+        return _Attention.apply(q, k, v, options.sinks, options)
     require_cpu("attn.flash_attn_func", q, k, v)
     if not _needs_grad(q, k, v, options.sinks):
         return _fwd_eager(q, k, v, *options, with_lse=with_lse)
@@ -383,7 +433,10 @@ def varlen_attention(q, k, v, cu_q, cu_k, options: AttentionOptions):
     if not _all_tensors(q, k, v):
         require_tensors("attn.flash_attn_varlen_func", q=q, k=k, v=v)
     if q.is_cuda:
-        return _cuda_forward("attn.flash_attn_varlen_func", q, k, v, options, True, (cu_q, cu_k))
+        _require_cuda_call("attn.flash_attn_varlen_func", q, k, v, options, (cu_q, cu_k))
+        if not _needs_grad(q, k, v, options.sinks):
+            return _cuda_launch(q, k, v, options, True, (cu_q, cu_k))
+        return _VarlenAttention.apply(q, k, v, cu_q, cu_k, options.sinks, options)
     require_cpu("attn.flash_attn_varlen_func", q, k, v)
     if not _needs_grad(q, k, v, options.sinks):
         return _varlen_fwd_eager(q, k, v, cu_q, cu_k, *options)

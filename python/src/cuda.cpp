@@ -1,9 +1,8 @@
 // attn._C's CUDA bindings, compiled when the package is built with the CUDA backend (ATTN_CUDA=ON in
 // CMake: docs/python.md). torch CUDA tensors reach attn::cuda's entry points (include/attn/cuda.hpp)
 // as DLPack capsules, zero-copy, on the stream the Python side passes (torch's current stream of the
-// tensors' device, which it makes current): the forward, its varlen forms (packed or paged keys) and the
-// kvcache call.
-// Inference only: the CUDA backend's backward (attn::cuda::attention_backward) is not bound here yet.
+// tensors' device, which it makes current): the forward and its backward, their varlen forms (packed
+// keys; paged keys forward only) and the kvcache call.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -92,6 +91,49 @@ void kvcache_cuda(const CudaArray& q, const CudaArray& k_cache, const CudaArray&
 }
 
 }  // namespace
+// dq, dk, dv (and dsink [heads] f32) from the forward's out and lse: attn::cuda::attention_backward, queued
+// on `stream`.
+void backward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
+                   const CudaArray& dout, const CudaArray& lse, const CudaArray& dq, const CudaArray& dk,
+                   const CudaArray& dv, std::optional<CudaArray> dsink, std::uintptr_t stream,
+                   std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
+                   std::optional<CudaArray> alibi, double dropout_p, std::uint64_t seed, std::uint64_t offset,
+                   int threads, std::optional<CudaArray> sinks) {
+  const char* who = "attn.backward_cuda";
+  const attn::AttentionOptions o =
+      CudaOptions{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
+          .resolve(who, q);
+  const TensorView views[] = {view_of(who, "q", q, 4),     view_of(who, "k", k, 4),       view_of(who, "v", v, 4),
+                              view_of(who, "out", out, 4), view_of(who, "dout", dout, 4), view_of(who, "lse", lse, 3),
+                              view_of(who, "dq", dq, 4),   view_of(who, "dk", dk, 4),     view_of(who, "dv", dv, 4)};
+  const TensorView ds = dsink ? sink_grad_view(who, *dsink) : TensorView{};
+  nb::gil_scoped_release unlocked;
+  attn::cuda::attention_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7],
+                                 views[8], o, dsink ? &ds : nullptr, stream_of(stream));
+}
+
+// The varlen form (packed [total, heads, head_dim]; lse [heads, total_q]): attn::cuda::attention_varlen_backward.
+void varlen_backward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
+                          const CudaArray& dout, const CudaArray& lse, const CudaArray& dq, const CudaArray& dk,
+                          const CudaArray& dv, const CudaArray& cu_seqlens_q, const CudaArray& cu_seqlens_k,
+                          std::optional<CudaArray> dsink, std::uintptr_t stream, std::optional<double> scale,
+                          bool causal, std::int64_t wl, std::int64_t wr, double softcap, std::optional<CudaArray> alibi,
+                          double dropout_p, std::uint64_t seed, std::uint64_t offset, int threads,
+                          std::optional<CudaArray> sinks) {
+  const char* who = "attn.varlen_backward_cuda";
+  const attn::AttentionOptions o =
+      CudaOptions{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
+          .resolve(who, q);
+  const attn::VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
+  const TensorView views[] = {
+      view_of(who, "q", q, 3),     view_of(who, "k", k, 3),       view_of(who, "v", v, 3),
+      view_of(who, "out", out, 3), view_of(who, "dout", dout, 3), view_of(who, "lse", lse, 3, true),
+      view_of(who, "dq", dq, 3),   view_of(who, "dk", dk, 3),     view_of(who, "dv", dv, 3)};
+  const TensorView ds = dsink ? sink_grad_view(who, *dsink) : TensorView{};
+  nb::gil_scoped_release unlocked;
+  attn::cuda::attention_varlen_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7],
+                                        views[8], vb, o, dsink ? &ds : nullptr, stream_of(stream));
+}
 
 void register_cuda(nb::module_& m) {
   m.def("forward_cuda", &forward_cuda, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
@@ -103,6 +145,14 @@ void register_cuda(nb::module_& m) {
         nb::arg("stream") = 0, ATTN_OPTION_ARGS,
         "attn::cuda::attention_varlen on CUDA tensors (packed [total, heads, head_dim]; lse [heads, total_q]); with "
         "block_table, attention_varlen_paged (k, v [num_pages, page_size, kv_heads, head_dim]); queued on `stream`.");
+  m.def("backward_cuda", &backward_cuda, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"),
+        nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dsink").none() = nb::none(),
+        nb::arg("stream") = 0, ATTN_OPTION_ARGS,
+        "attn::cuda::attention_backward into dq, dk, dv (and dsink) on CUDA tensors, queued on `stream`.");
+  m.def("varlen_backward_cuda", &varlen_backward_cuda, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q"),
+        nb::arg("cu_seqlens_k"), nb::arg("dsink").none() = nb::none(), nb::arg("stream") = 0, ATTN_OPTION_ARGS,
+        "attn::cuda::attention_varlen_backward into dq, dk, dv (and dsink) on CUDA tensors, queued on `stream`.");
   m.def("kvcache_cuda", &kvcache_cuda, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("block_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),

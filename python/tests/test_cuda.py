@@ -1,6 +1,7 @@
 """flash_attn_func, flash_attn_varlen_func and flash_attn_with_kvcache on CUDA tensors: attn's CUDA
-backend (bf16/f16, head dims 64, 128 and 256, inference only) against the f64 reference, with
-flash-attn's 2x rule for outputs. Skipped where there is no GPU or the package was built without the
+backend (bf16/f16, head dims 64, 128 and 256) against the f64 reference, with flash-attn's rules: 2x the
+textbook error for outputs, 3x for gradients (the forward and backward; paged keys and the cache
+inference only). Skipped where there is no GPU or the package was built without the
 CUDA backend; scripts/gpu-check runs it on a lent GPU."""
 import itertools
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 import attn
-from test_flash_attn import attention_ref, check_rule
+from test_flash_attn import attention_ref, check_rule, grads
 
 needs_gpu = pytest.mark.skipif(not (attn._C.has_cuda and torch.cuda.is_available()),
                                reason="needs a CUDA GPU and the package built with ATTN_CUDA=ON")
@@ -23,6 +24,18 @@ def cuda_qkv(sq, sk, h, hk, d, dtype, seed):
     return make(2, sq, h, d), make(2, sk, hk, d), make(2, sk, hk, d)
 
 
+def mask_kwargs(mask):
+    """The keyword options of a MASKS entry (CPU tensors), and the same on the GPU."""
+    kw = {"causal": mask in ("causal", "alibi")}
+    if mask == "local":
+        kw["window_size"] = (17, 5)
+    if mask == "softcap":
+        kw["softcap"] = 2.5
+    if mask == "alibi":
+        kw["alibi_slopes"] = torch.rand(2, 4, dtype=torch.float32, generator=torch.Generator().manual_seed(2)) * 0.3
+    return kw, {key: (t.cuda() if torch.is_tensor(t) else t) for key, t in kw.items()}
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", CASES)
@@ -30,14 +43,7 @@ def cuda_qkv(sq, sk, h, hk, d, dtype, seed):
 def test_cuda_forward_within_twice_the_textbook_error(dtype, case, mask):
     sq, sk, d = case
     q, k, v = cuda_qkv(sq, sk, 4, 2, d, dtype, seed=sq + d)
-    kw = {"causal": mask in ("causal", "alibi")}
-    if mask == "local":
-        kw["window_size"] = (17, 5)
-    if mask == "softcap":
-        kw["softcap"] = 2.5
-    if mask == "alibi":
-        kw["alibi_slopes"] = torch.rand(2, 4, dtype=torch.float32) * 0.3
-    dev = {key: (t.cuda() if torch.is_tensor(t) else t) for key, t in kw.items()}
+    kw, dev = mask_kwargs(mask)
     out, lse, _ = attn.flash_attn_func(q.cuda(), k.cuda(), v.cuda(), return_attn_probs=True, **dev)
     assert out.is_cuda and out.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (2, 4, sq)
     ref = attention_ref(q, k, v, **kw)
@@ -45,6 +51,73 @@ def test_cuda_forward_within_twice_the_textbook_error(dtype, case, mask):
     check_rule(out.cpu(), ref, textbook, 2, dtype, "out")
     cpu_out, cpu_lse, _ = attn.flash_attn_func(q.float(), k.float(), v.float(), return_attn_probs=True, **kw)
     torch.testing.assert_close(lse.cpu(), cpu_lse, rtol=1e-3, atol=1e-3)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("mask", MASKS)
+def test_cuda_gradients_within_thrice_the_textbook_error(dtype, case, mask):
+    sq, sk, d = case
+    q, k, v = (t.requires_grad_() for t in cuda_qkv(sq, sk, 4, 2, d, dtype, seed=sq + d + 1))
+    kw, dev = mask_kwargs(mask)
+    on_gpu = [t.detach().cuda().requires_grad_() for t in (q, k, v)]
+    out = attn.flash_attn_func(*on_gpu, **dev)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(sq)).to(dtype)
+    got = torch.autograd.grad(out, on_gpu, dout.cuda())
+    ref, textbook = attention_ref(q, k, v, **kw), attention_ref(q, k, v, upcast=False, **kw)
+    for name, g, gr, gt in zip("qkv", got, grads(ref, (q, k, v), dout), grads(textbook, (q, k, v), dout)):
+        assert g.is_cuda and g.dtype == dtype
+        check_rule(g.cpu(), gr, gt, 3, dtype, "d" + name)
+
+
+@needs_gpu
+def test_cuda_sinks_gradient_matches_the_cpu():
+    q, k, v = cuda_qkv(64, 80, 4, 2, 64, torch.bfloat16, seed=21)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(22)).to(torch.bfloat16)
+    def run(device):
+        tensors = [t.to(device).requires_grad_() for t in (q, k, v, sinks)]
+        out = attn.flash_attn_func(*tensors[:3], causal=True, sinks=tensors[3])
+        return [g.cpu().double() for g in torch.autograd.grad(out, tensors, dout.to(device))]
+    for name, g, want in zip(("dq", "dk", "dv", "dsinks"), run("cuda"), run("cpu")):
+        assert (g - want).abs().max().item() <= 0.05 * max(want.abs().max().item(), 1.0), name
+
+
+@needs_gpu
+def test_cuda_varlen_gradients_equal_each_sequence_alone():
+    lens_q, lens_k, h, hk, d = [17, 1, 64], [40, 33, 64], 4, 2, 128
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(sum(lens_q), h, d, generator=g).to(torch.bfloat16).cuda().requires_grad_()
+    k, v = (torch.randn(sum(lens_k), hk, d, generator=g).to(torch.bfloat16).cuda().requires_grad_() for _ in range(2))
+    cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    out = attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    dout = torch.randn(out.shape, generator=g).to(torch.bfloat16).cuda()
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    for i in range(len(lens_q)):
+        qs, ks = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        alone = [t[None, s].detach().requires_grad_() for t, s in ((q, qs), (k, ks), (v, ks))]
+        o = attn.flash_attn_func(*alone, causal=True)
+        want = torch.autograd.grad(o, alone, dout[None, qs])
+        for name, got, w in zip(("dq", "dk", "dv"), (dq[qs], dk[ks], dv[ks]), want):
+            assert torch.equal(got, w[0]), f"sequence {i}: {name}"
+
+
+@needs_gpu
+def test_cuda_private_forward_and_backward_equal_the_autograd_path():
+    """flash-attn's _flash_attn_forward / _flash_attn_backward (what ring-flash-attn calls per block) on CUDA
+    tensors: the same kernels as flash_attn_func's autograd, so the same bits."""
+    from attn.flash_attn.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
+    q, k, v = (t.cuda().requires_grad_() for t in cuda_qkv(70, 90, 4, 2, 64, torch.bfloat16, seed=31))
+    out, lse, _, rng = _flash_attn_forward(q, k, v, 0.0, None, True, -1, -1, 0.0, None, False)
+    want_out, want_lse, _ = attn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(32)).to(torch.bfloat16).cuda()
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    _flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, None, True, -1, -1, 0.0, None, False, rng)
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), torch.autograd.grad(want_out, (q, k, v), dout)):
+        assert torch.equal(got, want), name
 
 
 @needs_gpu
@@ -56,12 +129,12 @@ def test_cuda_packed_forms_and_the_plain_call():
 
 
 @needs_gpu
-def test_cuda_bad_input_gets_a_named_error_and_no_gradient_is_faked():
+def test_cuda_bad_input_gets_a_named_error():
     q, k, v = (t.cuda() for t in cuda_qkv(16, 16, 2, 2, 64, torch.bfloat16, seed=4))
     with pytest.raises(attn.AttnError, match="k: must be on q's device"):
         attn.flash_attn_func(q, k.cpu(), v)
-    with pytest.raises(attn.AttnError, match="no backward pass"):
-        attn.flash_attn_func(q.requires_grad_(), k, v)
+    with pytest.raises(attn.AttnError, match="dropout"):
+        attn.flash_attn_func(q.detach().requires_grad_(), k, v, dropout_p=0.1)
     with pytest.raises(attn.AttnError, match="head_dim"):
         attn.flash_attn_func(*(t[..., :48].contiguous() for t in (q.detach(), k, v)))
     with pytest.raises(attn.AttnError, match="dropout"):

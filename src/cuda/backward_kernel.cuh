@@ -13,8 +13,9 @@
 // warp_pv with the operands' roles swapped: S^T = K Q^T is warp_qk with K as the A tile and Q as the B
 // tile, dV += P^T dO is warp_pv with dO as the B tile. P and dS are rounded to 16 bits as the A operands
 // of the second products (flash-attn does the same); d logit / d dot (the scale, and the soft-cap's
-// slope) is folded into dS, so no gradient is scaled afterwards. Tiles are loaded with cp.async and
-// waited for at once (one stage): docs/cuda.md has what is unmeasured.
+// slope) is folded into dS, so no gradient is scaled afterwards. The other side's tiles are double-buffered
+// with cp.async (the next tile's copies in flight while this one is multiplied); docs/cuda.md has what is
+// unmeasured.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,9 +32,9 @@ template <int D_, int WARPS_, int BC_, int SPLIT_>
 struct BwdTraits {
   static constexpr int D = D_, WARPS = WARPS_, BC = BC_, SPLIT = SPLIT_;
   static constexpr int THREADS = WARPS * 32, SLABS = WARPS / SPLIT, BR = SLABS * 16, DC = D / SPLIT;
-  // The block's two [BR][D] tiles (K and V, or Q and dO), the other side's two [BC][D] tiles, and BC
-  // rows' lse and D (f32).
-  static constexpr int SMEM_BYTES = (2 * BR + 2 * BC) * D * 2 + 2 * BC * 4;
+  // The block's two [BR][D] tiles (K and V, or Q and dO), two stages of the other side's two [BC][D]
+  // tiles, and (dkdv) two stages of BC rows' lse and D (f32).
+  static constexpr int SMEM_BYTES = (2 * BR + 4 * BC) * D * 2 + 4 * BC * 4;
 };
 
 // Row (b, i)'s index in the scratch arrays of head h (BwdParams::rows).
@@ -153,59 +154,94 @@ __device__ __forceinline__ void store_slab(const float (&acc)[C::DC / 8][4], int
   }
 }
 
-// One (query head, tile of BC query rows from i0) of a dkdv block: Q and dO loaded with their rows' lse2
-// and D, then the warp's S^T, dP^T, P^T, dS^T, and dV += P^T dO, dK += dS^T Q.
-template <class E, class C>
-__device__ __forceinline__ void dkdv_tile(float (&dk)[1][C::DC / 8][4], float (&dv)[1][C::DC / 8][4],
-                                          const BwdParams& p, const ForwardExtent& e, std::int64_t b, std::int64_t h,
-                                          std::int64_t j0, std::int64_t i0, const GradRule& g, const std::uint16_t* sK,
-                                          const std::uint16_t* sV, std::uint16_t* sQ, std::uint16_t* sdO, float* s_lse2,
-                                          float* s_delta) {
-  constexpr int D = C::D, BC = C::BC, NT = BC / 8;
+// The shared-memory tiles of one stage of a block's loop: the other side's two [BC][D] tiles (Q and dO,
+// or K and V) and, in dkdv, their rows' lse2 and D. Two stages: the next tile's copies land in one while
+// the warps multiply the other.
+struct Stage {
+  std::uint16_t *a, *b;
+  float *lse2, *delta;
+};
+template <class C>
+__device__ __forceinline__ Stage stage_at(std::uint16_t* first, int stage) {
+  constexpr int BC = C::BC, D = C::D;
+  std::uint16_t* a = first + stage * 2 * BC * D;
+  float* stats = reinterpret_cast<float*>(first + 4 * BC * D) + stage * 2 * BC;
+  return {a, a + BC * D, stats, stats + BC};
+}
+
+// The (query head, query tile) pairs of a dkdv block in order, heads outer: pair w is head first_head +
+// w / tiles, rows from begin + (w % tiles) BC.
+struct QueryTiles {
+  std::int64_t first_head, begin, tiles, count;
+  __device__ __forceinline__ QueryTiles(std::int64_t kvh, std::int64_t group, RowRange rows, int bc)
+      : first_head(kvh * group),
+        begin(rows.begin),
+        tiles(rows.end > rows.begin ? (rows.end - rows.begin + bc - 1) / bc : 0),
+        count(group * tiles) {}
+  __device__ __forceinline__ std::int64_t head(std::int64_t w) const { return first_head + w / tiles; }
+  __device__ __forceinline__ std::int64_t row0(std::int64_t w, int bc) const { return begin + w % tiles * bc; }
+};
+
+// Issues the copies of head h's query tile from i0 (Q, dO) into stage st, one cp.async group, and
+// stores its rows' lse2 and D (rows past the sequence: no weights).
+template <class C>
+__device__ __forceinline__ void load_query_tile(const BwdParams& p, const ForwardExtent& e, std::int64_t b,
+                                                std::int64_t h, std::int64_t i0, const Stage& st) {
+  constexpr int D = C::D, BC = C::BC;
   const bool packed = p.f.cu_q != nullptr;
   const int valid = valid_rows(e.sq - i0, BC);
-  __syncthreads();  // the previous tile's readers are done with sQ, sdO and the row stats
   load_strided_tile<D, C::THREADS, BC>(
-      sQ, row_at(static_cast<const std::uint16_t*>(p.f.q), p.f.qs, packed, b, e.q_off, i0, h), p.f.qs[1], valid);
+      st.a, row_at(static_cast<const std::uint16_t*>(p.f.q), p.f.qs, packed, b, e.q_off, i0, h), p.f.qs[1], valid);
   load_strided_tile<D, C::THREADS, BC>(
-      sdO, row_at(static_cast<const std::uint16_t*>(p.dout), p.dos, packed, b, e.q_off, i0, h), p.dos[1], valid);
+      st.b, row_at(static_cast<const std::uint16_t*>(p.dout), p.dos, packed, b, e.q_off, i0, h), p.dos[1], valid);
   cp_async_commit();
   for (int c = static_cast<int>(threadIdx.x); c < BC; c += C::THREADS) {
     const bool ok = c < valid;
     const std::int64_t r = h * p.rows + scratch_row(p, e, b, i0 + (ok ? c : 0));
-    s_lse2[c] = ok ? p.lse2[r] : -kNegInf;
-    s_delta[c] = ok ? p.delta[r] : 0.f;
+    st.lse2[c] = ok ? p.lse2[r] : -kNegInf;
+    st.delta[c] = ok ? p.delta[r] : 0.f;
   }
-  cp_async_wait<0>();
-  __syncthreads();
+}
 
+// One query tile of a dkdv block (its Q, dO and row stats in `st`, landed): the warp's S^T, dP^T, P^T,
+// dS^T, and dV += P^T dO, dK += dS^T Q.
+template <class E, class C>
+__device__ __forceinline__ void dkdv_tile(float (&dk)[1][C::DC / 8][4], float (&dv)[1][C::DC / 8][4], std::int64_t j0,
+                                          std::int64_t i0, const GradRule& g, const std::uint16_t* sK,
+                                          const std::uint16_t* sV, const Stage& st) {
+  constexpr int D = C::D, NT = C::BC / 8;
   const int slab = warp_slab<C>();
   float s[1][NT][4], dp[1][NT][4];
-  warp_qk<E, D, NT, 1>(s, sK, slab * 16, sQ, 0);
-  warp_qk<E, D, NT, 1>(dp, sV, slab * 16, sdO, 0);
-  const bool need_mask = tile_needs_mask(g.mask, i0, BC, C::BR, blockIdx.x);
+  warp_qk<E, D, NT, 1>(s, sK, slab * 16, st.a, 0);
+  warp_qk<E, D, NT, 1>(dp, sV, slab * 16, st.b, 0);
+  const bool need_mask = tile_needs_mask(g.mask, i0, C::BC, C::BR, blockIdx.x);
   weights_and_grads<NT>(
       s[0], dp[0], g, need_mask,
       [&](int n, int x) {
         return QueryKey{i0 + slab_col(n, x), j0 + slab_row<C>(x >> 1)};
       },
       [&](int n, int x) {
-        return RowStats{s_lse2[slab_col(n, x)], s_delta[slab_col(n, x)]};
+        return RowStats{st.lse2[slab_col(n, x)], st.delta[slab_col(n, x)]};
       });
-  warp_pv<E, D, NT, 1, C::DC>(dv, s, sdO, 0, warp_col0<C>());
-  warp_pv<E, D, NT, 1, C::DC>(dk, dp, sQ, 0, warp_col0<C>());
+  warp_pv<E, D, NT, 1, C::DC>(dv, s, st.b, 0, warp_col0<C>());
+  warp_pv<E, D, NT, 1, C::DC>(dk, dp, st.a, 0, warp_col0<C>());
+}
+
+template <class C>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[1][C::DC / 8][4]) {
+#pragma unroll
+  for (int d = 0; d < C::DC / 8; ++d)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) acc[0][d][x] = 0.f;
 }
 
 template <class E, class C>
 __global__ void __launch_bounds__(C::THREADS) dkdv_kernel(const BwdParams p) {
-  constexpr int D = C::D, BR = C::BR, BC = C::BC, DT = C::DC / 8;
+  constexpr int D = C::D, BR = C::BR, BC = C::BC;
   ATTN_DYNAMIC_SMEM(std::uint16_t, smem);
   std::uint16_t* sK = smem;  // [BR][D]
   std::uint16_t* sV = sK + BR * D;
-  std::uint16_t* sQ = sV + BR * D;  // [BC][D]
-  std::uint16_t* sdO = sQ + BC * D;
-  float* s_lse2 = reinterpret_cast<float*>(sdO + BC * D);
-  float* s_delta = s_lse2 + BC;
+  std::uint16_t* stages = sV + BR * D;  // 2 x (Q, dO [BC][D]), then 2 x (lse2, D [BC])
 
   const std::int64_t b = blockIdx.z, kvh = blockIdx.y, j0 = std::int64_t{blockIdx.x} * BR;
   const ForwardExtent e = forward_extent(p.f, b);
@@ -216,21 +252,23 @@ __global__ void __launch_bounds__(C::THREADS) dkdv_kernel(const BwdParams p) {
       sK, row_at(static_cast<const std::uint16_t*>(p.f.k), p.f.ks, packed, b, e.k_off, j0, kvh), p.f.ks[1], valid);
   load_strided_tile<D, C::THREADS, BR>(
       sV, row_at(static_cast<const std::uint16_t*>(p.f.v), p.f.vs, packed, b, e.k_off, j0, kvh), p.f.vs[1], valid);
-  cp_async_commit();  // waited for with the first query tile's loads
+  cp_async_commit();  // waited for with the first query tile's copies
 
-  float dk[1][DT][4], dv[1][DT][4];
-#pragma unroll
-  for (int d = 0; d < DT; ++d)
-#pragma unroll
-    for (int x = 0; x < 4; ++x) dk[0][d][x] = dv[0][d][x] = 0.f;
+  float dk[1][C::DC / 8][4], dv[1][C::DC / 8][4];
+  zero_accumulators<C>(dk);
+  zero_accumulators<C>(dv);
   const detail::Mask mask = p.f.rule.mask(e.sq, e.sk);
-  const RowRange rows = query_rows(mask, j0, j0 + valid);
-  const std::int64_t group = p.f.heads / p.f.kv_heads;
+  const QueryTiles work(kvh, p.f.heads / p.f.kv_heads, query_rows(mask, j0, j0 + valid), BC);
   const float scale = static_cast<float>(p.f.rule.scale);
-  for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+  if (work.count > 0) load_query_tile<C>(p, e, b, work.head(0), work.row0(0, BC), stage_at<C>(stages, 0));
+  for (std::int64_t w = 0; w < work.count; ++w) {
+    cp_async_wait<0>();  // tile w landed
+    __syncthreads();     // for every thread, and every warp is done with tile w - 1's stage
+    if (w + 1 < work.count)
+      load_query_tile<C>(p, e, b, work.head(w + 1), work.row0(w + 1, BC), stage_at<C>(stages, (w + 1) & 1));
+    const std::int64_t h = work.head(w);
     const GradRule g{mask, p.f.rule.alibi_slope(b, h), scale, scale * kLog2e, p.f.rule.softcap > 0};
-    for (std::int64_t i0 = rows.begin; i0 < rows.end; i0 += BC)
-      dkdv_tile<E, C>(dk, dv, p, e, b, h, j0, i0, g, sK, sV, sQ, sdO, s_lse2, s_delta);
+    dkdv_tile<E, C>(dk, dv, j0, work.row0(w, BC), g, sK, sV, stage_at<C>(stages, w & 1));
   }
   cp_async_wait<0>();  // no query tile: K and V's copies end before the block does
   store_slab<E, C>(dk[0], valid, [&](int r) {
@@ -241,14 +279,32 @@ __global__ void __launch_bounds__(C::THREADS) dkdv_kernel(const BwdParams p) {
   });
 }
 
+// One key tile t of a dq block (its K and V in `st`, landed): the warp's S, dP, P, dS and dQ += dS K.
+template <class E, class C>
+__device__ __forceinline__ void dq_tile(float (&dq)[1][C::DC / 8][4], std::int64_t i0, std::int64_t t,
+                                        const GradRule& g, const RowStats (&row)[2], const std::uint16_t* sQ,
+                                        const std::uint16_t* sdO, const Stage& st) {
+  constexpr int D = C::D, BC = C::BC, NT = BC / 8;
+  const int slab = warp_slab<C>();
+  float s[1][NT][4], dp[1][NT][4];
+  warp_qk<E, D, NT, 1>(s, sQ, slab * 16, st.a, 0);
+  warp_qk<E, D, NT, 1>(dp, sdO, slab * 16, st.b, 0);
+  weights_and_grads<NT>(
+      s[0], dp[0], g, tile_needs_mask(g.mask, i0, C::BR, BC, t),
+      [&](int n, int x) {
+        return QueryKey{i0 + slab_row<C>(x >> 1), t * BC + slab_col(n, x)};
+      },
+      [&](int, int x) { return row[x >> 1]; });
+  warp_pv<E, D, NT, 1, C::DC>(dq, dp, st.a, 0, warp_col0<C>());
+}
+
 template <class E, class C>
 __global__ void __launch_bounds__(C::THREADS) dq_kernel(const BwdParams p) {
-  constexpr int D = C::D, BR = C::BR, BC = C::BC, NT = BC / 8, DT = C::DC / 8;
+  constexpr int D = C::D, BR = C::BR, BC = C::BC;
   ATTN_DYNAMIC_SMEM(std::uint16_t, smem);
   std::uint16_t* sQ = smem;  // [BR][D]
   std::uint16_t* sdO = sQ + BR * D;
-  std::uint16_t* sK = sdO + BR * D;  // [BC][D]
-  std::uint16_t* sV = sK + BC * D;
+  std::uint16_t* stages = sdO + BR * D;  // 2 x (K, V [BC][D])
 
   const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = std::int64_t{blockIdx.x} * BR;
   const ForwardExtent e = forward_extent(p.f, b);
@@ -275,30 +331,21 @@ __global__ void __launch_bounds__(C::THREADS) dq_kernel(const BwdParams p) {
   const TileRange tiles = key_tiles(mask, i0, BR, BC);
   const std::uint16_t* k = row_at(static_cast<const std::uint16_t*>(p.f.k), p.f.ks, packed, b, e.k_off, 0, kvh);
   const std::uint16_t* v = row_at(static_cast<const std::uint16_t*>(p.f.v), p.f.vs, packed, b, e.k_off, 0, kvh);
-  float dq[1][DT][4];
-#pragma unroll
-  for (int d = 0; d < DT; ++d)
-#pragma unroll
-    for (int x = 0; x < 4; ++x) dq[0][d][x] = 0.f;
-  const int slab = warp_slab<C>();
-  for (std::int64_t t = tiles.first; t < tiles.end; ++t) {
-    __syncthreads();  // the previous tile's readers are done with sK and sV
+  auto load_keys = [&](std::int64_t t, const Stage& st) {  // key tile t's K and V, one cp.async group
     const int kv_valid = valid_rows(e.sk - t * BC, BC);
-    load_strided_tile<D, C::THREADS, BC>(sK, k + t * BC * p.f.ks[1], p.f.ks[1], kv_valid);
-    load_strided_tile<D, C::THREADS, BC>(sV, v + t * BC * p.f.vs[1], p.f.vs[1], kv_valid);
+    load_strided_tile<D, C::THREADS, BC>(st.a, k + t * BC * p.f.ks[1], p.f.ks[1], kv_valid);
+    load_strided_tile<D, C::THREADS, BC>(st.b, v + t * BC * p.f.vs[1], p.f.vs[1], kv_valid);
     cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    float s[1][NT][4], dp[1][NT][4];
-    warp_qk<E, D, NT, 1>(s, sQ, slab * 16, sK, 0);
-    warp_qk<E, D, NT, 1>(dp, sdO, slab * 16, sV, 0);
-    weights_and_grads<NT>(
-        s[0], dp[0], g, tile_needs_mask(mask, i0, BR, BC, t),
-        [&](int n, int x) {
-          return QueryKey{i0 + slab_row<C>(x >> 1), t * BC + slab_col(n, x)};
-        },
-        [&](int, int x) { return row[x >> 1]; });
-    warp_pv<E, D, NT, 1, C::DC>(dq, dp, sK, 0, warp_col0<C>());
+  };
+  float dq[1][C::DC / 8][4];
+  zero_accumulators<C>(dq);
+  if (tiles.first < tiles.end) load_keys(tiles.first, stage_at<C>(stages, 0));
+  for (std::int64_t t = tiles.first; t < tiles.end; ++t) {
+    const int stage = static_cast<int>((t - tiles.first) & 1);
+    cp_async_wait<0>();  // tile t (and Q, dO) landed
+    __syncthreads();     // for every thread, and every warp is done with tile t - 1's stage
+    if (t + 1 < tiles.end) load_keys(t + 1, stage_at<C>(stages, stage ^ 1));
+    dq_tile<E, C>(dq, i0, t, g, row, sQ, sdO, stage_at<C>(stages, stage));
   }
   cp_async_wait<0>();  // no key tile: Q and dO's copies end before the block does
   store_slab<E, C>(dq[0], valid, [&](int r) {

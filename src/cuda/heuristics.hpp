@@ -30,10 +30,10 @@ using Fwd256 = FwdTraits<256, 4, 1, 32, 1>;  // 32 + 64 KB
 // half of the columns (DC = 128), since 256 accumulators alone fill a thread's 255 registers (with one
 // warp a slab, ptxas spilled 588 bytes in the dkdv loop). Registers and spills: scripts/sass-report.
 // Unmeasured on a GPU.
-//                       D   warps  other side's rows  column groups   smem (2 x 64 + 2 x BC rows, 16-bit)
-using Bwd64 = BwdTraits<64, 4, 64, 1>;    // 32 KB
-using Bwd128 = BwdTraits<128, 4, 32, 1>;  // 48 KB
-using Bwd256 = BwdTraits<256, 8, 32, 2>;  // 96 KB
+//                       D   warps  other side's rows  column groups   smem (2 x 64 + 2 stages x 2 x BC rows)
+using Bwd64 = BwdTraits<64, 4, 64, 1>;    // 49 KB
+using Bwd128 = BwdTraits<128, 4, 32, 1>;  // 64.5 KB
+using Bwd256 = BwdTraits<256, 8, 32, 2>;  // 128.5 KB
 
 // Decode: memory-bound, so the tile and the stage count keep enough bytes in flight per SM (about
 // 96 KB of K and V in shared memory, 2 blocks per SM for d <= 128); 4 warps, one kv head per block.

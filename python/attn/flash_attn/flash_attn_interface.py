@@ -56,6 +56,12 @@ def _forward(who, q, k, v, dropout_p, softmax_scale, causal, window_size_left, w
     seed = _seed(dropout_p, generator)
     opts = _options(who, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, seed)
+    if q.is_cuda:  # attn's CUDA backend (what ring-flash-attn and other libraries on these names call per block)
+        _ops._require_cuda_call(who, q, k, v, opts)
+        if return_softmax:
+            raise _C.AttnError(f"{who}: return_softmax: S_dmask is CPU-only (the CUDA backend has no dropout)")
+        out, lse = _ops._cuda_fwd(q.detach(), k.detach(), v.detach(), *opts)
+        return out, lse, out.new_empty((0,)), torch.tensor([seed, 0], dtype=torch.int64)
     out, lse = _ops._fwd_eager(q.detach(), k.detach(), v.detach(), *opts)
     rng_state = torch.tensor([seed, 0], dtype=torch.int64)
     shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
@@ -80,8 +86,14 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
     seed = int(rng_state[0]) if rng_state is not None else 0
     opts = _options(_WHO + "_flash_attn_backward", dropout_p, softmax_scale, causal, window_size_left,
                     window_size_right, softcap, alibi_slopes, seed)
-    _C.backward(q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), softmax_lse, dq, dk, dv, offset=0,
-                **opts._asdict())  # the fields are the binding's keywords
+    if q.is_cuda:
+        _ops._require_cuda_call(_WHO + "_flash_attn_backward", q, k, v, opts)
+        with torch.cuda.device(q.device):
+            _C.backward_cuda(q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), softmax_lse, dq, dk, dv,
+                             stream=_ops.cuda_stream(q), offset=0, **opts._asdict())
+    else:
+        _C.backward(q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), softmax_lse, dq, dk, dv, offset=0,
+                    **opts._asdict())  # the fields are the binding's keywords
     return _softmax_d(dout, out, dropout_p).transpose(1, 2).contiguous()
 
 
