@@ -194,6 +194,87 @@ TEST_F(GpuBackward, VarlenEqualsEachSequenceAlone) {
   }
 }
 
+// ---- Non-finite inputs: the CPU's rules (docs/robustness.md) ------------------------------------------
+// A NaN or infinity in one entry of q, k, v or dout reaches only the gradients that read it; every other
+// gradient element is bitwise what it is without it. Causal, B 2 x 70 x 70, 4 heads over 2 kv heads, d 64
+// (query tiles of 64, key blocks of 64: the bad row shares its tiles with rows the mask hides it from).
+struct Reach {
+  std::function<bool(std::int64_t b, std::int64_t i, std::int64_t h)> dq, dkv;  // dkv: (b, j, kv head)
+};
+template <class T>
+void expect_backward_confined(const char* what, const std::function<void(std::vector<Tensor<T>*>)>& poison,
+                              const Reach& may_change) {
+  const std::int64_t B = 2, S = 70, H = 4, HK = 2, D = 64;
+  std::vector<Tensor<T>> in = {random_tensor<T>(B, S, H, D, 41), random_tensor<T>(B, S, HK, D, 42),
+                               random_tensor<T>(B, S, HK, D, 43), random_tensor<T>(B, S, H, D, 44),
+                               random_tensor<T>(B, S, H, D, 45)};  // q, k, v, dout, out
+  std::vector<float> lse(static_cast<std::size_t>(B * H * S));
+  for (std::size_t e = 0; e < lse.size(); ++e) lse[e] = 1.5f + 0.02f * static_cast<float>(e % 31);
+  AttentionOptions o;
+  o.causal = true;
+  auto run = [&](const std::vector<Tensor<T>>& t) {
+    Dev<T> q(t[0]), k(t[1]), v(t[2]), dout(t[3]), out(t[4]);
+    Dev<float> l(lse);
+    Dev<T> dq(poisoned<T>(B, S, H, D)), dk(poisoned<T>(B, S, HK, D)), dv(poisoned<T>(B, S, HK, D));
+    cuda::attention_backward(q.view(), k.view(), v.view(), out.view(), dout.view(),
+                             TensorView::contiguous(l.ptr, B, H, S), dq.view(), dk.view(), dv.view(), o);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return std::vector<std::vector<T>>{dq.get(), dk.get(), dv.get()};
+  };
+  const auto clean = run(in);
+  auto bad = in;
+  poison({&bad[0], &bad[1], &bad[2], &bad[3]});
+  const auto got = run(bad);
+  std::int64_t changed_elsewhere = 0, nonfinite_where_allowed = 0;
+  for (int g = 0; g < 3; ++g) {
+    const std::int64_t heads = g == 0 ? H : HK;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t i = 0; i < S; ++i)
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const bool may = g == 0 ? may_change.dq(b, i, h) : may_change.dkv(b, i, h);
+          for (std::int64_t c = 0; c < D; ++c) {
+            const auto at = static_cast<std::size_t>(((b * S + i) * heads + h) * D + c);
+            if (may)
+              nonfinite_where_allowed += !std::isfinite(detail::load<double>(got[g][at]));
+            else
+              changed_elsewhere += got[g][at].bits != clean[g][at].bits;
+          }
+        }
+  }
+  EXPECT_EQ(changed_elsewhere, 0) << what << " changed gradients that do not read it";
+  EXPECT_GT(nonfinite_where_allowed, 0) << what << " did not reach the gradients that read it";
+}
+
+// Query row i = 2 of (batch 1, head 3) is read by its own dq and, through S and dS, by dk and dv of the
+// keys it sees (j <= 2 of kv head 1); so is its dout row.
+const Reach kQueryRow{[](auto b, auto i, auto h) { return b == 1 && i == 2 && h == 3; },
+                      [](auto b, auto j, auto kh) { return b == 1 && j <= 2 && kh == 1; }};
+// Key row j = 3 of (batch 0, kv head 1) is read by dq of the rows that see it (i >= 3, heads 2 and 3)
+// and by its own dk and dv; its value row the same.
+const Reach kKeyRow{[](auto b, auto i, auto h) { return b == 0 && i >= 3 && h >= 2; },
+                    [](auto b, auto j, auto kh) { return b == 0 && j == 3 && kh == 1; }};
+
+TEST_F(GpuBackward, NanOrInfInAQueryRowStaysInTheGradientsThatReadIt) {
+  for (double bad : {double(NAN), double(INFINITY)})
+    expect_backward_confined<bf16_t>(
+        "a non-finite q entry", [bad](auto t) { t[0]->at(1, 2, 3, 1) = detail::store<bf16_t>(bad); }, kQueryRow);
+}
+TEST_F(GpuBackward, NanOrInfInADoutRowStaysInTheGradientsThatReadIt) {
+  for (double bad : {double(NAN), double(INFINITY)})
+    expect_backward_confined<bf16_t>(
+        "a non-finite dout entry", [bad](auto t) { t[3]->at(1, 2, 3, 1) = detail::store<bf16_t>(bad); }, kQueryRow);
+}
+TEST_F(GpuBackward, NanOrInfInAKeyRowStaysInTheGradientsThatReadIt) {
+  for (double bad : {double(NAN), double(INFINITY)})
+    expect_backward_confined<f16_t>(
+        "a non-finite k entry", [bad](auto t) { t[1]->at(0, 3, 1, 0) = detail::store<f16_t>(bad); }, kKeyRow);
+}
+TEST_F(GpuBackward, NanOrInfInAValueRowStaysInTheGradientsThatReadIt) {
+  for (double bad : {double(NAN), double(INFINITY)})
+    expect_backward_confined<bf16_t>(
+        "a non-finite v entry", [bad](auto t) { t[2]->at(0, 3, 1, 0) = detail::store<bf16_t>(bad); }, kKeyRow);
+}
+
 // Bad input: the CPU backward's named errors, and the backend's own (dropout, host memory), before any
 // write (the gradients keep their poison).
 TEST_F(GpuBackward, RejectsBadInputBeforeWriting) {

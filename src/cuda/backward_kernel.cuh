@@ -203,6 +203,23 @@ __device__ __forceinline__ void load_query_tile(const BwdParams& p, const Forwar
   }
 }
 
+// acc += w B for one warp_pv whose B tile [BC][D] may hold a NaN or infinity in a tile the mask cuts
+// (need_mask, the same for the whole block): as in the forward (tile.cuh), those elements are added on
+// CUDA cores for the rows that see their row of B (sees(half, j)), then zeroed, so that a row masked from
+// them weights a 0 by 0, not NaN by 0. All threads of the block; a barrier when need_mask.
+template <class E, class C, class SeesFn>
+__device__ __forceinline__ void pv_confined(float (&acc)[1][C::DC / 8][4], const float (&w)[1][C::BC / 8][4],
+                                            std::uint16_t* tile, bool need_mask, SeesFn sees) {
+  constexpr int D = C::D, BC = C::BC, NT = BC / 8;
+  if (need_mask && any_nonfinite<E, D, BC, C::THREADS>(tile)) {  // rare
+    add_nonfinite_values<E, D, NT, C::DC>(acc[0], w[0], tile, 0, sees, warp_col0<C>());
+    __syncthreads();
+    zero_nonfinite<E, D, BC, C::THREADS>(tile);
+    __syncthreads();
+  }
+  warp_pv<E, D, NT, 1, C::DC>(acc, w, tile, 0, warp_col0<C>());
+}
+
 // One query tile of a dkdv block (its Q, dO and row stats in `st`, landed): the warp's S^T, dP^T, P^T,
 // dS^T, and dV += P^T dO, dK += dS^T Q.
 template <class E, class C>
@@ -223,8 +240,9 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[1][C::DC / 8][4], float (&
       [&](int n, int x) {
         return RowStats{st.lse2[slab_col(n, x)], st.delta[slab_col(n, x)]};
       });
-  warp_pv<E, D, NT, 1, C::DC>(dv, s, st.b, 0, warp_col0<C>());
-  warp_pv<E, D, NT, 1, C::DC>(dk, dp, st.a, 0, warp_col0<C>());
+  auto sees = [&](int half, int c) { return visible(g.mask, i0 + c, j0 + slab_row<C>(half)); };
+  pv_confined<E, C>(dv, s, st.b, need_mask, sees);   // dO: rows that mask a query's dO get 0 x 0
+  pv_confined<E, C>(dk, dp, st.a, need_mask, sees);  // Q, after S^T and dP^T are done with it
 }
 
 template <class C>
@@ -289,13 +307,15 @@ __device__ __forceinline__ void dq_tile(float (&dq)[1][C::DC / 8][4], std::int64
   float s[1][NT][4], dp[1][NT][4];
   warp_qk<E, D, NT, 1>(s, sQ, slab * 16, st.a, 0);
   warp_qk<E, D, NT, 1>(dp, sdO, slab * 16, st.b, 0);
+  const bool need_mask = tile_needs_mask(g.mask, i0, C::BR, BC, t);
   weights_and_grads<NT>(
-      s[0], dp[0], g, tile_needs_mask(g.mask, i0, C::BR, BC, t),
+      s[0], dp[0], g, need_mask,
       [&](int n, int x) {
         return QueryKey{i0 + slab_row<C>(x >> 1), t * BC + slab_col(n, x)};
       },
       [&](int, int x) { return row[x >> 1]; });
-  warp_pv<E, D, NT, 1, C::DC>(dq, dp, st.a, 0, warp_col0<C>());
+  pv_confined<E, C>(dq, dp, st.a, need_mask,
+                    [&](int half, int c) { return visible(g.mask, i0 + slab_row<C>(half), t * BC + c); });
 }
 
 template <class E, class C>

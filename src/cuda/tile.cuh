@@ -310,9 +310,11 @@ __device__ __forceinline__ void zero_nonfinite(std::uint16_t* tile) {
 // Inlined into both kernels: as an out-of-line call taking o and p by reference, their addresses
 // escape and the compiler keeps them in local memory on every tile, not only on this path
 // (scripts/sass-report shows it as local loads and stores in the hot blocks).
-template <class E, int D, int NT, class VisibleFn>
-__device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const float (&p)[NT][4],
-                                                     const std::uint16_t* sv, int v_row0, VisibleFn visible_key) {
+// o may hold only DC of the D columns, from col0 on (warp_pv's column groups).
+template <class E, int D, int NT, int DC = D, class VisibleFn>
+__device__ __forceinline__ void add_nonfinite_values(float (&o)[DC / 8][4], const float (&p)[NT][4],
+                                                     const std::uint16_t* sv, int v_row0, VisibleFn visible_key,
+                                                     int col0 = 0) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -328,10 +330,10 @@ __device__ __forceinline__ void add_nonfinite_values(float (&o)[D / 8][4], const
 #pragma unroll 1
     for (int j = 0; j < 8 * NT; ++j) sees |= std::uint64_t{visible_key(half, j)} << j;
 #pragma unroll
-    for (int d = 0; d < D / 8; ++d)
+    for (int d = 0; d < DC / 8; ++d)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int col = d * 8 + (lane % 4) * 2 + c;
+        const int col = col0 + d * 8 + (lane % 4) * 2 + c;
 #pragma unroll 1
         for (int j = 0; j < 8 * NT; ++j) {
           const std::uint16_t x = sv[swizzle(v_row0 + j, col, D)];
