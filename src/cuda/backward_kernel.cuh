@@ -9,13 +9,14 @@
 //                     dO V^T and dS as above over the key tiles its rows see, dQ += dS K;
 //   sink_grad_kernel  dsink[h] = -sum over rows of 2^(sink - lse) D (with sinks and dsink), one block
 //                     per head.
-// Each warp owns 16 of the block's BR rows (keys in dkdv, queries in dq) and runs tile.cuh's warp_qk and
-// warp_pv with the operands' roles swapped: S^T = K Q^T is warp_qk with K as the A tile and Q as the B
+// Each warp owns 16 of the block's BR rows (keys in dkdv, queries in dq; at d = 256 two warps share them,
+// each with half the gradient's columns: BwdTraits) and runs tile.cuh's warp_qk and warp_pv with the
+// operands' roles swapped: S^T = K Q^T is warp_qk with K as the A tile and Q as the B
 // tile, dV += P^T dO is warp_pv with dO as the B tile. P and dS are rounded to 16 bits as the A operands
 // of the second products (flash-attn does the same); d logit / d dot (the scale, and the soft-cap's
 // slope) is folded into dS, so no gradient is scaled afterwards. The other side's tiles are double-buffered
-// with cp.async (the next tile's copies in flight while this one is multiplied); docs/cuda.md has what is
-// unmeasured.
+// with cp.async (the next tile's copies in flight while this one is multiplied). Non-finite inputs follow
+// the forward's rules (pv_confined). docs/cuda.md has the design and what is unmeasured.
 #pragma once
 
 #include <cuda_runtime.h>
