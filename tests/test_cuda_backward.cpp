@@ -127,7 +127,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The varlen backward gives each sequence what attention_backward gives it alone, bit for bit: a
 // sequence without queries gets dk = dv = 0, one without keys dq = 0, and nothing of one sequence reaches
-// another's rows.
+// another's rows. With sinks, its dsink is the sum of the sequences' own (a different order of the f64
+// sums: to 1e-6).
 TEST_F(GpuBackward, VarlenEqualsEachSequenceAlone) {
   const std::int64_t H = 4, HK = 2, D = 64;
   const std::vector<std::int32_t> lq = {17, 0, 70, 30, 9}, lk = {40, 9, 70, 0, 1}, cq = cu_seqlens(lq),
@@ -145,19 +146,24 @@ TEST_F(GpuBackward, VarlenEqualsEachSequenceAlone) {
   Dev<bf16_t> dq_(q), dk_(k), dv_(v), dout_(out), ddo(dout);
   Dev<float> dlse(lse);
   Dev<std::int32_t> dcq(cq), dck(ck);
+  Dev<float> d_sinks(sinks_for(H));
   for (bool causal : {false, true}) {
-    SCOPED_TRACE(causal ? "causal" : "full");
+    SCOPED_TRACE(causal ? "causal, sinks" : "full");
     AttentionOptions o;
     o.causal = causal;
+    if (causal) o.sinks = {d_sinks.ptr, H};
     Dev<bf16_t> gq(poisoned<bf16_t>(1, cq.back(), H, D)), gk(poisoned<bf16_t>(1, ck.back(), HK, D)),
         gv(poisoned<bf16_t>(1, ck.back(), HK, D));
+    Dev<float> dsink(poisoned<float>(static_cast<std::size_t>(H)));
+    const TensorView dsink_view = TensorView::contiguous(dsink.ptr, 1, H, 1);
+    std::vector<double> dsink_sum(static_cast<std::size_t>(H), 0.0);
     cuda::VarlenBatch vb;
     vb.cu_seqlens_q = dcq.ptr;
     vb.cu_seqlens_k = dck.ptr;
     vb.batch = batch;
     cuda::attention_varlen_backward(dq_.packed(), dk_.packed(), dv_.packed(), dout_.packed(), ddo.packed(),
                                     TensorView::contiguous(dlse.ptr, 1, H, cq.back()), gq.packed(), gk.packed(),
-                                    gv.packed(), vb, o);
+                                    gv.packed(), vb, o, causal ? &dsink_view : nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<bf16_t> all[3] = {gq.get(), gk.get(), gv.get()};
     for (std::int64_t b = 0; b < batch; ++b) {
@@ -174,14 +180,18 @@ TEST_F(GpuBackward, VarlenEqualsEachSequenceAlone) {
         Dev<float> dl(l);
         Dev<bf16_t> sq(poisoned<bf16_t>(1, nq, H, D)), sk(poisoned<bf16_t>(1, nk, HK, D)),
             sv(poisoned<bf16_t>(1, nk, HK, D));
+        Dev<float> own(poisoned<float>(static_cast<std::size_t>(H)));
+        const TensorView own_view = TensorView::contiguous(own.ptr, 1, H, 1);
         auto rows = [](const Dev<bf16_t>& t, std::int64_t first, std::int64_t n, std::int64_t heads) {
           return TensorView::contiguous(t.ptr + first * heads * D, 1, n, heads, D);
         };
         cuda::attention_backward(rows(dq_, cq[b], nq, H), rows(dk_, ck[b], nk, HK), rows(dv_, ck[b], nk, HK),
                                  rows(dout_, cq[b], nq, H), rows(ddo, cq[b], nq, H),
                                  TensorView::contiguous(dl.ptr, 1, H, nq), rows(sq, 0, nq, H), rows(sk, 0, nk, HK),
-                                 rows(sv, 0, nk, HK), o);
+                                 rows(sv, 0, nk, HK), o, causal ? &own_view : nullptr);
         CUDA_OK(cudaDeviceSynchronize());
+        if (causal)
+          for (std::int64_t h = 0; h < H; ++h) dsink_sum[h] += own.get()[h];
         want[0] = sq.get();
         want[1] = sk.get();
         want[2] = sv.get();
@@ -190,6 +200,11 @@ TEST_F(GpuBackward, VarlenEqualsEachSequenceAlone) {
       for (int g = 0; g < 3; ++g)
         for (std::size_t e = 0; e < want[g].size(); ++e)
           ASSERT_EQ(all[g][first[g] + e].bits, want[g][e].bits) << kGrad[g] << " element " << e;
+    }
+    if (causal) {
+      const std::vector<float> got = dsink.get();
+      for (std::int64_t h = 0; h < H; ++h)
+        EXPECT_NEAR(got[h], dsink_sum[h], 1e-6 * std::max(1.0, std::abs(dsink_sum[h]))) << "dsink, head " << h;
     }
   }
 }
