@@ -121,6 +121,27 @@ def test_cuda_private_forward_and_backward_equal_the_autograd_path():
 
 
 @needs_gpu
+def test_cuda_private_varlen_forward_and_backward_equal_the_autograd_path():
+    """_flash_attn_varlen_forward / _flash_attn_varlen_backward (ring-flash-attn's varlen rings) on CUDA tensors."""
+    from attn.flash_attn.flash_attn_interface import _flash_attn_varlen_backward, _flash_attn_varlen_forward
+    lens_q, lens_k, h, hk, d = [17, 1, 64], [40, 33, 64], 4, 2, 64
+    g = torch.Generator().manual_seed(33)
+    q = torch.randn(sum(lens_q), h, d, generator=g).to(torch.bfloat16).cuda().requires_grad_()
+    k, v = (torch.randn(sum(lens_k), hk, d, generator=g).to(torch.bfloat16).cuda().requires_grad_() for _ in range(2))
+    cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    args = (cu(lens_q), cu(lens_k), max(lens_q), max(lens_k))
+    out, lse, _, rng = _flash_attn_varlen_forward(q, k, v, *args, 0.0, None, True)
+    want_out, want_lse, _ = attn.flash_attn_varlen_func(q, k, v, *args, causal=True, return_attn_probs=True)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    dout = torch.randn(out.shape, generator=g).to(torch.bfloat16).cuda()
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    _flash_attn_varlen_backward(dout, q, k, v, out, lse, dq, dk, dv, *args, 0.0, None, True, -1, -1, 0.0, None, False,
+                                rng)
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), torch.autograd.grad(want_out, (q, k, v), dout)):
+        assert torch.equal(got, want), name
+
+
+@needs_gpu
 def test_cuda_packed_forms_and_the_plain_call():
     q, k, v = (t.cuda() for t in cuda_qkv(64, 64, 4, 4, 128, torch.bfloat16, seed=3))
     plain = attn.flash_attn_func(q, k, v, causal=True)

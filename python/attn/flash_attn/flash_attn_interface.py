@@ -189,10 +189,19 @@ def _varlen_forward(who, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     _check_num_splits(who, num_splits, q, k, block_table is not None, max_seqlen_q, dropout_p, causal, left, right,
                       alibi_slopes)
     if seqused_k is not None:
+        if q.is_cuda:
+            raise _C.AttnError(f"{who}: seqused_k: is CPU-only (pass cu_seqlens_k of the keys to use)")
         k, v, cu_seqlens_k = _used_keys(who, seqused_k, cu_seqlens_q, cu_seqlens_k, k, v, block_table is not None)
     seed = _seed(dropout_p, generator)
     opts = _options(who, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, seed)
+    if q.is_cuda:  # attn's CUDA backend, packed or paged keys
+        cu = (cu_seqlens_q, cu_seqlens_k)
+        _ops._require_cuda_call(who, q, k, v, opts, cu, block_table)
+        if return_softmax:
+            raise _C.AttnError(f"{who}: return_softmax: S_dmask is CPU-only (the CUDA backend has no dropout)")
+        out, lse = _ops._cuda_launch(q.detach(), k.detach(), v.detach(), opts, True, cu, block_table)
+        return out, lse, out.new_empty((0,)), torch.tensor([seed, 0], dtype=torch.int64)
     if block_table is None:
         out, lse = _ops._varlen_fwd_eager(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, *opts)
     else:
@@ -218,8 +227,14 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
     seed = int(rng_state[0]) if rng_state is not None else 0
     opts = _options(_WHO + "_flash_attn_varlen_backward", dropout_p, softmax_scale, causal, window_size_left,
                     window_size_right, softcap, alibi_slopes, seed)
-    _C.varlen_backward(q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), softmax_lse, dq, dk, dv,
-                       cu_seqlens_q, cu_seqlens_k, None, **opts._asdict())
+    if q.is_cuda:
+        _ops._require_cuda_call(_WHO + "_flash_attn_varlen_backward", q, k, v, opts, (cu_seqlens_q, cu_seqlens_k))
+        with torch.cuda.device(q.device):
+            _C.varlen_backward_cuda(q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), softmax_lse, dq, dk,
+                                    dv, cu_seqlens_q, cu_seqlens_k, None, stream=_ops.cuda_stream(q), **opts._asdict())
+    else:
+        _C.varlen_backward(q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), softmax_lse, dq, dk, dv,
+                           cu_seqlens_q, cu_seqlens_k, None, **opts._asdict())
     return _softmax_d(dout, out, dropout_p).transpose(0, 1).contiguous()
 
 
