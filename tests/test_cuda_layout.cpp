@@ -196,13 +196,20 @@ TEST(CudaSwizzle, LaneOffsetsEqualTheSwizzle) {
 
 // ---- tile schedule ----------------------------------------------------------------------------------
 
+// A random window of up to 40 keys on each side (-1: unbounded), every third trial causal.
+detail::ScoreRule random_window(std::mt19937& rng, int trial) {
+  std::uniform_int_distribution<int> w(-1, 40);
+  detail::ScoreRule rule;
+  rule.window_left = w(rng);
+  rule.window_right = trial % 3 == 0 ? 0 : w(rng);
+  return rule;
+}
+
 TEST(CudaTiles, ScheduleSkipsOnlyInvisibleTilesAndMasksOnlyWhereNeeded) {
   std::mt19937 rng(3);
   for (int trial = 0; trial < 400; ++trial) {
-    std::uniform_int_distribution<int> len(1, 300), w(-1, 40);
-    detail::ScoreRule rule;
-    rule.window_left = w(rng);
-    rule.window_right = trial % 3 == 0 ? 0 : w(rng);  // every third causal
+    const detail::ScoreRule rule = random_window(rng, trial);
+    std::uniform_int_distribution<int> len(1, 300);
     const std::int64_t sq = len(rng), sk = std::uniform_int_distribution<int>(0, 300)(rng);
     const detail::Mask m = rule.mask(sq, sk);
     for (std::int64_t rows : {16, 64, 128})
@@ -235,10 +242,8 @@ TEST(CudaTiles, ScheduleSkipsOnlyInvisibleTilesAndMasksOnlyWhereNeeded) {
 TEST(CudaTiles, QueryRowsHoldEveryRowThatSeesTheKeys) {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 400; ++trial) {
-    std::uniform_int_distribution<int> len(0, 200), w(-1, 40);
-    detail::ScoreRule rule;
-    rule.window_left = w(rng);
-    rule.window_right = trial % 3 == 0 ? 0 : w(rng);  // every third causal
+    const detail::ScoreRule rule = random_window(rng, trial);
+    std::uniform_int_distribution<int> len(0, 200);
     const detail::Mask m = rule.mask(len(rng), 1 + len(rng));
     for (std::int64_t bk : {16, 64})
       for (std::int64_t j0 = 0; j0 < m.seqlen_k; j0 += bk) {

@@ -16,18 +16,13 @@ mm_t = mm["tflops"] if mm else nan
 print(f"device: {dev.get('name', '?')}   copy ceiling {copy:.0f} GB/s (best of cudaMemcpy, torch copy_)   "
       f"bf16 matmul ceiling {mm_t:.0f} TFLOP/s")
 print(f"{'case':44} {'attn':>10} {'torch':>10} {'attn/torch':>10} {'attn/ceiling':>12}")
-for causal in (False, True):
-    a, t = get("forward", "attn", causal=causal), get("forward", "torch", causal=causal)
-    if a:
-        tt = t["tflops"] if t else nan
-        print(f"{'forward bf16 d128 s8192 b4 h32' + (' causal' if causal else ''):44} {a['tflops']:7.0f} TF {tt:7.0f} TF "
-              f"{ratio(a['tflops'], tt):10.2f} {ratio(a['tflops'], mm_t):12.2f}")
-for causal in (False, True):
-    a, t = get("backward", "attn", causal=causal), get("backward", "torch", causal=causal)
-    if a:
-        tt = t["tflops"] if t else nan
-        print(f"{'backward bf16 d128 s4096 b4 h32' + (' causal' if causal else ''):44} {a['tflops']:7.0f} TF "
-              f"{tt:7.0f} TF {ratio(a['tflops'], tt):10.2f} {ratio(a['tflops'], mm_t):12.2f}")
+for what, shape in (("forward", "s8192"), ("backward", "s4096")):
+    for causal in (False, True):
+        a, t = get(what, "attn", causal=causal), get(what, "torch", causal=causal)
+        if a:
+            tt = t["tflops"] if t else nan
+            print(f"{what + ' bf16 d128 ' + shape + ' b4 h32' + (' causal' if causal else ''):44} {a['tflops']:7.0f} TF "
+                  f"{tt:7.0f} TF {ratio(a['tflops'], tt):10.2f} {ratio(a['tflops'], mm_t):12.2f}")
 t = get("decode", "torch")
 tg = t["gbps"] if t else nan
 for layout in ("keys", "kv-heads"):

@@ -419,7 +419,7 @@ def attention(q, k, v, options: AttentionOptions, with_lse=True):
     if q.is_cuda:
         _require_cuda_call("attn.flash_attn_func", q, k, v, options)
         if not _needs_grad(q, k, v, options.sinks):
-            return _cuda_fwd(q, k, v, *options, with_lse=with_lse)
+            return _cuda_launch(q, k, v, options, with_lse)
         return _Attention.apply(q, k, v, options.sinks, options)
     require_cpu("attn.flash_attn_func", q, k, v)
     if not _needs_grad(q, k, v, options.sinks):

@@ -103,13 +103,10 @@ void backward_cuda(const CudaArray& q, const CudaArray& k, const CudaArray& v, c
   const attn::AttentionOptions o =
       CudaOptions{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
-  const TensorView views[] = {view_of(who, "q", q, 4),     view_of(who, "k", k, 4),       view_of(who, "v", v, 4),
-                              view_of(who, "out", out, 4), view_of(who, "dout", dout, 4), view_of(who, "lse", lse, 3),
-                              view_of(who, "dq", dq, 4),   view_of(who, "dk", dk, 4),     view_of(who, "dv", dv, 4)};
-  const TensorView ds = dsink ? sink_grad_view(who, *dsink) : TensorView{};
+  const BackwardViews<CudaArray> w(who, 4, q, k, v, out, dout, lse, dq, dk, dv, dsink);
   nb::gil_scoped_release unlocked;
-  attn::cuda::attention_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7],
-                                 views[8], o, dsink ? &ds : nullptr, stream_of(stream));
+  attn::cuda::attention_backward(w.q, w.k, w.v, w.out, w.dout, w.lse, w.dq, w.dk, w.dv, o, w.dsink_or_null(),
+                                 stream_of(stream));
 }
 
 // The varlen form (packed [total, heads, head_dim]; lse [heads, total_q]): attn::cuda::attention_varlen_backward.
@@ -125,14 +122,10 @@ void varlen_backward_cuda(const CudaArray& q, const CudaArray& k, const CudaArra
       CudaOptions{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
   const attn::VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
-  const TensorView views[] = {
-      view_of(who, "q", q, 3),     view_of(who, "k", k, 3),       view_of(who, "v", v, 3),
-      view_of(who, "out", out, 3), view_of(who, "dout", dout, 3), view_of(who, "lse", lse, 3, true),
-      view_of(who, "dq", dq, 3),   view_of(who, "dk", dk, 3),     view_of(who, "dv", dv, 3)};
-  const TensorView ds = dsink ? sink_grad_view(who, *dsink) : TensorView{};
+  const BackwardViews<CudaArray> w(who, 3, q, k, v, out, dout, lse, dq, dk, dv, dsink);
   nb::gil_scoped_release unlocked;
-  attn::cuda::attention_varlen_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7],
-                                        views[8], vb, o, dsink ? &ds : nullptr, stream_of(stream));
+  attn::cuda::attention_varlen_backward(w.q, w.k, w.v, w.out, w.dout, w.lse, w.dq, w.dk, w.dv, vb, o, w.dsink_or_null(),
+                                        stream_of(stream));
 }
 
 void register_cuda(nb::module_& m) {

@@ -49,12 +49,12 @@ using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
 using Options = attn_py::BasicOptions<Array>;
 using attn::TensorView;
 using attn::VarlenBatch;
+using attn_py::BackwardViews;
 using attn_py::dtype_of;
 using attn_py::int32_data;
 using attn_py::pages_of;
 using attn_py::quantized_view_of;
 using attn_py::reject;
-using attn_py::sink_grad_view;
 using attn_py::varlen_batch;
 using attn_py::view_of;
 
@@ -132,13 +132,9 @@ void backward(const Array& q, const Array& k, const Array& v, const Array& out, 
   const attn::AttentionOptions o =
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
-  const TensorView views[] = {view_of(who, "q", q, 4),     view_of(who, "k", k, 4),       view_of(who, "v", v, 4),
-                              view_of(who, "out", out, 4), view_of(who, "dout", dout, 4), view_of(who, "lse", lse, 3),
-                              view_of(who, "dq", dq, 4),   view_of(who, "dk", dk, 4),     view_of(who, "dv", dv, 4)};
-  const TensorView ds = dsink ? sink_grad_view(who, *dsink) : TensorView{};
+  const BackwardViews<Array> w(who, 4, q, k, v, out, dout, lse, dq, dk, dv, dsink);
   nb::gil_scoped_release unlocked;
-  attn::attention_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7], views[8], o,
-                           {}, dsink ? &ds : nullptr);
+  attn::attention_backward(w.q, w.k, w.v, w.out, w.dout, w.lse, w.dq, w.dk, w.dv, o, {}, w.dsink_or_null());
 }
 
 // With block_table, k and v are a paged cache [num_pages, page_size, kv_heads, head_dim]
@@ -175,14 +171,9 @@ void varlen_backward(const Array& q, const Array& k, const Array& v, const Array
       Options{scale, causal, wl, wr, softcap, std::move(alibi), dropout_p, seed, offset, threads, std::move(sinks)}
           .resolve(who, q);
   const VarlenBatch vb = varlen_batch(who, cu_seqlens_q, cu_seqlens_k);
-  const TensorView views[] = {
-      view_of(who, "q", q, 3),     view_of(who, "k", k, 3),       view_of(who, "v", v, 3),
-      view_of(who, "out", out, 3), view_of(who, "dout", dout, 3), view_of(who, "lse", lse, 3, true),
-      view_of(who, "dq", dq, 3),   view_of(who, "dk", dk, 3),     view_of(who, "dv", dv, 3)};
-  const TensorView ds = dsink ? sink_grad_view(who, *dsink) : TensorView{};
+  const BackwardViews<Array> w(who, 3, q, k, v, out, dout, lse, dq, dk, dv, dsink);
   nb::gil_scoped_release unlocked;
-  attn::attention_varlen_backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7],
-                                  views[8], vb, o, {}, dsink ? &ds : nullptr);
+  attn::attention_varlen_backward(w.q, w.k, w.v, w.out, w.dout, w.lse, w.dq, w.dk, w.dv, vb, o, {}, w.dsink_or_null());
 }
 
 // flash_attn_with_kvcache: attention_decode over a contiguous or paged cache, appending k_new/v_new in

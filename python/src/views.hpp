@@ -69,6 +69,28 @@ TensorView sink_grad_view(const char* who, const A& a) {
   return v;
 }
 
+// A backward call's arrays as the views attention_backward takes: q, k, v, out, dout, lse, dq, dk, dv
+// (rank 4; rank 3 packed for the varlen forms, whose lse is [heads, total_q]) and dsink's, when given.
+template <class A>
+struct BackwardViews {
+  TensorView q, k, v, out, dout, lse, dq, dk, dv, dsink;
+  bool has_dsink;
+  BackwardViews(const char* who, int rank, const A& q_, const A& k_, const A& v_, const A& out_, const A& dout_,
+                const A& lse_, const A& dq_, const A& dk_, const A& dv_, const std::optional<A>& dsink_)
+      : q(view_of(who, "q", q_, rank)),
+        k(view_of(who, "k", k_, rank)),
+        v(view_of(who, "v", v_, rank)),
+        out(view_of(who, "out", out_, rank)),
+        dout(view_of(who, "dout", dout_, rank)),
+        lse(view_of(who, "lse", lse_, 3, rank == 3)),
+        dq(view_of(who, "dq", dq_, rank)),
+        dk(view_of(who, "dk", dk_, rank)),
+        dv(view_of(who, "dv", dv_, rank)),
+        dsink(dsink_ ? sink_grad_view(who, *dsink_) : TensorView{}),
+        has_dsink(dsink_.has_value()) {}
+  const TensorView* dsink_or_null() const { return has_dsink ? &dsink : nullptr; }
+};
+
 // The keyword options every call shares, as flash-attn names them; A: the arrays' type (the device they
 // must be on).
 template <class A>

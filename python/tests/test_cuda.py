@@ -24,6 +24,19 @@ def cuda_qkv(sq, sk, h, hk, d, dtype, seed):
     return make(2, sq, h, d), make(2, sk, hk, d), make(2, sk, hk, d)
 
 
+def cu_seqlens(lens, device="cpu"):
+    """flash-attn's cu_seqlens (int32, 0 then the running sums) of sequences of lengths lens."""
+    return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
+
+
+def cuda_varlen_inputs(lens_q, lens_k, h, hk, d, g):
+    """Packed bf16 q (sum(lens_q), h, d), k, v (sum(lens_k), hk, d) drawn from g, on the GPU and requiring
+    grad, with their cu_seqlens there."""
+    draw = lambda n, heads: torch.randn(n, heads, d, generator=g).to(torch.bfloat16).cuda().requires_grad_()
+    return (draw(sum(lens_q), h), draw(sum(lens_k), hk), draw(sum(lens_k), hk), cu_seqlens(lens_q, "cuda"),
+            cu_seqlens(lens_k, "cuda"))
+
+
 def mask_kwargs(mask):
     """The keyword options of a MASKS entry (CPU tensors), and the same on the GPU."""
     kw = {"causal": mask in ("causal", "alibi")}
@@ -88,10 +101,7 @@ def test_cuda_sinks_gradient_matches_the_cpu():
 def test_cuda_varlen_gradients_equal_each_sequence_alone():
     lens_q, lens_k, h, hk, d = [17, 1, 64], [40, 33, 64], 4, 2, 128
     g = torch.Generator().manual_seed(13)
-    q = torch.randn(sum(lens_q), h, d, generator=g).to(torch.bfloat16).cuda().requires_grad_()
-    k, v = (torch.randn(sum(lens_k), hk, d, generator=g).to(torch.bfloat16).cuda().requires_grad_() for _ in range(2))
-    cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
-    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    q, k, v, cu_q, cu_k = cuda_varlen_inputs(lens_q, lens_k, h, hk, d, g)
     out = attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
     dout = torch.randn(out.shape, generator=g).to(torch.bfloat16).cuda()
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
@@ -126,10 +136,8 @@ def test_cuda_private_varlen_forward_and_backward_equal_the_autograd_path():
     from attn.flash_attn.flash_attn_interface import _flash_attn_varlen_backward, _flash_attn_varlen_forward
     lens_q, lens_k, h, hk, d = [17, 1, 64], [40, 33, 64], 4, 2, 64
     g = torch.Generator().manual_seed(33)
-    q = torch.randn(sum(lens_q), h, d, generator=g).to(torch.bfloat16).cuda().requires_grad_()
-    k, v = (torch.randn(sum(lens_k), hk, d, generator=g).to(torch.bfloat16).cuda().requires_grad_() for _ in range(2))
-    cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
-    args = (cu(lens_q), cu(lens_k), max(lens_q), max(lens_k))
+    q, k, v, cu_q, cu_k = cuda_varlen_inputs(lens_q, lens_k, h, hk, d, g)
+    args = (cu_q, cu_k, max(lens_q), max(lens_k))
     out, lse, _, rng = _flash_attn_varlen_forward(q, k, v, *args, 0.0, None, True)
     want_out, want_lse, _ = attn.flash_attn_varlen_func(q, k, v, *args, causal=True, return_attn_probs=True)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
@@ -170,8 +178,7 @@ def test_cuda_varlen_within_twice_the_textbook_error(dtype, causal):
     g = torch.Generator().manual_seed(9)
     q = torch.randn(sum(lens_q), h, d, generator=g).to(dtype)
     k, v = (torch.randn(sum(lens_k), hk, d, generator=g).to(dtype) for _ in range(2))
-    cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
     out, lse, _ = attn.flash_attn_varlen_func(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), max(lens_q),
                                               max(lens_k), causal=causal, return_attn_probs=True)
     assert out.is_cuda and lse.shape == (h, sum(lens_q))
@@ -192,8 +199,7 @@ def test_cuda_varlen_paged_equals_the_packed_call(page_size, causal):
     q = torch.randn(sum(lens_q), h, d, generator=g).to(torch.bfloat16)
     k, v = (torch.randn(sum(lens_k), hk, d, generator=g).to(torch.bfloat16) for _ in range(2))
     k_cache, v_cache, table = paged_from_packed(k, v, lens_k, page_size, seed=page_size)
-    cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
-    args = (cu(lens_q), cu(lens_k), max(lens_q), max(lens_k))
+    args = (cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda"), max(lens_q), max(lens_k))
     want, want_lse, _ = attn.flash_attn_varlen_func(q.cuda(), k.cuda(), v.cuda(), *args, causal=causal,
                                                     return_attn_probs=True)
     got, got_lse, _ = attn.flash_attn_varlen_func(q.cuda(), k_cache.cuda(), v_cache.cuda(), *args, causal=causal,
